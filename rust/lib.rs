@@ -1,0 +1,1 @@
+//! k15-memory: leak tracking for C++ `new`/`delete` and Rust allocations.
