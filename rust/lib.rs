@@ -1,1 +1,36 @@
 //! k15-memory: leak tracking for C++ `new`/`delete` and Rust allocations.
+//!
+//! The architecture, in the order a block meets it:
+//!
+//! - [`ffi`] and `cpp/`: the C++ glue. Every global `operator new`/`delete` form and the
+//!   `K15_NEW` placement forms call [`tracker::allocate`] / [`tracker::deallocate`] through the
+//!   one cxx bridge; [`TrackedAlloc`] does the same for Rust.
+//! - [`tracker`]: the allocation path: a header in front of each block, sharded live lists,
+//!   counters, and the classification of bad frees.
+//! - [`stack`]: return addresses captured at allocation, stored once per distinct stack.
+//! - [`symbolize`]: addresses to functions, files and lines, only at report time.
+//! - [`report`]: the text and JSON leak logs, written at exit or on demand.
+//! - [`options`]: `K15_MEMORY_OPTIONS`, read once at first use; [`sys`]: the OS edge.
+
+pub mod ffi;
+pub mod options;
+pub mod report;
+mod rust_alloc;
+pub mod stack;
+pub mod symbolize;
+pub mod sys;
+pub mod tracker;
+
+pub use ffi::Stats;
+pub use rust_alloc::TrackedAlloc;
+
+/// Counters of the whole process (live, peak and totals), as C++'s `k15::memory::stats()`.
+pub fn stats() -> Stats {
+    tracker::stats()
+}
+
+/// Writes the text report to `path` and the JSON report to `path` + `.json` now (`None`: the
+/// configured `log_path`/`json_path`); false if a file could not be written.
+pub fn write_leak_report(path: Option<&str>) -> bool {
+    report::write_now(path)
+}

@@ -1,0 +1,27 @@
+//! Builds the C++ side (`cpp/`) and the cxx bridge into one static library, linked whole so
+//! that rustc-linked programs get the `operator new` replacements too (field notes: with
+//! rustc's link order, libstdc++'s operators would otherwise win silently).
+
+fn main() {
+    let sources = ["cpp/new_delete.cpp", "cpp/api.cpp"];
+    cxx_build::bridge("rust/ffi.rs")
+        .files(sources)
+        .include("include")
+        .std("c++17")
+        .flag("-Wall")
+        .flag("-Wextra")
+        .flag("-fno-omit-frame-pointer")
+        .flag("-g")
+        .cargo_metadata(false)
+        .compile("k15_memory_cpp");
+    let out_dir = std::env::var("OUT_DIR").expect("cargo sets OUT_DIR");
+    println!("cargo:rustc-link-search=native={out_dir}");
+    println!("cargo:rustc-link-lib=static:+whole-archive=k15_memory_cpp");
+    println!("cargo:rustc-link-lib=stdc++");
+    for path in sources
+        .iter()
+        .chain(&["rust/ffi.rs", "include/k15/memory.h"])
+    {
+        println!("cargo:rerun-if-changed={path}");
+    }
+}

@@ -1,0 +1,15 @@
+// The public k15::memory functions, converting the bridge's types to the header's.
+
+#include "k15/memory.h"
+#include "k15-memory/rust/ffi.rs.h"
+
+namespace k15::memory {
+
+Stats stats() noexcept {
+    const detail::Stats s = detail::stats();
+    return Stats{s.live_blocks, s.live_bytes, s.peak_bytes, s.total_allocations, s.total_frees};
+}
+
+bool write_leak_report(const char* path) noexcept { return detail::write_leak_report(path); }
+
+}  // namespace k15::memory

@@ -1,0 +1,40 @@
+//! The report at exit. `cpp/new_delete.cpp` registers [`run`] from the executable's
+//! `.preinit_array` with `__cxa_atexit(fn, nullptr, nullptr)`: registered before anything else,
+//! it runs after every static destructor of the executable and of its shared libraries
+//! (field notes; proven by `tests/exit_order.rs`). Frees that come later still work.
+
+use core::sync::atomic::{AtomicBool, Ordering};
+
+static DONE: AtomicBool = AtomicBool::new(false);
+
+pub fn run() {
+    if DONE.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let options = crate::options::get();
+    let _inside = crate::tracker::guard::Inside::enter();
+    let stats = crate::tracker::stats();
+    let errors = crate::tracker::errors::all().len();
+    if stats.total_allocations == 0 && errors == 0 {
+        return; // nothing was ever tracked (a Rust test binary that links the library, say)
+    }
+    let leaks = stats.live_blocks;
+    if options.report {
+        let report = super::Report::collect();
+        let log_path = options.log_path.as_str();
+        let outcome = match super::write(&report, log_path, &options.json_path()) {
+            Ok(()) => format!(
+                "k15-memory: {} leaked blocks ({} bytes), {} memory errors: see {}\n",
+                report.leaks.len(),
+                report.leaked_bytes(),
+                report.errors.len(),
+                log_path
+            ),
+            Err(e) => format!("k15-memory: could not write the leak report to {log_path}: {e}\n"),
+        };
+        crate::sys::write_fd(2, outcome.as_bytes());
+    }
+    if options.exitcode != 0 && (leaks > 0 || errors > 0) {
+        crate::sys::exit_now(options.exitcode);
+    }
+}

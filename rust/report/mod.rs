@@ -1,0 +1,149 @@
+//! The leak report: a snapshot of the live lists, grouped by allocation site, written as text
+//! (LeakSanitizer-like) and as JSON (`k15-leaks/1`).
+
+pub mod at_exit;
+pub mod json;
+pub mod text;
+
+use crate::ffi::BlockKind;
+use crate::stack::{self, StackId};
+use crate::symbolize::{Frame, Symbolizer};
+use crate::tracker::errors::{self, MemoryError};
+use crate::tracker::guard::Inside;
+use crate::tracker::header::BlockHeader;
+use crate::tracker::live_list::{self, SHARDS};
+use std::collections::HashMap;
+
+/// One block still live when the snapshot was taken.
+#[derive(Clone, Debug)]
+pub struct Leak {
+    pub address: usize,
+    pub size: usize,
+    pub kind: BlockKind,
+    pub file: Option<String>,
+    pub line: u32,
+    pub seq: u32,
+    pub thread: u32,
+    pub stack: StackId,
+}
+
+impl Leak {
+    /// SPEC's `language`: who allocated the block.
+    pub fn language(&self) -> &'static str {
+        match self.kind {
+            BlockKind::Rust => "rust",
+            BlockKind::Bullet => "bullet",
+            _ => "c++",
+        }
+    }
+}
+
+/// Leaks that share a stack, kind and `K15_NEW` site: one entry of the text report.
+pub struct Site<'a> {
+    pub leaks: Vec<&'a Leak>,
+    pub total_bytes: usize,
+}
+
+/// Everything a report shows, symbolized.
+pub struct Report {
+    pub leaks: Vec<Leak>,
+    pub errors: Vec<MemoryError>,
+    pub stats: crate::ffi::Stats,
+    stacks: HashMap<StackId, Vec<Frame>>,
+}
+
+impl Report {
+    /// Snapshots the live lists and the errors and symbolizes every stack they name.
+    pub fn collect() -> Report {
+        let mut leaks = Vec::new();
+        for shard in &SHARDS {
+            let locked = shard.lock();
+            leaks.extend(locked.blocks().map(|header| {
+                // SAFETY: headers on a locked list are live and stay so while it is locked;
+                // `file` is null or a `__FILE__` literal.
+                let h = unsafe { &*header };
+                Leak {
+                    address: BlockHeader::user_ptr(header) as usize,
+                    size: h.size,
+                    kind: h.kind,
+                    file: unsafe { crate::sys::c_str(h.file) }.map(str::to_owned),
+                    line: h.line,
+                    seq: h.seq,
+                    thread: h.thread,
+                    stack: h.alloc_stack,
+                }
+            }));
+        }
+        leaks.sort_by_key(|l| (l.thread, l.seq));
+        let errors = errors::all();
+        let mut symbolizer = Symbolizer::new();
+        let mut stacks = HashMap::new();
+        let ids = leaks
+            .iter()
+            .map(|l| l.stack)
+            .chain(errors.iter().flat_map(|e| [e.alloc_stack, e.free_stack]));
+        for id in ids {
+            stacks
+                .entry(id)
+                .or_insert_with(|| symbolizer.symbolize_stack(stack::frames(id)));
+        }
+        Report {
+            leaks,
+            errors,
+            stats: crate::tracker::stats(),
+            stacks,
+        }
+    }
+
+    pub fn leaked_bytes(&self) -> usize {
+        self.leaks.iter().map(|l| l.size).sum()
+    }
+
+    pub fn frames(&self, id: StackId) -> &[Frame] {
+        self.stacks.get(&id).map_or(&[], Vec::as_slice)
+    }
+
+    /// Leaks grouped by allocation site, largest total first.
+    pub fn sites(&self) -> Vec<Site<'_>> {
+        let mut by_site: HashMap<(StackId, u8, Option<&str>, u32), Site<'_>> = HashMap::new();
+        for leak in &self.leaks {
+            let key = (leak.stack, leak.kind.repr, leak.file.as_deref(), leak.line);
+            let site = by_site.entry(key).or_insert_with(|| Site {
+                leaks: Vec::new(),
+                total_bytes: 0,
+            });
+            site.leaks.push(leak);
+            site.total_bytes += leak.size;
+        }
+        let mut sites: Vec<Site<'_>> = by_site.into_values().collect();
+        sites.sort_by(|a, b| {
+            b.total_bytes.cmp(&a.total_bytes).then_with(|| {
+                (a.leaks[0].thread, a.leaks[0].seq).cmp(&(b.leaks[0].thread, b.leaks[0].seq))
+            })
+        });
+        sites
+    }
+}
+
+/// Writes the text report to `text_path` and the JSON one to `json_path`.
+pub fn write(report: &Report, text_path: &str, json_path: &str) -> std::io::Result<()> {
+    std::fs::write(text_path, text::render(report))?;
+    std::fs::write(json_path, json::render(report))
+}
+
+/// `write_leak_report(path)`: the report now, to `path` (+ `.json`) or the configured paths.
+pub fn write_now(path: Option<&str>) -> bool {
+    let _inside = Inside::enter();
+    let report = Report::collect();
+    let options = crate::options::get();
+    let result = match path {
+        Some(p) => write(&report, p, &format!("{p}.json")),
+        None => write(&report, options.log_path.as_str(), &options.json_path()),
+    };
+    result.is_ok()
+}
+
+/// How many leaks are live right now (for the exit code and tests).
+pub fn live_block_count() -> u64 {
+    live_list::totals().live_blocks
+}

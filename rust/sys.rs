@@ -1,0 +1,159 @@
+//! The OS edge: raw memory for blocks and for the tracker itself, stderr, environment, process facts.
+//!
+//! Nothing here goes through `operator new` or Rust's global allocator, so the tracker can call
+//! it while it is inside its own bookkeeping.
+
+use core::ffi::{c_char, CStr};
+use core::fmt::{self, Write};
+
+pub const PAGE_SIZE: usize = 4096;
+
+/// `size` bytes aligned to `align` (a power of two, at least 16), from glibc `malloc`.
+pub fn raw_alloc(size: usize, align: usize) -> *mut u8 {
+    // SAFETY: plain libc allocation calls; a null result is passed on to the caller.
+    unsafe {
+        if align <= 16 {
+            libc::malloc(size) as *mut u8
+        } else {
+            libc::aligned_alloc(align, size.next_multiple_of(align)) as *mut u8
+        }
+    }
+}
+
+/// Frees memory from [`raw_alloc`].
+///
+/// # Safety
+/// `ptr` came from [`raw_alloc`] and is freed once.
+pub unsafe fn raw_free(ptr: *mut u8) {
+    // SAFETY: the caller guarantees `ptr` is a live malloc'd pointer.
+    unsafe { libc::free(ptr as *mut libc::c_void) }
+}
+
+/// Fresh anonymous pages, or null.
+pub fn map_pages(len: usize) -> *mut u8 {
+    // SAFETY: an anonymous private mapping touches no existing memory.
+    let p = unsafe {
+        libc::mmap(
+            core::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        core::ptr::null_mut()
+    } else {
+        p as *mut u8
+    }
+}
+
+/// Returns pages from [`map_pages`].
+///
+/// # Safety
+/// `ptr..ptr+len` is a mapping from [`map_pages`] that nothing uses any more.
+pub unsafe fn unmap_pages(ptr: *mut u8, len: usize) {
+    // SAFETY: guaranteed by the caller.
+    unsafe { libc::munmap(ptr as *mut libc::c_void, len) };
+}
+
+/// Whether the page holding `addr` is mapped. A syscall: only for the rare page-aligned frees.
+pub fn page_is_mapped(addr: usize) -> bool {
+    let page = addr & !(PAGE_SIZE - 1);
+    // SAFETY: msync with MS_ASYNC on one page only reports ENOMEM for unmapped memory; it never
+    // touches the memory itself.
+    unsafe { libc::msync(page as *mut libc::c_void, PAGE_SIZE, libc::MS_ASYNC) == 0 }
+}
+
+/// Writes all of `bytes` to the file descriptor, retrying on short writes and EINTR.
+pub fn write_fd(fd: i32, mut bytes: &[u8]) {
+    while !bytes.is_empty() {
+        // SAFETY: the pointer and length come from a live slice.
+        let n = unsafe { libc::write(fd, bytes.as_ptr() as *const libc::c_void, bytes.len()) };
+        if n > 0 {
+            bytes = &bytes[n as usize..];
+        } else if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+        {
+            continue;
+        } else {
+            return;
+        }
+    }
+}
+
+/// A fixed buffer that formats without allocating; what does not fit is cut, marked with "...".
+pub struct StackBuffer<const N: usize> {
+    bytes: [u8; N],
+    len: usize,
+    truncated: bool,
+}
+
+impl<const N: usize> StackBuffer<N> {
+    pub const fn new() -> Self {
+        StackBuffer {
+            bytes: [0; N],
+            len: 0,
+            truncated: false,
+        }
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+
+    /// Writes the buffer to stderr in one `write(2)`, so lines from two threads do not interleave.
+    pub fn flush_to_stderr(&mut self) {
+        if self.truncated && self.len >= 4 {
+            self.bytes[self.len - 4..self.len].copy_from_slice(b"...\n");
+        }
+        write_fd(2, self.as_bytes());
+        self.len = 0;
+        self.truncated = false;
+    }
+}
+
+impl<const N: usize> Write for StackBuffer<N> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let room = N - self.len;
+        let take = s.len().min(room);
+        self.bytes[self.len..self.len + take].copy_from_slice(&s.as_bytes()[..take]);
+        self.len += take;
+        self.truncated |= take < s.len();
+        Ok(())
+    }
+}
+
+/// The value of an environment variable, read without allocating.
+pub fn env_var(name: &CStr) -> Option<&'static [u8]> {
+    // SAFETY: getenv returns null or a pointer into the process environment, which lives (and is
+    // not modified by this program's tracker) for the rest of the process.
+    unsafe {
+        let value = libc::getenv(name.as_ptr());
+        (!value.is_null()).then(|| CStr::from_ptr(value).to_bytes())
+    }
+}
+
+/// The text of a NUL-terminated C string, if the pointer is not null (file names from `__FILE__`).
+///
+/// # Safety
+/// `ptr` is null or points to a NUL-terminated string that outlives the returned slice.
+pub unsafe fn c_str<'a>(ptr: *const c_char) -> Option<&'a str> {
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: guaranteed by the caller.
+    let bytes = unsafe { CStr::from_ptr(ptr) }.to_bytes();
+    Some(core::str::from_utf8(bytes).unwrap_or("<non-utf8 file name>"))
+}
+
+/// Ends the process at once, skipping exit handlers (they already ran when this is used).
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit never returns and needs no preconditions.
+    unsafe { libc::_exit(code) }
+}
+
+pub fn abort() -> ! {
+    // SAFETY: abort never returns.
+    unsafe { libc::abort() }
+}

@@ -1,0 +1,79 @@
+//! Memory errors: what went wrong at a free, kept for the report and printed at once.
+
+use crate::ffi::BlockKind;
+use crate::stack::StackId;
+use std::sync::Mutex;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    MismatchedDelete,
+    DoubleFree,
+    InvalidFree,
+}
+
+impl ErrorKind {
+    /// The name used in the reports (SPEC's `errors[].kind`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorKind::MismatchedDelete => "mismatched_delete",
+            ErrorKind::DoubleFree => "double_free",
+            ErrorKind::InvalidFree => "invalid_free",
+        }
+    }
+}
+
+/// One bad free, with what the block's header still told about its allocation.
+#[derive(Clone, Debug)]
+pub struct MemoryError {
+    pub kind: ErrorKind,
+    pub address: usize,
+    pub size: usize,
+    pub file: Option<String>,
+    pub line: u32,
+    pub thread: u32,
+    /// How the block was allocated, where known.
+    pub allocated_with: Option<BlockKind>,
+    pub freed_with: BlockKind,
+    pub alloc_stack: StackId,
+    pub free_stack: StackId,
+}
+
+static ERRORS: Mutex<Vec<MemoryError>> = Mutex::new(Vec::new());
+
+/// Records the error, prints it on stderr, and aborts if `halt_on_error` is set.
+/// Called inside the tracker (its reentrancy guard held), never with a shard lock held.
+#[cold]
+#[inline(never)]
+pub fn report(error: MemoryError) {
+    crate::report::text::print_error(&error);
+    if crate::options::get().halt_on_error {
+        crate::sys::write_fd(2, b"k15-memory: halt_on_error=1, aborting\n");
+        crate::sys::abort();
+    }
+    ERRORS.lock().unwrap_or_else(|e| e.into_inner()).push(error);
+}
+
+/// Every error so far, in the order they happened.
+pub fn all() -> Vec<MemoryError> {
+    ERRORS.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// The allocation family's name as a user writes it.
+pub fn family(kind: BlockKind) -> &'static str {
+    match kind {
+        BlockKind::NewArray => "new[]",
+        BlockKind::Rust => "Rust's allocator",
+        BlockKind::Bullet => "btAlignedAlloc",
+        _ => "new",
+    }
+}
+
+/// The matching release function's name.
+pub fn release_family(kind: BlockKind) -> &'static str {
+    match kind {
+        BlockKind::NewArray => "delete[]",
+        BlockKind::Rust => "Rust's deallocator",
+        BlockKind::Bullet => "btAlignedFree",
+        _ => "delete",
+    }
+}

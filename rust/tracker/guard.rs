@@ -1,0 +1,65 @@
+//! Per-thread state: the reentrancy guard ("inside the tracker"), the thread's number and its
+//! allocation sequence.
+//!
+//! The thread-local is `const`-initialised and has no `Drop`: C++ `thread_local` destructors
+//! call `delete` at thread exit, after Rust TLS destructors would have run.
+
+use core::cell::Cell;
+use core::sync::atomic::{AtomicU32, Ordering};
+
+struct ThreadState {
+    inside_tracker: Cell<bool>,
+    /// 0 until the thread's first allocation; then 1 for the first thread that allocated, 2, …
+    number: Cell<u32>,
+    /// How many blocks this thread has allocated: the `seq` of the next one.
+    allocations: Cell<u32>,
+}
+
+thread_local! {
+    static THREAD: ThreadState = const {
+        ThreadState { inside_tracker: Cell::new(false), number: Cell::new(0), allocations: Cell::new(0) }
+    };
+}
+
+static NEXT_THREAD_NUMBER: AtomicU32 = AtomicU32::new(1);
+
+/// Proof that this thread is inside the tracker; nested entries (the tracker's own allocations,
+/// a signal handler) get `None` and take the untracked path.
+pub struct Inside(());
+
+impl Inside {
+    #[inline]
+    pub fn enter() -> Option<Inside> {
+        THREAD.with(|t| (!t.inside_tracker.replace(true)).then_some(Inside(())))
+    }
+
+    /// The calling thread's number, assigned at its first tracked allocation.
+    #[inline]
+    pub fn thread_number(&self) -> u32 {
+        THREAD.with(|t| match t.number.get() {
+            0 => {
+                let number = NEXT_THREAD_NUMBER.fetch_add(1, Ordering::Relaxed);
+                t.number.set(number);
+                number
+            }
+            number => number,
+        })
+    }
+
+    /// The next allocation sequence number of this thread (1, 2, …).
+    #[inline]
+    pub fn next_sequence(&self) -> u32 {
+        THREAD.with(|t| {
+            let seq = t.allocations.get().wrapping_add(1);
+            t.allocations.set(seq);
+            seq
+        })
+    }
+}
+
+impl Drop for Inside {
+    #[inline]
+    fn drop(&mut self) {
+        THREAD.with(|t| t.inside_tracker.set(false));
+    }
+}

@@ -1,0 +1,182 @@
+//! The block header in front of every tracked block, and how a pointer handed to `delete` is
+//! recognised as ours, already freed, or foreign.
+//!
+//! Layout (64 bytes, the user pointer follows it):
+//!
+//! | offset | field | note |
+//! | --- | --- | --- |
+//! | 0, 8 | `prev`, `next` | live-list links; glibc reuses these bytes once the block is freed |
+//! | 16 | `seq`, `thread` | |
+//! | 24 | `line`, `shard`, `kind`, `placement` | |
+//! | 32 | `file` | `__FILE__` of `K15_NEW`, or null |
+//! | 40 | `size` | user-requested size |
+//! | 48 | `alloc_stack` | stack depot id |
+//! | 52 | `raw_offset` / free stack | user pointer − raw allocation while live; the free stack once freed |
+//! | 56 | `cookie` | `LIVE ^ addr`, `UNTRACKED ^ addr` or `FREED ^ addr` |
+//!
+//! The cookie, size and stacks sit in the last 24 bytes, so they survive glibc writing its
+//! free-list links (at most 32 bytes) into a freed chunk: a second `delete` still finds `FREED`.
+
+use super::raw;
+use crate::ffi::BlockKind;
+use crate::stack::StackId;
+use core::ffi::c_char;
+
+pub const HEADER_SIZE: usize = 64;
+
+const LIVE: usize = 0x4b31_354d_454d_4f52; // "K15MEMOR"
+const UNTRACKED: usize = LIVE ^ 0x00ff_00ff_00ff_00ff;
+const FREED: usize = !LIVE;
+
+/// Where the block's memory came from.
+#[repr(u8)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Placement {
+    Malloc = 0,
+    Mapped = 1,
+}
+
+#[repr(C, align(16))]
+pub struct BlockHeader {
+    pub prev: *mut BlockHeader,
+    pub next: *mut BlockHeader,
+    pub seq: u32,
+    pub thread: u32,
+    pub line: u32,
+    pub shard: u16,
+    pub kind: BlockKind,
+    pub placement: Placement,
+    pub file: *const c_char,
+    pub size: usize,
+    pub alloc_stack: StackId,
+    raw_offset_or_free_stack: u32,
+    cookie: usize,
+}
+
+const _: () = assert!(core::mem::size_of::<BlockHeader>() == HEADER_SIZE);
+
+/// What a pointer given to a free function turned out to be.
+pub enum Lookup {
+    /// A live tracked block.
+    Live(*mut BlockHeader),
+    /// A live block allocated while the tracker was busy (its own memory): freed without lists.
+    Untracked(*mut BlockHeader),
+    /// A block that was freed before; what its header still tells.
+    Freed {
+        size: usize,
+        alloc_stack: StackId,
+        first_free_stack: StackId,
+    },
+    /// Not from us at all.
+    Foreign,
+}
+
+impl BlockHeader {
+    /// The header in front of a user pointer.
+    pub fn of(user: *mut u8) -> *mut BlockHeader {
+        user.wrapping_sub(HEADER_SIZE) as *mut BlockHeader
+    }
+
+    pub fn user_ptr(header: *mut BlockHeader) -> *mut u8 {
+        (header as *mut u8).wrapping_add(HEADER_SIZE)
+    }
+
+    pub fn raw_offset(&self) -> usize {
+        self.raw_offset_or_free_stack as usize
+    }
+
+    /// Writes a complete header for a new block.
+    ///
+    /// # Safety
+    /// `header` points to `HEADER_SIZE` writable bytes right before `user`.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn init(
+        header: *mut BlockHeader,
+        tracked: bool,
+        size: usize,
+        raw_offset: usize,
+        placement: Placement,
+        kind: BlockKind,
+        file: *const c_char,
+        line: u32,
+    ) {
+        let user = Self::user_ptr(header) as usize;
+        // SAFETY: guaranteed by the caller.
+        unsafe {
+            header.write(BlockHeader {
+                prev: core::ptr::null_mut(),
+                next: core::ptr::null_mut(),
+                seq: 0,
+                thread: 0,
+                line,
+                shard: 0,
+                kind,
+                placement,
+                file,
+                size,
+                alloc_stack: StackId(0),
+                raw_offset_or_free_stack: raw_offset as u32,
+                cookie: if tracked {
+                    LIVE ^ user
+                } else {
+                    UNTRACKED ^ user
+                },
+            })
+        };
+    }
+
+    /// The stack of the free that released this block (valid once freed).
+    pub fn free_stack(&self) -> StackId {
+        StackId(self.raw_offset_or_free_stack)
+    }
+
+    pub fn is_live(&self) -> bool {
+        self.cookie == LIVE ^ Self::user_ptr(self as *const _ as *mut _) as usize
+    }
+
+    /// Marks the block freed, keeping the free's stack where the raw offset was.
+    pub fn mark_freed(&mut self, free_stack: StackId) {
+        self.cookie = FREED ^ Self::user_ptr(self as *mut _) as usize;
+        self.raw_offset_or_free_stack = free_stack.0;
+    }
+
+    /// Classifies `user`. Reads memory only where it is known to be mapped: the cookie lies in
+    /// the same page as `user` unless `user` is page-aligned, and page-aligned pointers (our
+    /// large blocks, or foreign ones) are probed first.
+    pub fn lookup(user: *mut u8) -> Lookup {
+        let addr = user as usize;
+        if addr % 16 != 0 || addr < crate::sys::PAGE_SIZE {
+            return Lookup::Foreign;
+        }
+        if addr % crate::sys::PAGE_SIZE == 0 && !crate::sys::page_is_mapped(addr - HEADER_SIZE) {
+            return match raw::recently_unmapped(addr) {
+                Some(freed) => Lookup::Freed {
+                    size: freed.size,
+                    alloc_stack: freed.alloc_stack,
+                    first_free_stack: freed.free_stack,
+                },
+                None => Lookup::Foreign,
+            };
+        }
+        let header = Self::of(user);
+        // SAFETY: the cookie word is in a mapped page (see above); it is read as a plain value
+        // and only trusted when it matches this very address.
+        let cookie = unsafe { core::ptr::addr_of!((*header).cookie).read_volatile() };
+        if cookie == LIVE ^ addr {
+            Lookup::Live(header)
+        } else if cookie == UNTRACKED ^ addr {
+            Lookup::Untracked(header)
+        } else if cookie == FREED ^ addr {
+            // SAFETY: a FREED cookie means bytes 32..64 are still our header (glibc's free
+            // lists use at most the first 32 bytes of a chunk it holds free).
+            let h = unsafe { &*header };
+            Lookup::Freed {
+                size: h.size,
+                alloc_stack: h.alloc_stack,
+                first_free_stack: h.free_stack(),
+            }
+        } else {
+            Lookup::Foreign
+        }
+    }
+}

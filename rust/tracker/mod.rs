@@ -1,0 +1,213 @@
+//! The allocation path shared by C++ and Rust: `allocate` and `deallocate` put blocks on and
+//! off the live lists, classify bad frees, and keep the counters.
+//!
+//! Hot-path contract (every `new` and `delete` of the program): no global lock, no syscall, no
+//! formatting and no allocation through the tracker itself. Slow paths (memory errors, large
+//! blocks, the first call of a thread) are `#[cold]`.
+
+pub mod errors;
+pub mod guard;
+pub mod header;
+pub mod live_list;
+pub mod raw;
+
+use crate::ffi::{BlockKind, Stats};
+use crate::stack::{self, StackId, StartFrame};
+use core::ffi::c_char;
+use errors::{ErrorKind, MemoryError};
+use guard::Inside;
+use header::{BlockHeader, Lookup};
+use live_list::SHARDS;
+
+/// A tracked block of `size` bytes aligned to `align` (0 = default), or null when exhausted.
+#[inline]
+pub fn allocate(
+    size: usize,
+    align: usize,
+    kind: BlockKind,
+    file: *const c_char,
+    line: u32,
+    start: StartFrame,
+) -> *mut u8 {
+    let options = crate::options::get();
+    let Some(inside) = Inside::enter() else {
+        return allocate_untracked(size, align, kind);
+    };
+    let Some(block) = raw::acquire(size, align) else {
+        return core::ptr::null_mut();
+    };
+    let header = BlockHeader::of(block.user);
+    // SAFETY: acquire reserved HEADER_SIZE bytes in front of the user pointer.
+    unsafe {
+        BlockHeader::init(
+            header,
+            true,
+            size,
+            block.raw_offset,
+            block.placement,
+            kind,
+            file,
+            line,
+        )
+    };
+    let thread = inside.thread_number();
+    let shard = live_list::shard_of_thread(thread);
+    // SAFETY: the header was just written and is on no list yet.
+    unsafe {
+        let h = &mut *header;
+        h.thread = thread;
+        h.seq = inside.next_sequence();
+        h.shard = shard;
+        h.alloc_stack = stack::capture(start, options.stack_depth);
+        SHARDS[shard as usize].lock().link(header, size);
+    }
+    block.user
+}
+
+/// The tracker's own memory (nested calls while it is busy): headered, so any free function
+/// releases it, but on no list and in no counter.
+#[cold]
+fn allocate_untracked(size: usize, align: usize, kind: BlockKind) -> *mut u8 {
+    let Some(block) = raw::acquire(size, align) else {
+        return core::ptr::null_mut();
+    };
+    // SAFETY: acquire reserved HEADER_SIZE bytes in front of the user pointer.
+    unsafe {
+        BlockHeader::init(
+            BlockHeader::of(block.user),
+            false,
+            size,
+            block.raw_offset,
+            block.placement,
+            kind,
+            core::ptr::null(),
+            0,
+        )
+    };
+    block.user
+}
+
+/// Frees `ptr` if it is a live block of ours; reports (and survives) anything else.
+#[inline]
+pub fn deallocate(ptr: *mut u8, kind: BlockKind, start: StartFrame) {
+    if ptr.is_null() {
+        return;
+    }
+    let inside = Inside::enter();
+    match BlockHeader::lookup(ptr) {
+        Lookup::Live(header) => free_live(header, kind, start, inside.is_some()),
+        Lookup::Untracked(header) => {
+            // SAFETY: an untracked header is ours, on no list, and freed only here.
+            unsafe {
+                let raw_offset = (*header).raw_offset();
+                (*header).mark_freed(StackId(0));
+                raw::release(header, raw_offset);
+            }
+        }
+        Lookup::Freed {
+            size,
+            alloc_stack,
+            first_free_stack: _,
+        } => bad_free(MemoryError {
+            kind: ErrorKind::DoubleFree,
+            address: ptr as usize,
+            size,
+            file: None,
+            line: 0,
+            thread: 0,
+            allocated_with: None,
+            freed_with: kind,
+            alloc_stack,
+            free_stack: capture_free_stack(start),
+        }),
+        Lookup::Foreign => bad_free(MemoryError {
+            kind: ErrorKind::InvalidFree,
+            address: ptr as usize,
+            size: 0,
+            file: None,
+            line: 0,
+            thread: 0,
+            allocated_with: None,
+            freed_with: kind,
+            alloc_stack: StackId(0),
+            free_stack: capture_free_stack(start),
+        }),
+    }
+}
+
+#[inline]
+fn free_live(header: *mut BlockHeader, kind: BlockKind, start: StartFrame, tracked_context: bool) {
+    // SAFETY: lookup saw a LIVE cookie; the fields read before locking are only used to find
+    // the shard, and everything is checked again under the lock.
+    let (shard, allocated_with) = unsafe { ((*header).shard, (*header).kind) };
+    if allocated_with != kind && tracked_context {
+        report_mismatch(header, kind, start);
+    }
+    let raw_offset;
+    {
+        let mut locked = SHARDS[shard as usize % live_list::SHARD_COUNT].lock();
+        // SAFETY: with the lock held, a LIVE cookie and this shard mean the block is on this
+        // list; a racing second free of the same pointer sees FREED here instead.
+        unsafe {
+            let h = &mut *header;
+            if !h.is_live() || h.shard != shard {
+                drop(locked);
+                return deallocate_raced(header, kind, start);
+            }
+            locked.unlink(header, h.size);
+            raw_offset = h.raw_offset();
+            h.mark_freed(StackId(0));
+        }
+    }
+    // SAFETY: the block is off its list and marked freed; this thread owns its memory now.
+    unsafe { raw::release(header, raw_offset) };
+}
+
+/// Another thread freed the same block between our lookup and our lock: a double free.
+#[cold]
+fn deallocate_raced(header: *mut BlockHeader, kind: BlockKind, start: StartFrame) {
+    deallocate(BlockHeader::user_ptr(header), kind, start);
+}
+
+#[cold]
+#[inline(never)]
+fn report_mismatch(header: *mut BlockHeader, kind: BlockKind, start: StartFrame) {
+    // SAFETY: the block is live (LIVE cookie seen by lookup) and stays so until this thread
+    // frees it after this report.
+    let h = unsafe { &*header };
+    bad_free(MemoryError {
+        kind: ErrorKind::MismatchedDelete,
+        address: BlockHeader::user_ptr(header) as usize,
+        size: h.size,
+        // SAFETY: `file` of a live block is null or a `__FILE__` literal of the program.
+        file: unsafe { crate::sys::c_str(h.file) }.map(str::to_owned),
+        line: h.line,
+        thread: h.thread,
+        allocated_with: Some(h.kind),
+        freed_with: kind,
+        alloc_stack: h.alloc_stack,
+        free_stack: capture_free_stack(start),
+    });
+}
+
+fn capture_free_stack(start: StartFrame) -> StackId {
+    stack::capture(start, crate::options::get().stack_depth)
+}
+
+#[cold]
+#[inline(never)]
+fn bad_free(error: MemoryError) {
+    errors::report(error);
+}
+
+/// Counters of the whole process.
+pub fn stats() -> Stats {
+    let t = live_list::totals();
+    Stats {
+        live_blocks: t.live_blocks,
+        live_bytes: t.live_bytes,
+        peak_bytes: t.peak_bytes,
+        total_allocations: t.allocations,
+        total_frees: t.frees,
+    }
+}

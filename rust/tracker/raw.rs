@@ -1,0 +1,149 @@
+//! The memory under each block: glibc `malloc` for ordinary sizes, our own mappings for large
+//! ones, and a record of recently unmapped blocks so a second `delete` of one is recognised
+//! without touching unmapped memory.
+
+use super::header::{BlockHeader, Placement, HEADER_SIZE};
+use crate::stack::StackId;
+use crate::sys::{self, PAGE_SIZE};
+use std::sync::Mutex;
+
+/// Requests this large are mapped by us: glibc would `mmap` them itself (its threshold starts at
+/// 128 KiB) and unmap them on free, and a double free would then read unmapped memory.
+const MAPPED_THRESHOLD: usize = 120 * 1024;
+
+/// Memory for one block: `raw` is what gets released, `user` is what the program sees.
+pub struct RawBlock {
+    pub user: *mut u8,
+    pub raw_offset: usize,
+    pub placement: Placement,
+}
+
+/// Memory for `size` bytes aligned to `align` with a header in front, or `None` when exhausted.
+pub fn acquire(size: usize, align: usize) -> Option<RawBlock> {
+    let align = align.max(16);
+    if !align.is_power_of_two() || align > (1 << 30) {
+        return None;
+    }
+    if size >= MAPPED_THRESHOLD || align >= PAGE_SIZE {
+        return acquire_mapped(size, align);
+    }
+    let raw_offset = HEADER_SIZE.next_multiple_of(align);
+    let total = raw_offset.checked_add(size)?;
+    let raw = sys::raw_alloc(total, align);
+    if raw.is_null() {
+        return None;
+    }
+    let block = RawBlock {
+        user: raw.wrapping_add(raw_offset),
+        raw_offset,
+        placement: Placement::Malloc,
+    };
+    if (block.user as usize) % PAGE_SIZE != 0 {
+        return Some(block);
+    }
+    // Keep page-aligned user pointers for mapped blocks only, so freeing a malloc'd block never
+    // needs the page probe (a syscall). Rare: about one block in 256.
+    let retry = acquire(size, align);
+    // SAFETY: `raw` came from raw_alloc just above and was never handed out.
+    unsafe { sys::raw_free(raw) };
+    retry
+}
+
+/// A mapping whose user pointer is page-aligned, with the header at the end of the page before.
+fn acquire_mapped(size: usize, align: usize) -> Option<RawBlock> {
+    let slack = if align > PAGE_SIZE { align } else { 0 };
+    let len = PAGE_SIZE
+        .checked_add(slack)?
+        .checked_add(size)?
+        .next_multiple_of(PAGE_SIZE);
+    let start = sys::map_pages(len);
+    if start.is_null() {
+        return None;
+    }
+    let user = (start as usize + PAGE_SIZE).next_multiple_of(align);
+    let head = user - PAGE_SIZE - start as usize;
+    let kept = (PAGE_SIZE + size).next_multiple_of(PAGE_SIZE);
+    let tail = len - head - kept;
+    // SAFETY: both trimmed ranges lie inside the fresh mapping and outside what is kept.
+    unsafe {
+        if head > 0 {
+            sys::unmap_pages(start, head);
+        }
+        if tail > 0 {
+            sys::unmap_pages((user + size).next_multiple_of(PAGE_SIZE) as *mut u8, tail);
+        }
+    }
+    Some(RawBlock {
+        user: user as *mut u8,
+        raw_offset: PAGE_SIZE,
+        placement: Placement::Mapped,
+    })
+}
+
+/// Gives a block's memory back. The header must already be marked freed.
+///
+/// # Safety
+/// `header` belongs to a block from [`acquire`] that nobody else frees.
+pub unsafe fn release(header: *mut BlockHeader, raw_offset: usize) {
+    let user = BlockHeader::user_ptr(header);
+    let raw = user.wrapping_sub(raw_offset);
+    // SAFETY: guaranteed by the caller; the header stays readable until the memory goes.
+    let (placement, size, alloc_stack, free_stack) = unsafe {
+        let h = &*header;
+        (h.placement, h.size, h.alloc_stack, h.free_stack())
+    };
+    match placement {
+        // SAFETY: raw is the pointer raw_alloc returned for this block.
+        Placement::Malloc => unsafe { sys::raw_free(raw) },
+        Placement::Mapped => {
+            remember_unmapped(UnmappedBlock {
+                user: user as usize,
+                size,
+                alloc_stack,
+                free_stack,
+            });
+            // SAFETY: the kept range of acquire_mapped for this block, no longer referenced.
+            unsafe { sys::unmap_pages(raw, (raw_offset + size).next_multiple_of(PAGE_SIZE)) };
+        }
+    }
+}
+
+/// What is kept of a large block after its pages are gone.
+#[derive(Clone, Copy)]
+pub struct UnmappedBlock {
+    pub user: usize,
+    pub size: usize,
+    pub alloc_stack: StackId,
+    pub free_stack: StackId,
+}
+
+const UNMAPPED_HISTORY: usize = 1024;
+
+struct UnmappedRing {
+    entries: [Option<UnmappedBlock>; UNMAPPED_HISTORY],
+    next: usize,
+}
+
+/// Large frees are rare and already pay a `munmap`, so one lock is fine here.
+static UNMAPPED: Mutex<UnmappedRing> = Mutex::new(UnmappedRing {
+    entries: [None; UNMAPPED_HISTORY],
+    next: 0,
+});
+
+fn remember_unmapped(block: UnmappedBlock) {
+    let mut ring = UNMAPPED.lock().unwrap_or_else(|e| e.into_inner());
+    let slot = ring.next;
+    ring.entries[slot] = Some(block);
+    ring.next = (slot + 1) % UNMAPPED_HISTORY;
+}
+
+/// The last of the recent large frees at `user`, if any.
+pub fn recently_unmapped(user: usize) -> Option<UnmappedBlock> {
+    let ring = UNMAPPED.lock().unwrap_or_else(|e| e.into_inner());
+    ring.entries
+        .iter()
+        .flatten()
+        .filter(|b| b.user == user)
+        .last()
+        .copied()
+}
