@@ -65,7 +65,8 @@ unsafe fn allocate(
 ) -> *mut u8 {
     // SAFETY: forwarded from the caller's guarantee.
     let start = unsafe { StartFrame::caller_of(frame_address) };
-    tracker::allocate(size, align, kind, file, line.max(0) as u32, start)
+    // SAFETY: `file` is as the caller guarantees.
+    unsafe { tracker::allocate(size, align, kind, file, line.max(0) as u32, start) }
 }
 
 /// # Safety

@@ -14,14 +14,17 @@ pub struct TrackedAlloc;
 unsafe impl GlobalAlloc for TrackedAlloc {
     #[inline(never)]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        tracker::allocate(
-            layout.size(),
-            layout.align(),
-            BlockKind::Rust,
-            core::ptr::null(),
-            0,
-            StartFrame::here(),
-        )
+        // SAFETY: no file name that would have to outlive the block.
+        unsafe {
+            tracker::allocate(
+                layout.size(),
+                layout.align(),
+                BlockKind::Rust,
+                core::ptr::null(),
+                0,
+                StartFrame::here(),
+            )
+        }
     }
 
     #[inline(never)]

@@ -89,6 +89,12 @@ pub struct StackBuffer<const N: usize> {
     truncated: bool,
 }
 
+impl<const N: usize> Default for StackBuffer<N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl<const N: usize> StackBuffer<N> {
     pub const fn new() -> Self {
         StackBuffer {

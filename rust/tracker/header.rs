@@ -145,10 +145,12 @@ impl BlockHeader {
     /// large blocks, or foreign ones) are probed first.
     pub fn lookup(user: *mut u8) -> Lookup {
         let addr = user as usize;
-        if addr % 16 != 0 || addr < crate::sys::PAGE_SIZE {
+        if !addr.is_multiple_of(16) || addr < crate::sys::PAGE_SIZE {
             return Lookup::Foreign;
         }
-        if addr % crate::sys::PAGE_SIZE == 0 && !crate::sys::page_is_mapped(addr - HEADER_SIZE) {
+        if addr.is_multiple_of(crate::sys::PAGE_SIZE)
+            && !crate::sys::page_is_mapped(addr - HEADER_SIZE)
+        {
             return match raw::recently_unmapped(addr) {
                 Some(freed) => Lookup::Freed {
                     size: freed.size,

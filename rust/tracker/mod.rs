@@ -20,8 +20,11 @@ use header::{BlockHeader, Lookup};
 use live_list::SHARDS;
 
 /// A tracked block of `size` bytes aligned to `align` (0 = default), or null when exhausted.
+///
+/// # Safety
+/// `file` is null or a NUL-terminated string that outlives the block (a `__FILE__` literal).
 #[inline]
-pub fn allocate(
+pub unsafe fn allocate(
     size: usize,
     align: usize,
     kind: BlockKind,

@@ -38,7 +38,7 @@ pub fn acquire(size: usize, align: usize) -> Option<RawBlock> {
         raw_offset,
         placement: Placement::Malloc,
     };
-    if (block.user as usize) % PAGE_SIZE != 0 {
+    if !(block.user as usize).is_multiple_of(PAGE_SIZE) {
         return Some(block);
     }
     // Keep page-aligned user pointers for mapped blocks only, so freeing a malloc'd block never
@@ -137,13 +137,12 @@ fn remember_unmapped(block: UnmappedBlock) {
     ring.next = (slot + 1) % UNMAPPED_HISTORY;
 }
 
-/// The last of the recent large frees at `user`, if any.
+/// A recent large free at `user`, if any.
 pub fn recently_unmapped(user: usize) -> Option<UnmappedBlock> {
     let ring = UNMAPPED.lock().unwrap_or_else(|e| e.into_inner());
     ring.entries
         .iter()
         .flatten()
-        .filter(|b| b.user == user)
-        .last()
+        .find(|b| b.user == user)
         .copied()
 }
