@@ -1,0 +1,148 @@
+//! Shared by the integration tests: build real C++ programs with g++ and the README's link line
+//! against `target/release/libk15_memory.a`, run them, and read the reports they write.
+#![allow(dead_code)] // each test binary uses its own part of this module
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+pub fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The static library, built once per test binary (a no-op when `cargo test --release` is
+/// already up to date).
+pub fn static_lib() -> &'static Path {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "--release", "--lib", "--quiet"])
+            .current_dir(repo())
+            .status()
+            .expect("cargo runs");
+        assert!(status.success(), "cargo build --release failed");
+        repo().join("target/release/libk15_memory.a")
+    })
+}
+
+/// A fresh directory for one test's binaries and reports.
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Compiles and links `sources` (relative to the repo) the way README says:
+/// `g++ -std=c++17 -g -I include <sources> target/release/libk15_memory.a -lpthread -ldl -o exe`.
+/// `flags` go before the sources; `-DK15_MEMORY_DISABLED` builds without the library.
+pub fn build(dir: &Path, name: &str, sources: &[&str], flags: &[&str]) -> PathBuf {
+    let exe = dir.join(name);
+    let disabled = flags.contains(&"-DK15_MEMORY_DISABLED");
+    let mut cmd = Command::new("g++");
+    cmd.current_dir(repo()).args(["-std=c++17", "-g", "-Wall", "-Wextra", "-Werror", "-I", "include"]);
+    cmd.args(flags).args(sources);
+    if !disabled {
+        cmd.arg(static_lib());
+    }
+    cmd.args(["-lpthread", "-ldl", "-o"]).arg(&exe);
+    let out = cmd.output().expect("g++ runs");
+    assert!(out.status.success(), "g++ failed for {name}:\n{}", String::from_utf8_lossy(&out.stderr));
+    exe
+}
+
+/// A shared library of the test's own (for statics in another module, stacks through it).
+pub fn build_shared(dir: &Path, name: &str, sources: &[&str], flags: &[&str]) -> PathBuf {
+    let lib = dir.join(format!("lib{name}.so"));
+    let out = Command::new("g++")
+        .current_dir(repo())
+        .args(["-std=c++17", "-g", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared", "-I", "include"])
+        .args(flags)
+        .args(sources)
+        .arg("-o")
+        .arg(&lib)
+        .output()
+        .expect("g++ runs");
+    assert!(out.status.success(), "g++ -shared failed for {name}:\n{}", String::from_utf8_lossy(&out.stderr));
+    lib
+}
+
+/// What one run left behind.
+pub struct Run {
+    pub output: Output,
+    pub text: String,
+    pub json: Value,
+}
+
+impl Run {
+    pub fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.output.stdout).into_owned()
+    }
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.output.stderr).into_owned()
+    }
+    pub fn leaks(&self) -> &Vec<Value> {
+        self.json["leaks"].as_array().expect("leaks array")
+    }
+    pub fn errors(&self) -> &Vec<Value> {
+        self.json["errors"].as_array().expect("errors array")
+    }
+    pub fn error_kinds(&self) -> Vec<String> {
+        self.errors().iter().map(|e| e["kind"].as_str().unwrap().to_owned()).collect()
+    }
+    /// The leaks as (size, array, file, line), sorted.
+    pub fn leak_set(&self) -> Vec<(u64, bool, Option<String>, u64)> {
+        let mut set: Vec<_> = self
+            .leaks()
+            .iter()
+            .map(|l| {
+                (
+                    l["size"].as_u64().unwrap(),
+                    l["array"].as_bool().unwrap(),
+                    l["file"].as_str().map(str::to_owned),
+                    l["line"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        set.sort();
+        set
+    }
+}
+
+/// Runs `exe` in its directory with `K15_MEMORY_OPTIONS=log_path=<dir>/<report>.log:<options>`
+/// and reads both reports (JSON `null` where none was written).
+pub fn run_with(exe: &Path, report: &str, options: &str, env: &[(&str, &str)], args: &[&str]) -> Run {
+    let dir = exe.parent().unwrap();
+    let log = dir.join(format!("{report}.log"));
+    let json_path = dir.join(format!("{report}.log.json"));
+    let _ = std::fs::remove_file(&log);
+    let _ = std::fs::remove_file(&json_path);
+    let mut all_options = format!("log_path={}", log.display());
+    if !options.is_empty() {
+        all_options = format!("{all_options}:{options}");
+    }
+    let output = Command::new(exe)
+        .args(args)
+        .current_dir(dir)
+        .env("K15_MEMORY_OPTIONS", all_options)
+        .envs(env.iter().copied())
+        .output()
+        .expect("the program runs");
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let json = std::fs::read_to_string(&json_path)
+        .map(|s| serde_json::from_str(&s).unwrap_or_else(|e| panic!("bad JSON report: {e}\n{s}")))
+        .unwrap_or(Value::Null);
+    Run { output, text, json }
+}
+
+pub fn run(exe: &Path, options: &str) -> Run {
+    run_with(exe, exe.file_name().unwrap().to_str().unwrap(), options, &[], &[])
+}
+
+/// The line of `marker` in a source file (1-based), so tests name places, not numbers.
+pub fn line_of(source: &str, marker: &str) -> u64 {
+    let text = std::fs::read_to_string(repo().join(source)).unwrap();
+    let index = text.lines().position(|l| l.contains(marker));
+    index.unwrap_or_else(|| panic!("{marker} not in {source}")) as u64 + 1
+}

@@ -1,0 +1,41 @@
+//! An outside referee: for the sample engine, the blocks and bytes valgrind calls "definitely
+//! lost" (on the -DK15_MEMORY_DISABLED build) equal what the tracker reports.
+
+mod support;
+use std::process::Command;
+
+fn definitely_lost(valgrind_output: &str) -> (u64, u64) {
+    let line = valgrind_output.lines().find(|l| l.contains("definitely lost:")).expect("a LEAK SUMMARY");
+    let numbers: Vec<u64> = line
+        .split("definitely lost:")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .filter_map(|w| w.replace(',', "").parse().ok())
+        .collect();
+    (numbers[1], numbers[0]) // "N bytes in M blocks" -> (blocks, bytes)
+}
+
+#[test]
+fn tracker_and_valgrind_agree_on_the_engine_sample() {
+    let dir = support::scratch("valgrind_referee");
+    let sources = ["samples/engine/main.cpp", "samples/engine/world.cpp"];
+    let tracked = support::build(&dir, "engine", &sources, &[]);
+    let plain = support::build(&dir, "engine_plain", &sources, &["-DK15_MEMORY_DISABLED"]);
+
+    let ours = support::run(&tracked, "");
+    let summary = &ours.json["summary"];
+    let our_leaks = (summary["leaked_blocks"].as_u64().unwrap(), summary["leaked_bytes"].as_u64().unwrap());
+
+    let referee = Command::new("valgrind")
+        .args(["--leak-check=full", "--error-exitcode=0"])
+        .arg(&plain)
+        .current_dir(&dir)
+        .output()
+        .expect("valgrind is installed (.ci/run installs it)");
+    let text = String::from_utf8_lossy(&referee.stderr);
+    assert_eq!(definitely_lost(&text), our_leaks, "valgrind said:\n{text}\nwe said:\n{}", ours.text);
+    assert_eq!(our_leaks, (3, 1336));
+    // The disabled build writes no report of its own.
+    assert!(!dir.join("engine_plain.log").exists());
+}
