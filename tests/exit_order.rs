@@ -8,12 +8,30 @@ fn no_false_leaks_across_containers_alignment_forms_statics_and_a_shared_library
     let dir = support::scratch("exit_order_statics");
     let dso = support::build_shared(&dir, "static_dso", &["tests/cpp/static_dso.cpp"], &[]);
     let rpath = format!("-Wl,-rpath,{}", dir.display());
-    let exe = support::build(&dir, "no_false_leaks", &["tests/cpp/no_false_leaks.cpp", dso.to_str().unwrap()], &[&rpath]);
+    let exe = support::build(
+        &dir,
+        "no_false_leaks",
+        &["tests/cpp/no_false_leaks.cpp", dso.to_str().unwrap()],
+        &[&rpath],
+    );
     let run = support::run(&exe, "");
-    assert!(run.output.status.success(), "{}\n{}", run.stdout(), run.stderr());
-    assert!(run.stdout().contains("checks done: 0 failures"), "{}", run.stdout());
+    assert!(
+        run.output.status.success(),
+        "{}\n{}",
+        run.stdout(),
+        run.stderr()
+    );
+    assert!(
+        run.stdout().contains("checks done: 0 failures"),
+        "{}",
+        run.stdout()
+    );
     // The shared library's statics were destroyed before the report (they print when they are).
-    assert!(run.stderr().contains("static_dso: statics destroyed"), "{}", run.stderr());
+    assert!(
+        run.stderr().contains("static_dso: statics destroyed"),
+        "{}",
+        run.stderr()
+    );
     assert_eq!(run.leaks().len(), 0, "false leaks:\n{}", run.text);
     assert_eq!(run.errors().len(), 0, "{}", run.text);
     assert!(run.text.contains("No leaks"), "{}", run.text);
@@ -32,7 +50,9 @@ fn a_free_after_the_report_still_works() {
     assert_eq!(run.leak_set().len(), 1, "{}", run.text);
     assert_eq!(run.leaks()[0]["size"], 100);
     let report_line = stderr.find("k15-memory: 1 leaked blocks").expect(&stderr);
-    let late_free = stderr.find("late_free: freed after the report").expect(&stderr);
+    let late_free = stderr
+        .find("late_free: freed after the report")
+        .expect(&stderr);
     assert!(report_line < late_free, "{stderr}");
     assert!(!stderr.contains("Memory error"), "{stderr}");
 }

@@ -5,17 +5,41 @@ mod support;
 #[test]
 fn engine_sample_reports_exactly_its_three_leaks() {
     let dir = support::scratch("leaks_engine");
-    let exe = support::build(&dir, "engine", &["samples/engine/main.cpp", "samples/engine/world.cpp"], &[]);
+    let exe = support::build(
+        &dir,
+        "engine",
+        &["samples/engine/main.cpp", "samples/engine/world.cpp"],
+        &[],
+    );
     let run = support::run(&exe, "");
     assert!(run.output.status.success(), "{}", run.stderr());
-    assert!(run.stdout().starts_with("engine: 9 entities"), "{}", run.stdout());
+    assert!(
+        run.stdout().starts_with("engine: 9 entities"),
+        "{}",
+        run.stdout()
+    );
 
     let world = "samples/engine/world.cpp";
     let header = "samples/engine/aligned_allocator.h";
     let mut expected = vec![
-        (64 * 12, true, Some(world.to_owned()), support::line_of(world, "K15_NEW Vec3[64]")),
-        (56, false, Some(world.to_owned()), support::line_of(world, "K15_NEW Entity;")),
-        (100 * 4 + 112, false, Some(header.to_owned()), support::line_of(header, "__FILE__, __LINE__")),
+        (
+            64 * 12,
+            true,
+            Some(world.to_owned()),
+            support::line_of(world, "K15_NEW Vec3[64]"),
+        ),
+        (
+            56,
+            false,
+            Some(world.to_owned()),
+            support::line_of(world, "K15_NEW Entity;"),
+        ),
+        (
+            100 * 4 + 112,
+            false,
+            Some(header.to_owned()),
+            support::line_of(header, "__FILE__, __LINE__"),
+        ),
     ];
     expected.sort();
     assert_eq!(run.leak_set(), expected, "report:\n{}", run.text);
@@ -38,10 +62,20 @@ fn engine_sample_reports_exactly_its_three_leaks() {
 
     // The text report: largest site first, each with its kind.
     let text = &run.text;
-    let first = text.find("Leak of 768 bytes in 1 block (new[])").expect(text);
+    let first = text
+        .find("Leak of 768 bytes in 1 block (new[])")
+        .expect(text);
     let second = text.find("Leak of 512 bytes in 1 block (new)").expect(text);
     let third = text.find("Leak of 56 bytes in 1 block (new)").expect(text);
     assert!(first < second && second < third, "{text}");
-    assert!(text.contains("SUMMARY: k15-memory: 1336 bytes leaked in 3 blocks; 0 memory errors"), "{text}");
-    assert!(run.stderr().contains("k15-memory: 3 leaked blocks (1336 bytes)"), "{}", run.stderr());
+    assert!(
+        text.contains("SUMMARY: k15-memory: 1336 bytes leaked in 3 blocks; 0 memory errors"),
+        "{text}"
+    );
+    assert!(
+        run.stderr()
+            .contains("k15-memory: 3 leaked blocks (1336 bytes)"),
+        "{}",
+        run.stderr()
+    );
 }

@@ -6,7 +6,16 @@ use std::os::unix::process::ExitStatusExt;
 
 fn program() -> std::path::PathBuf {
     let dir = support::scratch(&format!("memory_errors_{:?}", std::thread::current().id()));
-    support::build(&dir, "memory_errors", &["tests/cpp/memory_errors.cpp"], &["-Wno-mismatched-new-delete", "-Wno-free-nonheap-object", "-Wno-use-after-free"])
+    support::build(
+        &dir,
+        "memory_errors",
+        &["tests/cpp/memory_errors.cpp"],
+        &[
+            "-Wno-mismatched-new-delete",
+            "-Wno-free-nonheap-object",
+            "-Wno-use-after-free",
+        ],
+    )
 }
 
 #[test]
@@ -39,14 +48,22 @@ fn every_bad_free_is_reported_and_survived() {
     assert_eq!(errors[0]["allocated_with"], "new[]");
     assert_eq!(errors[0]["freed_with"], "delete");
     assert_eq!(errors[0]["file"], source);
-    assert_eq!(errors[0]["line"], support::line_of(source, "// ALLOC array"));
+    assert_eq!(
+        errors[0]["line"],
+        support::line_of(source, "// ALLOC array")
+    );
     assert_eq!(errors[1]["allocated_with"], "new");
     assert_eq!(errors[1]["freed_with"], "delete[]");
     assert_eq!(errors[2]["size"], 4);
     assert_eq!(errors[3]["size"], 1 << 20);
     assert_eq!(errors[4]["size"], 64);
     // Each error was printed on stderr when it happened, and no leak is left.
-    assert_eq!(run.stderr().matches("k15-memory: Memory error:").count(), 9, "{}", run.stderr());
+    assert_eq!(
+        run.stderr().matches("k15-memory: Memory error:").count(),
+        9,
+        "{}",
+        run.stderr()
+    );
     assert_eq!(run.leaks().len(), 0, "{}", run.text);
     assert_eq!(run.json["summary"]["errors"], 9);
 }
@@ -54,7 +71,12 @@ fn every_bad_free_is_reported_and_survived() {
 #[test]
 fn halt_on_error_aborts_at_the_first_error() {
     let run = support::run(&program(), "halt_on_error=1");
-    assert_eq!(run.output.status.signal(), Some(libc_sigabrt()), "{:?}", run.output.status);
+    assert_eq!(
+        run.output.status.signal(),
+        Some(libc_sigabrt()),
+        "{:?}",
+        run.output.status
+    );
     let stderr = run.stderr();
     assert_eq!(stderr.matches("Memory error:").count(), 1, "{stderr}");
     assert!(stderr.contains("mismatched_delete"), "{stderr}");

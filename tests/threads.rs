@@ -10,8 +10,14 @@ fn two_threads_cross_thread_frees_and_thread_exit_allocations() {
     let run = support::run(&exe, "");
     let stdout = run.stdout();
     assert!(run.output.status.success(), "{}", run.stderr());
-    assert!(stdout.contains("allocated while both ran: 200000"), "{stdout}");
-    assert!(stdout.contains("live blocks while both ran: 200000"), "{stdout}");
+    assert!(
+        stdout.contains("allocated while both ran: 200000"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("live blocks while both ran: 200000"),
+        "{stdout}"
+    );
     // + 2: libstdc++ deletes each std::thread's state object when its function returns.
     assert!(stdout.contains("freed cross-thread: 200002"), "{stdout}");
     assert!(stdout.contains("threads done"), "{stdout}");
@@ -21,8 +27,17 @@ fn two_threads_cross_thread_frees_and_thread_exit_allocations() {
     let line = support::line_of(source, "// LEAK at thread exit");
     let leaks = run.leak_set();
     assert_eq!(leaks.len(), 100, "{}", run.text);
-    assert!(leaks.iter().all(|l| *l == (12, true, Some(source.to_owned()), line)), "{leaks:?}");
-    let threads: std::collections::HashSet<u64> = run.leaks().iter().map(|l| l["thread"].as_u64().unwrap()).collect();
+    assert!(
+        leaks
+            .iter()
+            .all(|l| *l == (12, true, Some(source.to_owned()), line)),
+        "{leaks:?}"
+    );
+    let threads: std::collections::HashSet<u64> = run
+        .leaks()
+        .iter()
+        .map(|l| l["thread"].as_u64().unwrap())
+        .collect();
     assert_eq!(threads.len(), 100, "one leak per thread");
     assert_eq!(run.json["summary"]["leaked_blocks"], 100);
     assert_eq!(run.json["summary"]["errors"], 0);

@@ -5,7 +5,10 @@ mod support;
 use std::process::Command;
 
 fn definitely_lost(valgrind_output: &str) -> (u64, u64) {
-    let line = valgrind_output.lines().find(|l| l.contains("definitely lost:")).expect("a LEAK SUMMARY");
+    let line = valgrind_output
+        .lines()
+        .find(|l| l.contains("definitely lost:"))
+        .expect("a LEAK SUMMARY");
     let numbers: Vec<u64> = line
         .split("definitely lost:")
         .nth(1)
@@ -25,7 +28,10 @@ fn tracker_and_valgrind_agree_on_the_engine_sample() {
 
     let ours = support::run(&tracked, "");
     let summary = &ours.json["summary"];
-    let our_leaks = (summary["leaked_blocks"].as_u64().unwrap(), summary["leaked_bytes"].as_u64().unwrap());
+    let our_leaks = (
+        summary["leaked_blocks"].as_u64().unwrap(),
+        summary["leaked_bytes"].as_u64().unwrap(),
+    );
 
     let referee = Command::new("valgrind")
         .args(["--leak-check=full", "--error-exitcode=0"])
@@ -34,7 +40,12 @@ fn tracker_and_valgrind_agree_on_the_engine_sample() {
         .output()
         .expect("valgrind is installed (.ci/run installs it)");
     let text = String::from_utf8_lossy(&referee.stderr);
-    assert_eq!(definitely_lost(&text), our_leaks, "valgrind said:\n{text}\nwe said:\n{}", ours.text);
+    assert_eq!(
+        definitely_lost(&text),
+        our_leaks,
+        "valgrind said:\n{text}\nwe said:\n{}",
+        ours.text
+    );
     assert_eq!(our_leaks, (3, 1336));
     // The disabled build writes no report of its own.
     assert!(!dir.join("engine_plain.log").exists());

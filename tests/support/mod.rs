@@ -41,14 +41,26 @@ pub fn build(dir: &Path, name: &str, sources: &[&str], flags: &[&str]) -> PathBu
     let exe = dir.join(name);
     let disabled = flags.contains(&"-DK15_MEMORY_DISABLED");
     let mut cmd = Command::new("g++");
-    cmd.current_dir(repo()).args(["-std=c++17", "-g", "-Wall", "-Wextra", "-Werror", "-I", "include"]);
+    cmd.current_dir(repo()).args([
+        "-std=c++17",
+        "-g",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-I",
+        "include",
+    ]);
     cmd.args(flags).args(sources);
     if !disabled {
         cmd.arg(static_lib());
     }
     cmd.args(["-lpthread", "-ldl", "-o"]).arg(&exe);
     let out = cmd.output().expect("g++ runs");
-    assert!(out.status.success(), "g++ failed for {name}:\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "g++ failed for {name}:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     exe
 }
 
@@ -57,14 +69,28 @@ pub fn build_shared(dir: &Path, name: &str, sources: &[&str], flags: &[&str]) ->
     let lib = dir.join(format!("lib{name}.so"));
     let out = Command::new("g++")
         .current_dir(repo())
-        .args(["-std=c++17", "-g", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared", "-I", "include"])
+        .args([
+            "-std=c++17",
+            "-g",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-fPIC",
+            "-shared",
+            "-I",
+            "include",
+        ])
         .args(flags)
         .args(sources)
         .arg("-o")
         .arg(&lib)
         .output()
         .expect("g++ runs");
-    assert!(out.status.success(), "g++ -shared failed for {name}:\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "g++ -shared failed for {name}:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     lib
 }
 
@@ -89,7 +115,10 @@ impl Run {
         self.json["errors"].as_array().expect("errors array")
     }
     pub fn error_kinds(&self) -> Vec<String> {
-        self.errors().iter().map(|e| e["kind"].as_str().unwrap().to_owned()).collect()
+        self.errors()
+            .iter()
+            .map(|e| e["kind"].as_str().unwrap().to_owned())
+            .collect()
     }
     /// The leaks as (size, array, file, line), sorted.
     pub fn leak_set(&self) -> Vec<(u64, bool, Option<String>, u64)> {
@@ -112,7 +141,13 @@ impl Run {
 
 /// Runs `exe` in its directory with `K15_MEMORY_OPTIONS=log_path=<dir>/<report>.log:<options>`
 /// and reads both reports (JSON `null` where none was written).
-pub fn run_with(exe: &Path, report: &str, options: &str, env: &[(&str, &str)], args: &[&str]) -> Run {
+pub fn run_with(
+    exe: &Path,
+    report: &str,
+    options: &str,
+    env: &[(&str, &str)],
+    args: &[&str],
+) -> Run {
     let dir = exe.parent().unwrap();
     let log = dir.join(format!("{report}.log"));
     let json_path = dir.join(format!("{report}.log.json"));
@@ -137,7 +172,13 @@ pub fn run_with(exe: &Path, report: &str, options: &str, env: &[(&str, &str)], a
 }
 
 pub fn run(exe: &Path, options: &str) -> Run {
-    run_with(exe, exe.file_name().unwrap().to_str().unwrap(), options, &[], &[])
+    run_with(
+        exe,
+        exe.file_name().unwrap().to_str().unwrap(),
+        options,
+        &[],
+        &[],
+    )
 }
 
 /// The line of `marker` in a source file (1-based), so tests name places, not numbers.

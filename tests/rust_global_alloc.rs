@@ -1,0 +1,63 @@
+//! Rust code with `#[global_allocator] TrackedAlloc` lands in the same tracker and leak log,
+//! marked `"language": "rust"`. Its own process: the test re-runs this binary as a child.
+
+use k15_memory::TrackedAlloc;
+use std::process::Command;
+
+#[global_allocator]
+static GLOBAL: TrackedAlloc = TrackedAlloc;
+
+const CHILD: &str = "K15_RUST_LEAK_CHILD";
+const LEAK_SIZE: usize = 4242;
+
+/// Runs only inside the child: leaks one buffer on purpose and checks the counters move.
+#[test]
+fn child_leaks_a_buffer() {
+    if std::env::var_os(CHILD).is_none() {
+        return;
+    }
+    let before = k15_memory::stats();
+    let buffer = vec![7u8; LEAK_SIZE];
+    let after = k15_memory::stats();
+    assert_eq!(after.total_allocations, before.total_allocations + 1);
+    assert_eq!(after.live_bytes, before.live_bytes + LEAK_SIZE as u64);
+    std::mem::forget(buffer);
+    let freed = Box::new([1u64; 100]);
+    drop(freed);
+    assert_eq!(k15_memory::stats().live_bytes, after.live_bytes);
+}
+
+#[test]
+fn rust_leak_appears_in_the_leak_log() {
+    if std::env::var_os(CHILD).is_some() {
+        return;
+    }
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("rust_global_alloc");
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("rust.log");
+    let _ = std::fs::remove_file(dir.join("rust.log.json"));
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_leaks_a_buffer", "--test-threads=1"])
+        .env(CHILD, "1")
+        .env("K15_MEMORY_OPTIONS", format!("log_path={}", log.display()))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("rust.log.json")).unwrap()).unwrap();
+    let leaks = json["leaks"].as_array().unwrap();
+    let ours: Vec<_> = leaks.iter().filter(|l| l["size"] == LEAK_SIZE).collect();
+    assert_eq!(ours.len(), 1, "{json:#}");
+    assert_eq!(ours[0]["language"], "rust");
+    assert_eq!(ours[0]["array"], false);
+    assert!(ours[0]["file"].is_null());
+    assert!(
+        leaks.iter().all(|l| l["language"] == "rust"),
+        "only Rust allocates here"
+    );
+    assert_eq!(json["summary"]["errors"], 0);
+}
