@@ -262,13 +262,21 @@ fn dwarf_walk(
     let mut regs = UnwindRegsX86_64::new(start.pc as u64, start.sp as u64, start.fp as u64);
     let mut pc = start.pc;
     let mut n = 0;
+    // Consecutive frames are mostly in the same module: check its range before searching.
+    let mut known = 0..0;
     loop {
-        if !snap.contains(pc) {
-            // Not in any known module: maybe a library loaded since the scan (slow path).
-            match modules::refresh() {
-                Some(s) if s.contains(pc) => snap = s,
-                _ => break, // JIT code or garbage: stop rather than guess
-            }
+        if !known.contains(&pc) {
+            known = match snap.module_of(pc) {
+                Some(r) => r,
+                // Not in any known module: maybe a library loaded since the scan (slow path).
+                None => match modules::refresh().and_then(|s| Some((s, s.module_of(pc)?))) {
+                    Some((s, r)) => {
+                        snap = s;
+                        r
+                    }
+                    None => break, // JIT code or garbage: stop rather than guess
+                },
+            };
         }
         out[n].write(pc);
         n += 1;

@@ -81,14 +81,27 @@ pub(super) fn init() -> bool {
 }
 
 fn hash(frames: &[usize]) -> u64 {
-    // Multiply-rotate per frame, then a murmur3 finaliser so the low bits (slot index) and the
+    // Four independent multiply-rotate lanes (the multiplies overlap instead of forming one
+    // 30-step dependency chain), then a murmur3 finaliser so the low bits (slot index) and the
     // high bits (tag) both depend on every frame.
-    let mut h = 0x243f_6a88_85a3_08d3u64 ^ frames.len() as u64;
-    for &f in frames {
-        h = (h ^ f as u64)
-            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
-            .rotate_left(31);
+    const K: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut lanes = [
+        0x243f_6a88_85a3_08d3u64 ^ frames.len() as u64,
+        0x1319_8a2e_0370_7344,
+        0xa409_3822_299f_31d0,
+        0x082e_fa98_ec4e_6c89,
+    ];
+    let mut chunks = frames.chunks_exact(4);
+    for c in &mut chunks {
+        for (lane, &f) in lanes.iter_mut().zip(c) {
+            *lane = (*lane ^ f as u64).wrapping_mul(K).rotate_left(31);
+        }
     }
+    for (lane, &f) in lanes.iter_mut().zip(chunks.remainder()) {
+        *lane = (*lane ^ f as u64).wrapping_mul(K).rotate_left(31);
+    }
+    let mut h =
+        lanes[0] ^ lanes[1].rotate_left(17) ^ lanes[2].rotate_left(34) ^ lanes[3].rotate_left(51);
     h ^= h >> 33;
     h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
     h ^= h >> 33;

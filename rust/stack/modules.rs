@@ -35,12 +35,13 @@ pub(crate) struct Snapshot {
 }
 
 impl Snapshot {
-    /// Whether `pc` lies in the code of a known module.
+    /// The code range of the known module holding `pc`, if any.
     #[inline]
-    pub(crate) fn contains(&self, pc: usize) -> bool {
+    pub(crate) fn module_of(&self, pc: usize) -> Option<Range<usize>> {
         // Few modules (tens): a binary search is a handful of compares.
         let i = self.code.partition_point(|r| r.start <= pc);
-        i > 0 && pc < self.code[i - 1].end
+        let r = self.code.get(i.checked_sub(1)?)?;
+        (pc < r.end).then(|| r.clone())
     }
 }
 

@@ -401,3 +401,39 @@ fn depot_concurrent_interning_is_consistent() {
         assert_eq!(frames(*id), &stacks[i][..]);
     }
 }
+
+/// Counts the calling thread's heap allocations (the test binary's global allocator).
+struct CountingAlloc;
+std::thread_local! { static ALLOCS: core::cell::Cell<u64> = const { core::cell::Cell::new(0) }; }
+// SAFETY: forwards every call to System; the counter is a const, Drop-free thread-local.
+unsafe impl std::alloc::GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
+        let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+        // SAFETY: same contract as this function's.
+        unsafe { std::alloc::System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
+        // SAFETY: same contract as this function's.
+        unsafe { std::alloc::System.dealloc(p, l) }
+    }
+}
+#[global_allocator]
+static COUNTING: CountingAlloc = CountingAlloc;
+
+#[test]
+fn warm_capture_does_not_allocate() {
+    warm_up();
+    let mut first = StackId(0);
+    let mut before = 0;
+    for i in 0..1001 {
+        let id = level_a(32);
+        black_box(level_b(32));
+        if i == 0 {
+            // This thread's first capture read its stack bounds (the slow path).
+            first = id;
+            before = ALLOCS.with(core::cell::Cell::get);
+        }
+        assert_eq!(id, first);
+    }
+    assert_eq!(ALLOCS.with(core::cell::Cell::get), before);
+}
