@@ -222,51 +222,62 @@ struct Shim {
     std_thread: extern "C" fn(Callback),
 }
 
-/// Builds `testdata/unwind_shim.cpp` without frame pointers and dlopens it (after the first
-/// module scan, so this also tests the rescan). None (and a message) when g++ is missing.
+/// Builds `rust/stack/testdata/<name>.cpp` without frame pointers into a shared library and
+/// dlopens it (after the first module scan, so this also tests the rescan). None, with a
+/// message, when g++ (or a header) is missing.
+fn build_and_open(name: &str, extra: &[&str]) -> Option<*mut c_void> {
+    warm_up();
+    let src = format!(
+        "{}/rust/stack/testdata/{name}.cpp",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let so = std::env::temp_dir().join(format!("k15_{name}_{}.so", std::process::id()));
+    let built = std::process::Command::new("g++")
+        .args([
+            "-std=c++17",
+            "-O2",
+            "-fomit-frame-pointer",
+            "-shared",
+            "-fPIC",
+            "-o",
+        ])
+        .arg(&so)
+        .arg(&src)
+        .args(extra)
+        .status();
+    if !built.is_ok_and(|s| s.success()) {
+        eprintln!("skipping: g++ could not build {src}");
+        return None;
+    }
+    let path = CString::new(so.to_str()?).ok()?;
+    // SAFETY: loading a library we just built; its initialisers are the C++ runtime's.
+    let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW) };
+    assert!(!h.is_null(), "dlopen {so:?} failed");
+    Some(h)
+}
+
+fn symbol(h: *mut c_void, name: &CStr) -> *mut c_void {
+    // SAFETY: `h` is a live dlopen handle and `name` a C string.
+    let p = unsafe { libc::dlsym(h, name.as_ptr()) };
+    assert!(!p.is_null(), "{name:?}");
+    p
+}
+
 fn shim() -> Option<&'static Shim> {
     static SHIM: OnceLock<Option<Shim>> = OnceLock::new();
     SHIM.get_or_init(|| {
-        warm_up();
-        let src = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/rust/stack/testdata/unwind_shim.cpp"
-        );
-        let so = std::env::temp_dir().join(format!("k15_unwind_shim_{}.so", std::process::id()));
-        let built = std::process::Command::new("g++")
-            .args([
-                "-std=c++17",
-                "-O2",
-                "-fomit-frame-pointer",
-                "-shared",
-                "-fPIC",
-                "-o",
-            ])
-            .arg(&so)
-            .arg(src)
-            .status();
-        if !built.is_ok_and(|s| s.success()) {
-            eprintln!("skipping: g++ could not build {src}");
-            return None;
-        }
-        let path = CString::new(so.to_str()?).ok()?;
-        // SAFETY: loading a library we just built; its symbols have the declared signatures.
+        let h = build_and_open("unwind_shim", &[])?;
+        // SAFETY: the shim's functions have exactly these C signatures.
         unsafe {
-            let h = libc::dlopen(path.as_ptr(), libc::RTLD_NOW);
-            assert!(!h.is_null(), "dlopen failed");
-            let sym = |name: &CStr| {
-                let p = libc::dlsym(h, name.as_ptr());
-                assert!(!p.is_null(), "{name:?}");
-                p
-            };
             Some(Shim {
                 sort: core::mem::transmute::<*mut c_void, extern "C" fn(*mut i32, i32, Callback)>(
-                    sym(c"k15_shim_sort"),
+                    symbol(h, c"k15_shim_sort"),
                 ),
                 ostream_write: core::mem::transmute::<*mut c_void, extern "C" fn(FrameCallback)>(
-                    sym(c"k15_shim_ostream_write"),
+                    symbol(h, c"k15_shim_ostream_write"),
                 ),
-                std_thread: core::mem::transmute::<*mut c_void, extern "C" fn(Callback)>(sym(
+                std_thread: core::mem::transmute::<*mut c_void, extern "C" fn(Callback)>(symbol(
+                    h,
                     c"k15_shim_std_thread",
                 )),
             })
@@ -436,4 +447,58 @@ fn warm_capture_does_not_allocate() {
         assert_eq!(id, first);
     }
     assert_eq!(ALLOCS.with(core::cell::Cell::get), before);
+}
+
+static BULLET_IDS: Mutex<Vec<StackId>> = Mutex::new(Vec::new());
+
+extern "C" fn bullet_hook(frame_address: usize) {
+    // SAFETY: the shim's hook passes its own live frame-pointer frame.
+    let start = unsafe { StartFrame::caller_of(frame_address) };
+    let id = capture(start, 32);
+    BULLET_IDS.lock().unwrap().push(id);
+}
+
+#[inline(never)]
+fn call_bullet_world(world: extern "C" fn(FrameCallback)) {
+    world(bullet_hook);
+    black_box(());
+}
+
+#[test]
+fn unwinds_through_libbullet_dynamics() {
+    if !std::path::Path::new("/usr/include/bullet/btBulletDynamicsCommon.h").exists() {
+        eprintln!("skipping: Bullet headers (libbullet-dev) not installed");
+        return;
+    }
+    let libs = [
+        "-I/usr/include/bullet",
+        "-lBulletDynamics",
+        "-lBulletCollision",
+        "-lLinearMath",
+    ];
+    let Some(h) = build_and_open("bullet_shim", &libs) else {
+        return;
+    };
+    // SAFETY: k15_shim_bullet_world has this C signature.
+    let world = unsafe {
+        core::mem::transmute::<*mut c_void, extern "C" fn(FrameCallback)>(symbol(
+            h,
+            c"k15_shim_bullet_world",
+        ))
+    };
+    call_bullet_world(world);
+    let ids = BULLET_IDS.lock().unwrap().clone();
+    let through_dynamics = ids.iter().filter(|&&id| {
+        let f = frames(id);
+        let dynamics = f
+            .iter()
+            .position(|&a| module_of(a).contains("libBulletDynamics"));
+        let caller = position(f, "call_bullet_world");
+        dynamics.is_some() && caller > dynamics
+    });
+    assert!(
+        through_dynamics.count() >= 1,
+        "{} stacks, none through libBulletDynamics",
+        ids.len()
+    );
 }
