@@ -4,7 +4,7 @@
 //! cache-slot hint, a reentrancy flag): C++ `thread_local` destructors run `delete` after Rust
 //! TLS destructors would have run, so nothing here may need one.
 //!
-//! Unwinder caches (a framehop rule cache plus gimli's evaluation context, about 50 KiB each)
+//! Unwinder caches (a framehop rule cache plus gimli's fixed-size CFI evaluation context, tens of KiB each)
 //! live in a static pool of [`POOL`] slots, each behind a try-lock. A thread starts at its own
 //! slot (by a per-thread hint) and takes the first free one; it never waits. Rules are keyed
 //! by address, so threads running the same code share warm caches, and the number of caches
