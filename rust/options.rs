@@ -3,6 +3,7 @@
 //! The first `operator new` can come before `main` and before any static constructor, so the
 //! options are parsed lazily, without allocating, into fixed-size fields.
 
+use crate::stack::UnwindMode;
 use crate::sys::{self, StackBuffer};
 use core::cell::UnsafeCell;
 use core::fmt::Write;
@@ -57,6 +58,9 @@ pub struct Options {
     pub report: bool,
     pub exitcode: i32,
     pub halt_on_error: bool,
+    /// How call stacks are walked: DWARF unwind tables (complete) or frame pointers (faster,
+    /// loses frames in code built without them, such as Debian's libstdc++ and Bullet).
+    pub unwinder: UnwindMode,
 }
 
 impl Options {
@@ -67,6 +71,7 @@ impl Options {
         report: true,
         exitcode: 0,
         halt_on_error: false,
+        unwinder: UnwindMode::Dwarf,
     };
 
     /// Applies `key=value:key=value`, warning once on stderr for each bad pair.
@@ -111,6 +116,14 @@ impl Options {
                 Ok(())
             }
             b"halt_on_error" => parse_flag(value).map(|v| self.halt_on_error = v),
+            b"unwinder" => {
+                self.unwinder = match value {
+                    b"dwarf" => UnwindMode::Dwarf,
+                    b"frame_pointer" => UnwindMode::FramePointer,
+                    _ => return Err("bad value (dwarf or frame_pointer expected)"),
+                };
+                Ok(())
+            }
             _ => Err("unknown key"),
         }
     }

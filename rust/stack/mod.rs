@@ -1,39 +1,142 @@
-//! Call-stack capture at allocation time and the depot that stores each distinct stack once.
+//! Call-stack capture for every allocation, and the depot that stores each distinct stack once.
+//!
+//! Hot-path contract of [`capture`] (it runs inside every `operator new`/`delete` and
+//! `GlobalAlloc` call): after [`warm_up`], no global lock, no syscall, no heap allocation,
+//! no formatting, and no crash on any stack contents. Slow paths (first capture of a thread,
+//! a return address in a library loaded after the last module scan, more simultaneous
+//! captures than unwinder caches so far) are `#[cold]` and may lock, call the loader and
+//! allocate through the Rust global allocator (see [`warm_up`]).
+//!
+//! Default unwinding is DWARF CFI from `.eh_frame` (the `framehop` crate, one rule cache per
+//! slot of a small static pool), so stacks stay complete through code without frame
+//! pointers (Debian's libstdc++, libc, libBullet). [`UnwindMode::FramePointer`] is an opt-in
+//! cheaper walk that loses frames in such code.
 
+pub mod capture;
+pub mod depot;
+mod modules;
+
+#[cfg(test)]
+mod tests;
+
+use core::sync::atomic::{AtomicU8, Ordering};
+
+/// A deduplicated call stack; see [`frames`]. `StackId(0)` means "no stack".
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct StackId(pub u32);
+
+/// The most frames [`capture`] records; larger depths are clamped to it.
 pub const MAX_DEPTH: usize = 64;
+
+/// Where unwinding starts: a return address and the stack and frame pointers of the frame
+/// that return address belongs to (the caller of the function being left).
 #[derive(Clone, Copy, Debug)]
 pub struct StartFrame {
+    /// Return address into the caller: the first address of the captured stack.
     pub pc: usize,
+    /// The caller's stack pointer right after that return (the callee's CFA).
     pub sp: usize,
+    /// The caller's frame pointer (rbp) as it will be after the return.
     pub fp: usize,
 }
+
 impl StartFrame {
+    /// The caller of a function compiled with frame pointers, from that function's frame
+    /// address (`__builtin_frame_address(0)` in C++, rbp in Rust).
+    ///
     /// # Safety
-    /// frame_address is the frame of a live function with frame pointers.
+    /// `frame_address` must be the frame address of a live frame of the current thread that
+    /// follows the frame-pointer convention (`[fp]` = saved rbp, `[fp+8]` = return address).
+    #[inline(always)]
     pub unsafe fn caller_of(frame_address: usize) -> StartFrame {
+        let fp = frame_address as *const usize;
+        // SAFETY: the caller guarantees `fp` is a live frame-pointer frame of this thread, so
+        // both words are mapped, aligned and hold the saved rbp and the return address.
+        let (saved_fp, ret) = unsafe { (fp.read(), fp.add(1).read()) };
         StartFrame {
-            pc: 0,
-            sp: 0,
-            fp: frame_address,
+            pc: ret,
+            sp: frame_address + 16,
+            fp: saved_fp,
         }
     }
-}
-pub fn capture(_start: StartFrame, _depth: usize) -> StackId {
-    StackId(0)
-}
-pub fn frames(_id: StackId) -> &'static [usize] {
-    &[]
-}
-pub fn warm_up() {}
-impl StartFrame {
+
+    /// The caller of the function this is inlined into, for Rust entry points such as
+    /// `GlobalAlloc::alloc`. That function must keep a frame pointer (this crate is built
+    /// with `-C force-frame-pointers=yes`, see `.cargo/config.toml`).
+    ///
+    /// Unlike [`StartFrame::caller_of`] this is safe: the two words are read only if rbp
+    /// lies inside the current thread's stack; otherwise the result has `pc == 0`, which
+    /// [`capture`] turns into `StackId(0)`.
     #[inline(always)]
     pub fn here() -> StartFrame {
-        StartFrame {
-            pc: 0,
-            sp: 0,
-            fp: 0,
+        let fp: usize;
+        // SAFETY: copying rbp into a register touches neither memory nor flags.
+        unsafe {
+            core::arch::asm!("mov {}, rbp", out(reg) fp, options(nomem, nostack, preserves_flags));
         }
+        capture::caller_of_checked(fp)
     }
+}
+
+/// How [`capture`] walks the stack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum UnwindMode {
+    /// DWARF CFI (`.eh_frame`) with cached rules: complete stacks through code built
+    /// without frame pointers. The default.
+    #[default]
+    Dwarf,
+    /// Follow the rbp chain only: a few ns cheaper per frame, but frames are lost (or the
+    /// walk stops) in code without frame pointers. Opt-in.
+    FramePointer,
+}
+
+static MODE: AtomicU8 = AtomicU8::new(0);
+
+/// Selects the unwinder for all later captures (process-wide).
+pub fn set_unwind_mode(mode: UnwindMode) {
+    MODE.store(mode as u8, Ordering::Relaxed);
+}
+
+/// The unwinder currently selected by [`set_unwind_mode`].
+pub fn unwind_mode() -> UnwindMode {
+    if MODE.load(Ordering::Relaxed) == UnwindMode::FramePointer as u8 {
+        UnwindMode::FramePointer
+    } else {
+        UnwindMode::Dwarf
+    }
+}
+
+/// Captures up to `depth` return addresses (clamped to [`MAX_DEPTH`]) starting at `start`
+/// and interns them. `depth == 0`, a nested capture on the same thread, or a stack that
+/// cannot be read safely give `StackId(0)`.
+#[inline]
+pub fn capture(start: StartFrame, depth: usize) -> StackId {
+    let depth = depth.min(MAX_DEPTH);
+    if depth == 0 {
+        return StackId(0);
+    }
+    let mut buf = [core::mem::MaybeUninit::<usize>::uninit(); MAX_DEPTH];
+    let n = capture::unwind_into(start, &mut buf[..depth]);
+    // SAFETY: `unwind_into` initialised exactly the first `n` elements.
+    let frames = unsafe { core::slice::from_raw_parts(buf.as_ptr().cast::<usize>(), n) };
+    depot::intern(frames)
+}
+
+/// The return addresses of a stack, innermost first; empty for `StackId(0)` or an unknown id.
+/// Valid for the rest of the process.
+pub fn frames(id: StackId) -> &'static [usize] {
+    depot::frames(id)
+}
+
+/// Does the setup now: maps the depot, scans the loaded modules, creates unwinder caches,
+/// reads this thread's stack bounds and makes one capture.
+///
+/// Call once at tracker init **with the tracker's reentrancy guard set**: `framehop` builds
+/// its module list and caches with the Rust global allocator, which may be the tracker.
+/// Safe to call again (later calls are cheap no-ops apart from the test capture).
+pub fn warm_up() {
+    depot::init();
+    modules::current_or_scan();
+    capture::warm_up_caches();
+    let _ = capture(StartFrame::here(), MAX_DEPTH);
 }

@@ -8,6 +8,7 @@
 pub mod errors;
 pub mod guard;
 pub mod header;
+mod init;
 pub mod live_list;
 pub mod raw;
 
@@ -32,10 +33,10 @@ pub unsafe fn allocate(
     line: u32,
     start: StartFrame,
 ) -> *mut u8 {
-    let options = crate::options::get();
     let Some(inside) = Inside::enter() else {
         return allocate_untracked(size, align, kind);
     };
+    let options = init::options();
     let Some(block) = raw::acquire(size, align) else {
         return core::ptr::null_mut();
     };
@@ -194,7 +195,7 @@ fn report_mismatch(header: *mut BlockHeader, kind: BlockKind, start: StartFrame)
 }
 
 fn capture_free_stack(start: StartFrame) -> StackId {
-    stack::capture(start, crate::options::get().stack_depth)
+    stack::capture(start, init::options().stack_depth)
 }
 
 #[cold]

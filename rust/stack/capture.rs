@@ -1,0 +1,333 @@
+//! Unwinding into a fixed buffer: DWARF CFI through a pool of rule caches, or the opt-in rbp walk.
+//!
+//! Per-thread state is one `const`-initialised, `Drop`-free thread-local (stack bounds, a
+//! cache-slot hint, a reentrancy flag): C++ `thread_local` destructors run `delete` after Rust
+//! TLS destructors would have run, so nothing here may need one.
+//!
+//! Unwinder caches (a framehop rule cache plus gimli's fixed-size CFI evaluation context, tens of KiB each)
+//! live in a static pool of [`POOL`] slots, each behind a try-lock. A thread starts at its own
+//! slot (by a per-thread hint) and takes the first free one; it never waits. Rules are keyed
+//! by address, so threads running the same code share warm caches, and the number of caches
+//! follows the number of *simultaneous* captures, not the number of threads ever created
+//! (a per-thread cache would need a destructor to be given back at thread exit). A cache is
+//! created only when every existing one is busy (cold path); if the pool is exhausted the
+//! capture falls back to the frame-pointer walk.
+
+use core::cell::Cell;
+use core::mem::MaybeUninit;
+use core::ptr;
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64};
+use framehop::{FrameAddress, MustNotAllocateDuringUnwind, Unwinder};
+
+use super::modules::{self, Snapshot};
+use super::{StartFrame, UnwindMode};
+
+/// Number of unwinder-cache slots; more simultaneous captures than this use the rbp walk.
+pub const POOL: usize = 64;
+
+type Cache = CacheX86_64<MustNotAllocateDuringUnwind>;
+
+#[repr(align(64))] // one slot per cache line: the try-locks of different threads don't share
+struct Slot {
+    busy: AtomicBool,
+    cache: AtomicPtr<Cache>,
+}
+
+static SLOTS: [Slot; POOL] = [const {
+    Slot {
+        busy: AtomicBool::new(false),
+        cache: AtomicPtr::new(ptr::null_mut()),
+    }
+}; POOL];
+/// Slots `0..READY` hold a cache; they are filled in order under `GROW`.
+static READY: AtomicUsize = AtomicUsize::new(0);
+static GROW: Mutex<()> = Mutex::new(());
+static NEXT_THREAD: AtomicUsize = AtomicUsize::new(0);
+
+const BOUNDS_UNKNOWN: u8 = 0;
+const BOUNDS_OK: u8 = 1;
+const BOUNDS_FAILED: u8 = 2;
+
+struct ThreadState {
+    /// The thread's stack is `[lo, hi)`; valid when `bounds == BOUNDS_OK`.
+    lo: Cell<usize>,
+    hi: Cell<usize>,
+    bounds: Cell<u8>,
+    /// Preferred cache slot.
+    hint: Cell<usize>,
+    /// Set while this thread is inside `unwind_into`: a nested capture (an allocation made by a
+    /// slow path, a signal handler) returns an empty stack instead of deadlocking on a rescan.
+    busy: Cell<bool>,
+}
+
+thread_local! {
+    // const-initialised and Drop-free: usable in C++ thread_local destructors at thread exit.
+    static THREAD: ThreadState = const {
+        ThreadState {
+            lo: Cell::new(0),
+            hi: Cell::new(0),
+            bounds: Cell::new(BOUNDS_UNKNOWN),
+            hint: Cell::new(0),
+            busy: Cell::new(false),
+        }
+    };
+}
+
+/// Reads the calling thread's stack range once (slow path: `pthread_getattr_np` parses
+/// `/proc/self/maps` with `malloc` for the main thread).
+#[cold]
+#[inline(never)]
+fn init_thread(t: &ThreadState) {
+    let mut attr = MaybeUninit::<libc::pthread_attr_t>::zeroed();
+    let mut addr: *mut libc::c_void = ptr::null_mut();
+    let mut size: libc::size_t = 0;
+    // SAFETY: standard pthread attribute protocol on the current thread; the attr is destroyed
+    // only after a successful getattr.
+    let ok = unsafe {
+        libc::pthread_getattr_np(libc::pthread_self(), attr.as_mut_ptr()) == 0 && {
+            let got = libc::pthread_attr_getstack(attr.as_ptr(), &mut addr, &mut size) == 0;
+            libc::pthread_attr_destroy(attr.as_mut_ptr());
+            got
+        }
+    };
+    if ok && !addr.is_null() && size != 0 {
+        t.lo.set(addr as usize);
+        t.hi.set(addr as usize + size);
+        t.bounds.set(BOUNDS_OK);
+    } else {
+        t.bounds.set(BOUNDS_FAILED);
+    }
+    t.hint.set(NEXT_THREAD.fetch_add(1, Ordering::Relaxed));
+}
+
+/// The current thread's stack range, or `None` if it cannot be known.
+#[inline]
+fn stack_bounds(t: &ThreadState) -> Option<(usize, usize)> {
+    if t.bounds.get() == BOUNDS_UNKNOWN {
+        init_thread(t);
+    }
+    (t.bounds.get() == BOUNDS_OK).then(|| (t.lo.get(), t.hi.get()))
+}
+
+/// [`StartFrame::caller_of`] with both reads checked against the current thread's stack.
+#[inline]
+pub(super) fn caller_of_checked(fp: usize) -> StartFrame {
+    let bounds = THREAD.try_with(stack_bounds).ok().flatten();
+    match bounds {
+        Some((lo, hi)) if fp.is_multiple_of(8) && fp >= lo && fp + 16 <= hi => {
+            // SAFETY: `fp` is aligned and `[fp, fp+16)` is inside this thread's stack.
+            unsafe { StartFrame::caller_of(fp) }
+        }
+        _ => StartFrame {
+            pc: 0,
+            sp: 0,
+            fp: 0,
+        },
+    }
+}
+
+/// Unwinds from `start` into `out` (at most `out.len()` frames, `out[0] = start.pc`) and
+/// returns how many were written. 0 when the stack cannot be read safely or on reentry.
+pub fn unwind_into(start: StartFrame, out: &mut [MaybeUninit<usize>]) -> usize {
+    THREAD
+        .try_with(|t| {
+            if t.busy.replace(true) {
+                return 0;
+            }
+            let n = match stack_bounds(t) {
+                // Caller frames all lie above the start sp, so reads below it are refused too.
+                Some((lo, hi)) if start.pc != 0 && start.sp >= lo && start.sp < hi => {
+                    unwind_checked(start, start.sp, hi, t.hint.get(), out)
+                }
+                _ => 0,
+            };
+            t.busy.set(false);
+            n
+        })
+        .unwrap_or(0)
+}
+
+/// Convenience over [`unwind_into`] for callers holding an initialised buffer.
+pub fn unwind_into_slice(start: StartFrame, out: &mut [usize]) -> usize {
+    // SAFETY: `MaybeUninit<usize>` has the layout of `usize`; `unwind_into` only writes
+    // initialised values, so `out` stays fully initialised.
+    let out = unsafe { &mut *(ptr::from_mut(out) as *mut [MaybeUninit<usize>]) };
+    unwind_into(start, out)
+}
+
+fn unwind_checked(
+    start: StartFrame,
+    lo: usize,
+    hi: usize,
+    hint: usize,
+    out: &mut [MaybeUninit<usize>],
+) -> usize {
+    if out.is_empty() {
+        return 0;
+    }
+    if super::unwind_mode() == UnwindMode::FramePointer {
+        return fp_walk(start, lo, hi, out);
+    }
+    let Some(snap) = modules::current_or_scan() else {
+        return fp_walk(start, lo, hi, out);
+    };
+    let Some(slot) = acquire(hint) else {
+        return fp_walk(start, lo, hi, out);
+    };
+    // SAFETY: the slot's try-lock is held, so this thread has exclusive use of its cache,
+    // which was fully built before READY published it and is never freed.
+    let cache = unsafe { &mut *SLOTS[slot].cache.load(Ordering::Acquire) };
+    let n = dwarf_walk(start, lo, hi, snap, cache, out);
+    SLOTS[slot].busy.store(false, Ordering::Release);
+    n
+}
+
+/// Takes a free cache slot, starting at the thread's hint; creates a cache if all are busy.
+#[inline]
+fn acquire(hint: usize) -> Option<usize> {
+    loop {
+        let ready = READY.load(Ordering::Acquire);
+        for k in 0..ready {
+            let i = (hint + k) % ready;
+            if SLOTS[i]
+                .busy
+                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
+                return Some(i);
+            }
+        }
+        if !grow(ready) {
+            return None;
+        }
+    }
+}
+
+/// Cold path: adds one cache to the pool if it still has `seen` caches. False when full.
+#[cold]
+#[inline(never)]
+fn grow(seen: usize) -> bool {
+    let _guard = GROW.lock().unwrap_or_else(|e| e.into_inner());
+    let ready = READY.load(Ordering::Acquire);
+    if ready != seen {
+        return true; // another thread grew it meanwhile: retry
+    }
+    if ready == POOL {
+        return false;
+    }
+    // Allocated through the Rust global allocator (framehop boxes its tables); never freed.
+    let cache = Box::into_raw(Box::new(Cache::new_in()));
+    SLOTS[ready].cache.store(cache, Ordering::Release);
+    READY.store(ready + 1, Ordering::Release);
+    true
+}
+
+/// Pre-creates enough caches for every CPU to capture at once (at most [`POOL`]).
+pub(super) fn warm_up_caches() {
+    // SAFETY: sysconf has no preconditions.
+    let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    let want = (cpus.max(1) as usize).min(POOL);
+    while READY.load(Ordering::Acquire) < want {
+        if !grow(READY.load(Ordering::Acquire)) {
+            break;
+        }
+    }
+}
+
+/// Reads one aligned word of the current thread's stack inside `[lo, hi)`, or fails.
+#[inline(always)]
+fn read_word(addr: u64, lo: usize, hi: usize) -> Result<u64, ()> {
+    let a = addr as usize;
+    if a.is_multiple_of(8) && a >= lo && a < hi && hi - a >= 8 {
+        // SAFETY: `[a, a+8)` is aligned and inside this thread's mapped stack, above the start
+        // sp, so it is readable (contents are whatever is there; unwinding only interprets it).
+        Ok(unsafe { ptr::read_volatile(a as *const u64) })
+    } else {
+        Err(())
+    }
+}
+
+fn dwarf_walk(
+    start: StartFrame,
+    lo: usize,
+    hi: usize,
+    mut snap: &'static Snapshot,
+    cache: &mut Cache,
+    out: &mut [MaybeUninit<usize>],
+) -> usize {
+    let mut read = |a: u64| read_word(a, lo, hi);
+    let mut regs = UnwindRegsX86_64::new(start.pc as u64, start.sp as u64, start.fp as u64);
+    let mut pc = start.pc;
+    let mut n = 0;
+    // Consecutive frames are mostly in the same module: check its range before searching.
+    let mut known = 0..0;
+    loop {
+        if !known.contains(&pc) {
+            known = match snap.module_of(pc) {
+                Some(r) => r,
+                // Not in any known module: maybe a library loaded since the scan (slow path).
+                None => match modules::refresh().and_then(|s| Some((s, s.module_of(pc)?))) {
+                    Some((s, r)) => {
+                        snap = s;
+                        r
+                    }
+                    None => break, // JIT code or garbage: stop rather than guess
+                },
+            };
+        }
+        out[n].write(pc);
+        n += 1;
+        if n == out.len() {
+            break;
+        }
+        let Some(addr) = FrameAddress::from_return_address(pc as u64) else {
+            break;
+        };
+        let sp = regs.sp();
+        match snap
+            .unwinder
+            .unwind_frame(addr, &mut regs, cache, &mut read)
+        {
+            // The stack grows down: a caller's sp must be above its callee's, or we would loop.
+            Ok(Some(ra)) if ra != 0 && regs.sp() > sp => pc = ra as usize,
+            _ => break,
+        }
+    }
+    n
+}
+
+/// The opt-in walk along saved rbp values; loses frames in code without frame pointers.
+pub(super) fn fp_walk(
+    start: StartFrame,
+    lo: usize,
+    hi: usize,
+    out: &mut [MaybeUninit<usize>],
+) -> usize {
+    out[0].write(start.pc);
+    let mut n = 1;
+    let mut fp = start.fp;
+    let mut floor = lo;
+    while n < out.len() {
+        // Each saved frame must be inside the stack and above the previous one.
+        if fp < floor {
+            break;
+        }
+        let (Ok(next), Ok(ra)) = (
+            read_word(fp as u64, lo, hi),
+            read_word(fp as u64 + 8, lo, hi),
+        ) else {
+            break;
+        };
+        if ra == 0 {
+            break;
+        }
+        out[n].write(ra as usize);
+        n += 1;
+        floor = fp + 16;
+        fp = next as usize;
+    }
+    n
+}

@@ -1,0 +1,524 @@
+//! Tests of stack capture (against `backtrace` as referee) and of the depot.
+
+use core::ffi::c_void;
+use core::hint::black_box;
+use std::ffi::{CStr, CString};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use super::*;
+
+/// Every name (inlined ones included) the debug info gives for a return address.
+fn names(addr: usize) -> String {
+    let mut out = String::new();
+    backtrace::resolve((addr - 1) as *mut c_void, |sym| {
+        if let Some(n) = sym.name() {
+            out.push_str(&format!("{n:#} | "));
+        }
+    });
+    out
+}
+
+/// The file name of the module holding `addr`, from `dladdr`.
+fn module_of(addr: usize) -> String {
+    let mut info = core::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+    // SAFETY: dladdr only writes `info`; a zeroed Dl_info is valid to read on failure.
+    let info = unsafe {
+        libc::dladdr(addr as *const c_void, info.as_mut_ptr());
+        info.assume_init()
+    };
+    if info.dli_fname.is_null() {
+        return String::new();
+    }
+    // SAFETY: a non-null dli_fname is a NUL-terminated string owned by the loader.
+    unsafe { CStr::from_ptr(info.dli_fname) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn position(frames: &[usize], name: &str) -> Option<usize> {
+    frames.iter().position(|&a| names(a).contains(name))
+}
+
+#[inline(never)]
+fn level_c(depth: usize) -> StackId {
+    black_box(capture(StartFrame::here(), black_box(depth)))
+}
+
+#[inline(never)]
+fn level_b(depth: usize) -> StackId {
+    black_box(level_c(depth))
+}
+
+#[inline(never)]
+fn level_a(depth: usize) -> StackId {
+    black_box(level_b(depth))
+}
+
+#[test]
+fn nested_rust_frames_in_order() {
+    let id = level_a(32);
+    let f = frames(id);
+    assert!(f.len() >= 4, "{f:x?}");
+    assert!(names(f[0]).contains("level_b"), "{}", names(f[0]));
+    assert!(names(f[1]).contains("level_a"), "{}", names(f[1]));
+    assert!(
+        names(f[2]).contains("nested_rust_frames_in_order"),
+        "{}",
+        names(f[2])
+    );
+}
+
+#[inline(never)]
+fn referee_inner(ours: &mut Vec<usize>, theirs: &mut Vec<usize>) {
+    let mut buf = [0usize; MAX_DEPTH];
+    let n = capture::unwind_into_slice(StartFrame::here(), &mut buf);
+    ours.extend_from_slice(&buf[..n]);
+    // SAFETY: no other unwinder runs on this thread; the closure does not allocate-panic.
+    unsafe {
+        backtrace::trace_unsynchronized(|f| {
+            theirs.push(f.ip() as usize);
+            true
+        })
+    };
+    black_box(());
+}
+
+#[inline(never)]
+fn referee_outer(ours: &mut Vec<usize>, theirs: &mut Vec<usize>) {
+    referee_inner(ours, theirs);
+    black_box(());
+}
+
+#[test]
+fn matches_unwind_backtrace() {
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    referee_outer(&mut ours, &mut theirs);
+    let start = theirs
+        .iter()
+        .position(|&a| a == ours[0])
+        .expect("first frame in referee");
+    let theirs = &theirs[start..];
+    assert!(ours.len() >= 3);
+    // Both walks end at the thread's root; compare everything both have.
+    let common = ours.len().min(theirs.len());
+    assert_eq!(&ours[..common], &theirs[..common]);
+    assert!(
+        ours.len() + 1 >= theirs.len(),
+        "ours {} theirs {}",
+        ours.len(),
+        theirs.len()
+    );
+}
+
+#[test]
+fn depth_is_honoured_and_clamped() {
+    assert_eq!(level_a(0), StackId(0));
+    assert_eq!(frames(level_a(1)).len(), 1);
+    assert_eq!(frames(level_a(2)).len(), 2);
+    assert!(frames(level_a(1000)).len() <= MAX_DEPTH);
+    assert_eq!(frames(StackId(0)), &[] as &[usize]);
+}
+
+#[test]
+fn same_site_same_id_and_different_sites_differ() {
+    let ids: Vec<StackId> = (0..1000).map(|_| level_a(32)).collect();
+    assert!(ids.iter().all(|&i| i == ids[0] && i != StackId(0)));
+    let other = level_b(32);
+    assert_ne!(other, ids[0]);
+}
+
+#[test]
+fn garbage_start_frames_give_empty_or_safe_stacks() {
+    let bad = [
+        StartFrame {
+            pc: 0,
+            sp: 0,
+            fp: 0,
+        },
+        StartFrame {
+            pc: 0x1234,
+            sp: 8,
+            fp: 16,
+        },
+        StartFrame {
+            pc: level_a as *const () as usize + 4,
+            sp: usize::MAX - 7,
+            fp: 0,
+        },
+        StartFrame {
+            pc: level_a as *const () as usize + 4,
+            sp: 0x1000,
+            fp: 0xdead_beef,
+        },
+    ];
+    for s in bad {
+        assert_eq!(capture(s, 32), StackId(0), "{s:x?}");
+    }
+    // A valid sp but a wild fp: the walk must stay inside the stack and end.
+    let mut here = StartFrame::here();
+    here.fp = 0xdead_bee8;
+    let _ = capture(here, 32);
+}
+
+static CALLBACK_ID: AtomicU32 = AtomicU32::new(0);
+
+extern "C" fn capture_callback() {
+    CALLBACK_ID.store(capture(StartFrame::here(), 32).0, Ordering::SeqCst);
+}
+
+extern "C" fn qsort_compare(a: *const c_void, b: *const c_void) -> i32 {
+    // SAFETY: qsort passes pointers into the i32 array being sorted.
+    let (a, b) = unsafe { (*a.cast::<i32>(), *b.cast::<i32>()) };
+    let mut buf = [0usize; MAX_DEPTH];
+    let n = capture::unwind_into_slice(StartFrame::here(), &mut buf);
+    QSORT_FRAMES
+        .lock()
+        .unwrap()
+        .get_or_insert_with(|| buf[..n].to_vec());
+    a.cmp(&b) as i32
+}
+
+static QSORT_FRAMES: Mutex<Option<Vec<usize>>> = Mutex::new(None);
+
+#[inline(never)]
+fn call_qsort() {
+    let mut v: Vec<i32> = (0..64).rev().collect();
+    // SAFETY: a valid i32 array, its length and element size, and a matching comparator.
+    unsafe { libc::qsort(v.as_mut_ptr().cast(), v.len(), 4, Some(qsort_compare)) };
+    black_box(&v);
+}
+
+#[test]
+fn unwinds_through_libc_qsort() {
+    call_qsort();
+    let f = QSORT_FRAMES.lock().unwrap().take().unwrap();
+    let libc_frames = f
+        .iter()
+        .filter(|&&a| module_of(a).contains("libc.so"))
+        .count();
+    assert!(libc_frames >= 1, "no libc frame in {f:x?}");
+    let caller = position(&f, "call_qsort").expect("call_qsort beyond qsort");
+    assert!(
+        names(f[caller + 1]).contains("unwinds_through_libc_qsort"),
+        "{}",
+        names(f[caller + 1])
+    );
+}
+
+type Callback = extern "C" fn();
+type FrameCallback = extern "C" fn(usize);
+
+/// What k15's C++ operator new does: start at the caller of a frame-pointer function.
+extern "C" fn capture_caller_of(frame_address: usize) {
+    // SAFETY: the shim passes `__builtin_frame_address(0)` of its live frame-pointer frame.
+    let start = unsafe { StartFrame::caller_of(frame_address) };
+    CALLBACK_ID.store(capture(start, 32).0, Ordering::SeqCst);
+}
+
+struct Shim {
+    sort: extern "C" fn(*mut i32, i32, Callback),
+    ostream_write: extern "C" fn(FrameCallback),
+    std_thread: extern "C" fn(Callback),
+}
+
+/// Builds `rust/stack/testdata/<name>.cpp` without frame pointers into a shared library and
+/// dlopens it (after the first module scan, so this also tests the rescan). None, with a
+/// message, when g++ (or a header) is missing.
+fn build_and_open(name: &str, extra: &[&str]) -> Option<*mut c_void> {
+    warm_up();
+    let src = format!(
+        "{}/rust/stack/testdata/{name}.cpp",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let so = std::env::temp_dir().join(format!("k15_{name}_{}.so", std::process::id()));
+    let built = std::process::Command::new("g++")
+        .args([
+            "-std=c++17",
+            "-O2",
+            "-fomit-frame-pointer",
+            "-shared",
+            "-fPIC",
+            "-o",
+        ])
+        .arg(&so)
+        .arg(&src)
+        .args(extra)
+        .status();
+    if !built.is_ok_and(|s| s.success()) {
+        eprintln!("skipping: g++ could not build {src}");
+        return None;
+    }
+    let path = CString::new(so.to_str()?).ok()?;
+    // SAFETY: loading a library we just built; its initialisers are the C++ runtime's.
+    let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW) };
+    assert!(!h.is_null(), "dlopen {so:?} failed");
+    Some(h)
+}
+
+fn symbol(h: *mut c_void, name: &CStr) -> *mut c_void {
+    // SAFETY: `h` is a live dlopen handle and `name` a C string.
+    let p = unsafe { libc::dlsym(h, name.as_ptr()) };
+    assert!(!p.is_null(), "{name:?}");
+    p
+}
+
+fn shim() -> Option<&'static Shim> {
+    static SHIM: OnceLock<Option<Shim>> = OnceLock::new();
+    SHIM.get_or_init(|| {
+        let h = build_and_open("unwind_shim", &[])?;
+        // SAFETY: the shim's functions have exactly these C signatures.
+        unsafe {
+            Some(Shim {
+                sort: core::mem::transmute::<*mut c_void, extern "C" fn(*mut i32, i32, Callback)>(
+                    symbol(h, c"k15_shim_sort"),
+                ),
+                ostream_write: core::mem::transmute::<*mut c_void, extern "C" fn(FrameCallback)>(
+                    symbol(h, c"k15_shim_ostream_write"),
+                ),
+                std_thread: core::mem::transmute::<*mut c_void, extern "C" fn(Callback)>(symbol(
+                    h,
+                    c"k15_shim_std_thread",
+                )),
+            })
+        }
+    })
+    .as_ref()
+}
+
+static SHIM_LOCK: Mutex<()> = Mutex::new(());
+
+#[inline(never)]
+fn call_shim_sort(s: &Shim) {
+    let mut v: Vec<i32> = (0..100).rev().collect();
+    (s.sort)(v.as_mut_ptr(), v.len() as i32, capture_callback);
+    black_box(&v);
+}
+
+#[test]
+fn unwinds_through_cpp_without_frame_pointers() {
+    let Some(s) = shim() else { return };
+    let _g = SHIM_LOCK.lock().unwrap();
+    call_shim_sort(s);
+    let f = frames(StackId(CALLBACK_ID.load(Ordering::SeqCst)));
+    assert!(module_of(f[0]).contains("k15_unwind_shim"), "{f:x?}");
+    let caller = position(f, "call_shim_sort").expect("call_shim_sort beyond std::sort");
+    assert!(names(f[caller + 1]).contains("unwinds_through_cpp_without_frame_pointers"));
+}
+
+#[inline(never)]
+fn call_shim_ostream_write(s: &Shim) {
+    (s.ostream_write)(capture_caller_of);
+    black_box(());
+}
+
+#[test]
+fn unwinds_from_libstdcxx_like_operator_new() {
+    let Some(s) = shim() else { return };
+    let _g = SHIM_LOCK.lock().unwrap();
+    call_shim_ostream_write(s);
+    let f = frames(StackId(CALLBACK_ID.load(Ordering::SeqCst)));
+    let mods: Vec<String> = f.iter().map(|&a| module_of(a)).collect();
+    // The capture starts in std::ostream::write, inside libstdc++.so (no frame pointers) ...
+    assert!(mods[0].contains("libstdc++"), "{mods:?}");
+    // ... and still reaches the shim function and its Rust caller beyond it.
+    assert!(mods[1].contains("k15_unwind_shim"), "{mods:?}");
+    let caller = position(f, "call_shim_ostream_write").expect("caller beyond libstdc++");
+    assert_eq!(caller, 2, "{mods:?}");
+    assert!(names(f[3]).contains("unwinds_from_libstdcxx_like_operator_new"));
+}
+
+#[test]
+fn std_thread_stacks_reach_libstdcxx_entry() {
+    let Some(s) = shim() else { return };
+    let _g = SHIM_LOCK.lock().unwrap();
+    (s.std_thread)(capture_callback);
+    let f = frames(StackId(CALLBACK_ID.load(Ordering::SeqCst)));
+    let mods: Vec<String> = f.iter().map(|&a| module_of(a)).collect();
+    assert!(mods.iter().any(|m| m.contains("libstdc++")), "{mods:?}");
+    assert!(mods.last().unwrap().contains("libc.so"), "{mods:?}");
+}
+
+struct CaptureOnDrop;
+impl Drop for CaptureOnDrop {
+    fn drop(&mut self) {
+        let id = level_a(32);
+        CALLBACK_ID_TLS.store(id.0, Ordering::SeqCst);
+    }
+}
+static CALLBACK_ID_TLS: AtomicU32 = AtomicU32::new(0);
+
+#[test]
+fn captures_in_threads_and_thread_local_destructors() {
+    thread_local! { static D: CaptureOnDrop = const { CaptureOnDrop }; }
+    let id = std::thread::spawn(|| {
+        D.with(|_| {});
+        level_a(32)
+    })
+    .join()
+    .unwrap();
+    assert!(names(frames(id)[0]).contains("level_b"));
+    let at_exit = frames(StackId(CALLBACK_ID_TLS.load(Ordering::SeqCst)));
+    assert!(!at_exit.is_empty());
+    assert!(names(at_exit[0]).contains("level_b"));
+}
+
+#[test]
+fn depot_dedups_synthetic_stacks() {
+    let a = depot::intern(&[1, 2, 3]);
+    let b = depot::intern(&[1, 2, 3]);
+    let c = depot::intern(&[1, 2, 4]);
+    let d = depot::intern(&[1, 2]);
+    assert_eq!(a, b);
+    assert_ne!(a, c);
+    assert_ne!(a, d);
+    assert_eq!(frames(a), &[1, 2, 3]);
+    assert_eq!(frames(d), &[1, 2]);
+    assert_eq!(depot::intern(&[]), StackId(0));
+}
+
+#[test]
+fn depot_concurrent_interning_is_consistent() {
+    let stacks: Vec<Vec<usize>> = (0..2000usize)
+        .map(|i| {
+            (0..(i % 30 + 1))
+                .map(|j| 0x7000_0000 + i * 64 + j)
+                .collect()
+        })
+        .collect();
+    let results: Vec<Vec<StackId>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|t| {
+                let stacks = &stacks;
+                s.spawn(move || {
+                    let mut ids = vec![StackId(0); stacks.len()];
+                    for k in 0..stacks.len() {
+                        // Different orders per thread so that inserts race.
+                        let i = if t % 2 == 0 { k } else { stacks.len() - 1 - k };
+                        ids[i] = depot::intern(&stacks[i]);
+                    }
+                    ids
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for ids in &results[1..] {
+        assert_eq!(ids, &results[0]);
+    }
+    let unique: std::collections::HashSet<_> = results[0].iter().collect();
+    assert_eq!(unique.len(), stacks.len());
+    for (i, id) in results[0].iter().enumerate() {
+        assert_eq!(frames(*id), &stacks[i][..]);
+    }
+}
+
+/// Counts the calling thread's heap allocations (the test binary's global allocator).
+struct CountingAlloc;
+std::thread_local! { static ALLOCS: core::cell::Cell<u64> = const { core::cell::Cell::new(0) }; }
+// SAFETY: forwards every call to System; the counter is a const, Drop-free thread-local.
+unsafe impl std::alloc::GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
+        let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+        // SAFETY: same contract as this function's.
+        unsafe { std::alloc::System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
+        // SAFETY: same contract as this function's.
+        unsafe { std::alloc::System.dealloc(p, l) }
+    }
+}
+#[global_allocator]
+static COUNTING: CountingAlloc = CountingAlloc;
+
+#[test]
+fn warm_capture_does_not_allocate() {
+    warm_up();
+    let mut ids = [StackId(0); 1001];
+    let mut before = 0;
+    for (i, id) in ids.iter_mut().enumerate() {
+        *id = level_a(32);
+        black_box(level_b(32));
+        if i == 1 {
+            // This thread's first capture read its stack bounds (the slow path); an optimised
+            // build may peel the first iteration, so warm both call sites.
+            before = ALLOCS.with(core::cell::Cell::get);
+        }
+    }
+    assert_eq!(ALLOCS.with(core::cell::Cell::get), before);
+    assert!(ids[2..].iter().all(|&id| id == ids[2] && id != StackId(0)));
+}
+
+static BULLET_IDS: Mutex<Vec<StackId>> = Mutex::new(Vec::new());
+
+extern "C" fn bullet_hook(frame_address: usize) {
+    // SAFETY: the shim's hook passes its own live frame-pointer frame.
+    let start = unsafe { StartFrame::caller_of(frame_address) };
+    let id = capture(start, 32);
+    BULLET_IDS.lock().unwrap().push(id);
+}
+
+#[inline(never)]
+fn call_bullet_world(world: extern "C" fn(FrameCallback)) {
+    world(bullet_hook);
+    black_box(());
+}
+
+#[test]
+fn unwinds_through_libbullet_dynamics() {
+    if !std::path::Path::new("/usr/include/bullet/btBulletDynamicsCommon.h").exists() {
+        eprintln!("skipping: Bullet headers (libbullet-dev) not installed");
+        return;
+    }
+    let libs = [
+        "-I/usr/include/bullet",
+        "-lBulletDynamics",
+        "-lBulletCollision",
+        "-lLinearMath",
+    ];
+    let Some(h) = build_and_open("bullet_shim", &libs) else {
+        return;
+    };
+    // SAFETY: k15_shim_bullet_world has this C signature.
+    let world = unsafe {
+        core::mem::transmute::<*mut c_void, extern "C" fn(FrameCallback)>(symbol(
+            h,
+            c"k15_shim_bullet_world",
+        ))
+    };
+    call_bullet_world(world);
+    let ids = BULLET_IDS.lock().unwrap().clone();
+    let through_dynamics = ids.iter().filter(|&&id| {
+        let f = frames(id);
+        let dynamics = f
+            .iter()
+            .position(|&a| module_of(a).contains("libBulletDynamics"));
+        let caller = position(f, "call_bullet_world");
+        dynamics.is_some() && caller > dynamics
+    });
+    assert!(
+        through_dynamics.count() >= 1,
+        "{} stacks, none through libBulletDynamics",
+        ids.len()
+    );
+}
+
+static BEFORE_MAIN_ID: AtomicU32 = AtomicU32::new(0);
+
+/// Runs from `.init_array`, before `main` and before any `warm_up`: as a shared library's
+/// static constructor calling `new` would.
+extern "C" fn capture_before_main() {
+    BEFORE_MAIN_ID.store(level_a(32).0, Ordering::SeqCst);
+}
+
+#[used]
+#[link_section = ".init_array"]
+static CAPTURE_BEFORE_MAIN: extern "C" fn() = capture_before_main;
+
+#[test]
+fn captures_before_main_without_warm_up() {
+    let f = frames(StackId(BEFORE_MAIN_ID.load(Ordering::SeqCst)));
+    assert!(f.len() >= 3, "{f:x?}");
+    assert!(names(f[0]).contains("level_b"));
+    assert!(names(f[2]).contains("capture_before_main"));
+}

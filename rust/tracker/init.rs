@@ -1,0 +1,28 @@
+//! First use: the options, and the stack unwinder's setup done once up front, so the first
+//! `new` of the program does not pay for it in the middle of someone's frame.
+
+use crate::options::{self, Options};
+use core::sync::atomic::{AtomicBool, Ordering};
+
+static READY: AtomicBool = AtomicBool::new(false);
+
+/// The options, with the tracker set up. Call with the reentrancy guard held: the unwinder's
+/// setup allocates through Rust's global allocator, which may be the tracker itself.
+#[inline]
+pub fn options() -> &'static Options {
+    if !READY.load(Ordering::Acquire) {
+        set_up();
+    }
+    options::get()
+}
+
+#[cold]
+#[inline(never)]
+fn set_up() {
+    let options = options::get();
+    crate::stack::set_unwind_mode(options.unwinder);
+    if options.stack_depth > 0 {
+        crate::stack::warm_up();
+    }
+    READY.store(true, Ordering::Release);
+}
