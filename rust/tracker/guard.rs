@@ -30,7 +30,7 @@ pub struct Inside(());
 impl Inside {
     #[inline]
     pub fn enter() -> Option<Inside> {
-        THREAD.with(|t| (!t.inside_tracker.replace(true)).then_some(Inside(())))
+        THREAD.with(|t| (!t.inside_tracker.replace(true)).then(|| Inside(())))
     }
 
     /// The calling thread's number, assigned at its first tracked allocation.
@@ -61,5 +61,22 @@ impl Drop for Inside {
     #[inline]
     fn drop(&mut self) {
         THREAD.with(|t| t.inside_tracker.set(false));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_nested_entry_is_refused_and_leaves_the_outer_one_in_place() {
+        let outer = Inside::enter().expect("first entry");
+        assert!(Inside::enter().is_none());
+        assert!(
+            Inside::enter().is_none(),
+            "the refused entry did not clear the flag"
+        );
+        drop(outer);
+        assert!(Inside::enter().is_some());
     }
 }

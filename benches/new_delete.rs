@@ -1,0 +1,204 @@
+//! The churn benchmark: the same C++ workload (`programs/churn.cpp`, 2 million new/delete pairs
+//! per thread) under plain glibc and its peers and under the tracker, each in its own process,
+//! all in one run; prints nanoseconds per pair and the ratio to plain glibc. Peers that are not
+//! installed are skipped with a note. `cargo bench --bench new_delete`
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const PAIRS: u64 = 2_000_000;
+const RUNS: usize = 3;
+
+struct Variant {
+    name: &'static str,
+    /// The command before the program, e.g. `valgrind`.
+    wrapper: Vec<String>,
+    exe: PathBuf,
+    env: Vec<(&'static str, String)>,
+    /// Slow peers run fewer pairs; the figure is per pair either way.
+    pairs_divisor: u64,
+}
+
+fn compile(
+    dir: &Path,
+    name: &str,
+    compiler: &str,
+    flags: &[&str],
+    tracked: bool,
+) -> Option<PathBuf> {
+    let exe = dir.join(name);
+    let mut cmd = Command::new(compiler);
+    cmd.current_dir(support::repo())
+        .args(["-std=c++17", "-g", "-O2", "-I", "include"])
+        .args(flags);
+    cmd.arg("benches/programs/churn.cpp");
+    if tracked {
+        cmd.arg(support::static_lib());
+    } else {
+        cmd.arg("-DK15_MEMORY_DISABLED");
+    }
+    cmd.args(["-lpthread", "-ldl", "-o"]).arg(&exe);
+    match cmd.output() {
+        Ok(out) if out.status.success() => Some(exe),
+        Ok(out) => {
+            println!(
+                "  ({name} skipped: {compiler} failed: {})",
+                String::from_utf8_lossy(&out.stderr)
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+            );
+            None
+        }
+        Err(_) => {
+            println!("  ({name} skipped: no {compiler})");
+            None
+        }
+    }
+}
+
+fn found(path: &str) -> Option<String> {
+    Path::new(path).exists().then(|| path.to_owned())
+}
+
+fn on_path(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Best of `RUNS` nanoseconds per pair.
+fn measure(v: &Variant, threads: u32, dir: &Path) -> Option<f64> {
+    let pairs = PAIRS / v.pairs_divisor;
+    let runs = if v.pairs_divisor > 1 { 1 } else { RUNS };
+    let mut best = f64::INFINITY;
+    for _ in 0..runs {
+        let (program, args) = match v.wrapper.split_first() {
+            Some((tool, rest)) => (
+                tool.clone(),
+                rest.iter()
+                    .cloned()
+                    .chain([v.exe.display().to_string()])
+                    .collect::<Vec<_>>(),
+            ),
+            None => (v.exe.display().to_string(), vec![]),
+        };
+        let out = Command::new(program)
+            .args(args)
+            .args([threads.to_string(), pairs.to_string()])
+            .current_dir(dir)
+            .envs(v.env.iter().map(|(k, val)| (*k, val.as_str())))
+            .output()
+            .ok()?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let ns: f64 = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("ns_per_pair "))?
+            .trim()
+            .parse()
+            .ok()?;
+        best = best.min(ns);
+    }
+    Some(best)
+}
+
+fn main() {
+    let dir = support::scratch("bench_new_delete");
+    let plain =
+        compile(&dir, "churn_plain", "g++", &[], false).expect("g++ builds the plain workload");
+    let tracked =
+        compile(&dir, "churn_k15", "g++", &[], true).expect("the tracked workload builds");
+    let tracker = |name, options: &str| Variant {
+        name,
+        wrapper: vec![],
+        exe: tracked.clone(),
+        env: vec![("K15_MEMORY_OPTIONS", format!("report=0:{options}"))],
+        pairs_divisor: 1,
+    };
+    let peer =
+        |name, wrapper: &[&str], exe: &Path, env: Vec<(&'static str, String)>, pairs_divisor| {
+            Variant {
+                name,
+                wrapper: wrapper.iter().map(|s| s.to_string()).collect(),
+                exe: exe.to_owned(),
+                env,
+                pairs_divisor,
+            }
+        };
+
+    let mut variants = vec![peer("glibc new/delete (baseline)", &[], &plain, vec![], 1)];
+    match found("/usr/lib/x86_64-linux-gnu/libmimalloc.so.2") {
+        Some(lib) => variants.push(peer(
+            "mimalloc (LD_PRELOAD)",
+            &[],
+            &plain,
+            vec![("LD_PRELOAD", lib)],
+            1,
+        )),
+        None => println!("  (mimalloc skipped: install libmimalloc-dev)"),
+    }
+    variants.push(tracker("k15, stack_depth=0", "stack_depth=0"));
+    variants.push(tracker("k15, stacks (DWARF, default)", "stack_depth=32"));
+    variants.push(tracker(
+        "k15, stacks (frame pointers)",
+        "stack_depth=32:unwinder=frame_pointer",
+    ));
+    if let Some(lsan) = compile(
+        &dir,
+        "churn_lsan",
+        "clang++-14",
+        &["-fsanitize=leak"],
+        false,
+    ) {
+        variants.push(peer(
+            "LeakSanitizer (clang -fsanitize=leak)",
+            &[],
+            &lsan,
+            vec![],
+            1,
+        ));
+    }
+    if on_path("heaptrack") {
+        let out = dir.join("heaptrack.out").display().to_string();
+        variants.push(peer(
+            "heaptrack",
+            &["heaptrack", "-o", &out],
+            &plain,
+            vec![],
+            10,
+        ));
+    } else {
+        println!("  (heaptrack skipped: install heaptrack)");
+    }
+    if on_path("valgrind") {
+        variants.push(peer(
+            "valgrind --leak-check=full",
+            &["valgrind", "-q", "--leak-check=full"],
+            &plain,
+            vec![],
+            40,
+        ));
+    }
+
+    for threads in [1, 2] {
+        println!("\nchurn, {threads} thread(s), {PAIRS} new/delete pairs per thread (best of {RUNS}; slow peers on fewer pairs, once):");
+        println!(
+            "  {:<42} {:>12} {:>10}",
+            "allocator", "ns per pair", "vs glibc"
+        );
+        let mut baseline = None;
+        for v in &variants {
+            match measure(v, threads, &dir) {
+                Some(ns) => {
+                    let base = *baseline.get_or_insert(ns);
+                    println!("  {:<42} {:>12.1} {:>9.2}x", v.name, ns, ns / base);
+                }
+                None => println!("  {:<42} {:>12}", v.name, "failed"),
+            }
+        }
+    }
+}
