@@ -9,6 +9,7 @@ use core::fmt::{self, Write};
 pub const PAGE_SIZE: usize = 4096;
 
 /// `size` bytes aligned to `align` (a power of two, at least 16), from glibc `malloc`.
+#[inline]
 pub fn raw_alloc(size: usize, align: usize) -> *mut u8 {
     // SAFETY: plain libc allocation calls; a null result is passed on to the caller.
     unsafe {
@@ -24,6 +25,7 @@ pub fn raw_alloc(size: usize, align: usize) -> *mut u8 {
 ///
 /// # Safety
 /// `ptr` came from [`raw_alloc`] and is freed once.
+#[inline]
 pub unsafe fn raw_free(ptr: *mut u8) {
     // SAFETY: the caller guarantees `ptr` is a live malloc'd pointer.
     unsafe { libc::free(ptr as *mut libc::c_void) }

@@ -143,7 +143,25 @@ impl BlockHeader {
     /// Classifies `user`. Reads memory only where it is known to be mapped: the cookie lies in
     /// the same page as `user` unless `user` is page-aligned, and page-aligned pointers (our
     /// large blocks, or foreign ones) are probed first.
+    #[inline]
     pub fn lookup(user: *mut u8) -> Lookup {
+        let addr = user as usize;
+        if addr > crate::sys::PAGE_SIZE
+            && !addr.is_multiple_of(crate::sys::PAGE_SIZE)
+            && addr.is_multiple_of(16)
+        {
+            // SAFETY: the cookie word lies in the same (mapped) page as `user`.
+            let cookie = unsafe { core::ptr::addr_of!((*Self::of(user)).cookie).read_volatile() };
+            if cookie == LIVE ^ addr {
+                return Lookup::Live(Self::of(user));
+            }
+        }
+        Self::lookup_slow(user)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn lookup_slow(user: *mut u8) -> Lookup {
         let addr = user as usize;
         if !addr.is_multiple_of(16) || addr < crate::sys::PAGE_SIZE {
             return Lookup::Foreign;

@@ -19,7 +19,28 @@ pub struct RawBlock {
 }
 
 /// Memory for `size` bytes aligned to `align` with a header in front, or `None` when exhausted.
+#[inline]
 pub fn acquire(size: usize, align: usize) -> Option<RawBlock> {
+    // The common case, kept short: default alignment, malloc'd, not page-aligned.
+    if align <= 16 && size < MAPPED_THRESHOLD {
+        let raw = sys::raw_alloc(HEADER_SIZE + size, 16);
+        let user = raw.wrapping_add(HEADER_SIZE);
+        if !raw.is_null() && !(user as usize).is_multiple_of(PAGE_SIZE) {
+            return Some(RawBlock {
+                user,
+                raw_offset: HEADER_SIZE,
+                placement: Placement::Malloc,
+            });
+        }
+        // SAFETY: null, or fresh from raw_alloc and never handed out.
+        unsafe { sys::raw_free(raw) };
+    }
+    acquire_any(size, align)
+}
+
+#[cold]
+#[inline(never)]
+fn acquire_any(size: usize, align: usize) -> Option<RawBlock> {
     let align = align.max(16);
     if !align.is_power_of_two() || align > (1 << 30) {
         return None;
@@ -43,7 +64,7 @@ pub fn acquire(size: usize, align: usize) -> Option<RawBlock> {
     }
     // Keep page-aligned user pointers for mapped blocks only, so freeing a malloc'd block never
     // needs the page probe (a syscall). Rare: about one block in 256.
-    let retry = acquire(size, align);
+    let retry = acquire_any(size, align);
     // SAFETY: `raw` came from raw_alloc just above and was never handed out.
     unsafe { sys::raw_free(raw) };
     retry
@@ -84,6 +105,7 @@ fn acquire_mapped(size: usize, align: usize) -> Option<RawBlock> {
 ///
 /// # Safety
 /// `header` belongs to a block from [`acquire`] that nobody else frees.
+#[inline]
 pub unsafe fn release(header: *mut BlockHeader, raw_offset: usize) {
     let user = BlockHeader::user_ptr(header);
     let raw = user.wrapping_sub(raw_offset);
