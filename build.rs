@@ -3,7 +3,7 @@
 //! rustc's link order, libstdc++'s operators would otherwise win silently).
 
 fn main() {
-    let sources = ["cpp/new_delete.cpp", "cpp/api.cpp"];
+    let sources = ["cpp/new_delete.cpp", "cpp/api.cpp", "cpp/bullet_hooks.cpp"];
     cxx_build::bridge("rust/ffi.rs")
         .files(sources)
         .include("include")
@@ -18,10 +18,11 @@ fn main() {
     println!("cargo:rustc-link-search=native={out_dir}");
     println!("cargo:rustc-link-lib=static:+whole-archive=k15_memory_cpp");
     println!("cargo:rustc-link-lib=stdc++");
-    for path in sources
-        .iter()
-        .chain(&["rust/ffi.rs", "include/k15/memory.h"])
-    {
+    for path in sources.iter().chain(&[
+        "rust/ffi.rs",
+        "include/k15/memory.h",
+        "include/k15/bullet.h",
+    ]) {
         println!("cargo:rerun-if-changed={path}");
     }
 }
