@@ -1,0 +1,295 @@
+//! Symbolizing this test binary's own return addresses, libc's, and agreement with GNU addr2line.
+
+use std::hint::black_box;
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use super::*;
+
+/// The return addresses of the calling thread, innermost first (glibc's `backtrace`, which
+/// unwinds with the DWARF CFI every Rust binary carries).
+#[inline(never)]
+fn capture() -> Vec<usize> {
+    let mut buffer = [std::ptr::null_mut(); 64];
+    // SAFETY: the buffer holds as many entries as the size passed.
+    let count = unsafe { libc::backtrace(buffer.as_mut_ptr(), buffer.len() as i32) };
+    buffer[..count.max(0) as usize]
+        .iter()
+        .map(|&ip| ip as usize)
+        .collect()
+}
+
+#[inline(never)]
+fn named_leaf() -> (Vec<usize>, u32) {
+    black_box((capture(), line!()))
+}
+
+#[inline(always)]
+fn inlined_inner() -> (Vec<usize>, u32) {
+    (capture(), line!())
+}
+
+#[inline(always)]
+fn inlined_middle() -> (Vec<usize>, [u32; 2]) {
+    let ((stack, inner), middle) = (inlined_inner(), line!());
+    (stack, [inner, middle])
+}
+
+#[inline(never)]
+fn inlined_outer() -> (Vec<usize>, [u32; 3]) {
+    let ((stack, [inner, middle]), outer) = (inlined_middle(), line!());
+    black_box((stack, [inner, middle, outer]))
+}
+
+const THIS_FILE: &str = "rust/symbolize/tests.rs";
+
+fn path_of(name: &str) -> String {
+    format!("k15_memory::symbolize::tests::{name}")
+}
+
+fn this_exe() -> String {
+    std::env::current_exe()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[test]
+fn names_file_and_line_of_a_rust_function() {
+    let (stack, line) = named_leaf();
+    let mut symbolizer = Symbolizer::new();
+    let frames: Vec<Frame> = stack
+        .iter()
+        .flat_map(|&address| symbolizer.resolve(address).to_vec())
+        .collect();
+    let leaf = frames
+        .iter()
+        .find(|frame| frame.function.as_deref() == Some(path_of("named_leaf").as_str()))
+        .unwrap_or_else(|| panic!("no named_leaf frame in {frames:#?}"));
+    assert!(
+        leaf.file.as_deref().unwrap().ends_with(THIS_FILE),
+        "{leaf:?}"
+    );
+    assert_eq!(leaf.line, line, "{leaf:?}");
+    assert!(!leaf.inlined);
+    assert_eq!(leaf.module, this_exe());
+    // `capture` is the frame above it: the stack's order survives symbolization.
+    assert_eq!(
+        frames[0].function.as_deref(),
+        Some(path_of("capture").as_str())
+    );
+}
+
+#[test]
+fn expands_inlined_frames_with_their_own_lines() {
+    let (stack, [inner, middle, outer]) = inlined_outer();
+    let mut symbolizer = Symbolizer::new();
+    let frames = stack
+        .iter()
+        .map(|&address| symbolizer.resolve(address).to_vec())
+        .find(|frames| frames.len() == 3)
+        .expect("one address expands to three frames");
+    let seen: Vec<_> = frames
+        .iter()
+        .map(|frame| (frame.function.clone().unwrap(), frame.line, frame.inlined))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (path_of("inlined_inner"), inner, true),
+            (path_of("inlined_middle"), middle, true),
+            (path_of("inlined_outer"), outer, false),
+        ]
+    );
+    assert!(frames
+        .iter()
+        .all(|frame| frame.address == frames[0].address));
+    assert!(frames
+        .iter()
+        .all(|frame| frame.file.as_deref().unwrap().ends_with(THIS_FILE)));
+}
+
+#[test]
+fn names_a_libc_function_without_the_binary_having_debug_info() {
+    let address = libc::atoi as *const () as usize;
+    let mut symbolizer = Symbolizer::new();
+    // +1: resolve treats every address as a return address and looks up the byte before.
+    let frames = symbolizer.resolve(address + 1).to_vec();
+    let outer = frames.last().unwrap();
+    assert!(
+        matches!(outer.function.as_deref(), Some("atoi" | "__GI_atoi")),
+        "{frames:?}"
+    );
+    assert!(outer.module.contains("libc.so"), "{outer:?}");
+    assert_eq!(
+        outer.module_offset,
+        address + 1 - (outer.address - outer.module_offset)
+    );
+    // Debian's libc6-dbg puts its DWARF under /usr/lib/debug/.build-id; without it the name
+    // comes from .dynsym and there is no line.
+    match &outer.file {
+        Some(file) => assert!(file.ends_with("atoi.c"), "{outer:?}"),
+        None => println!("no debug file for libc: named from .dynsym ({outer:?})"),
+    }
+}
+
+#[test]
+fn never_returns_an_empty_frame() {
+    let mut symbolizer = Symbolizer::new();
+    let frames = symbolizer.resolve(16);
+    assert_eq!(frames.len(), 1);
+    assert_eq!(frames[0].module, UNKNOWN_MODULE);
+    assert_eq!(frames[0].module_offset, 16);
+}
+
+#[test]
+fn trims_only_the_top_run_of_own_frames() {
+    let (stack, _) = named_leaf();
+    let mut symbolizer = Symbolizer::new();
+    let all: Vec<Frame> = stack
+        .iter()
+        .flat_map(|&address| symbolizer.resolve(address).to_vec())
+        .collect();
+    let trimmed = symbolizer.symbolize_stack(&stack);
+    // Everything in this crate (capture, named_leaf, this test) is "the tracker".
+    let own = all
+        .iter()
+        .take_while(|frame| {
+            frame
+                .function
+                .as_deref()
+                .unwrap()
+                .starts_with("k15_memory::")
+        })
+        .count();
+    assert!(own >= 3, "{all:#?}");
+    assert_eq!(trimmed.len(), all.len() - own);
+    assert_eq!(trimmed[0].address, all[own].address);
+
+    // A user frame between own frames: the ones below it stay.
+    let atoi = libc::atoi as *const () as usize + 1;
+    let mixed = symbolizer.symbolize_stack(&[stack[0], stack[1], atoi, stack[0]]);
+    assert_eq!(mixed.len(), 2, "{mixed:#?}");
+    assert_eq!(mixed[0].address, atoi);
+    assert_eq!(
+        mixed[1].function.as_deref(),
+        Some(path_of("capture").as_str())
+    );
+
+    // Nothing but own frames: shown whole rather than as an empty stack.
+    assert_eq!(symbolizer.symbolize_stack(&stack[..2]).len(), 2);
+}
+
+/// One address as GNU addr2line prints it: (function, file name, line) per frame.
+type GnuFrames = Vec<(String, String, u32)>;
+
+/// Runs `addr2line -a -f -i -C -e module` on probes (addresses as stated in the file).
+fn gnu_addr2line(module: &str, probes: &[usize]) -> Option<Vec<GnuFrames>> {
+    let mut child = Command::new("addr2line")
+        .args(["-a", "-f", "-i", "-C", "-e", module])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .ok()?;
+    let input: String = probes.iter().map(|probe| format!("{probe:#x}\n")).collect();
+    child.stdin.take()?.write_all(input.as_bytes()).ok()?;
+    let output = String::from_utf8(child.wait_with_output().ok()?.stdout).ok()?;
+    let mut results: Vec<GnuFrames> = Vec::new();
+    let mut lines = output.lines();
+    while let Some(line) = lines.next() {
+        if line.starts_with("0x") && line[2..].chars().all(|c| c.is_ascii_hexdigit()) {
+            results.push(Vec::new());
+            continue;
+        }
+        let location = lines.next()?;
+        let (file, number) = location.rsplit_once(':')?;
+        // "file:123 (discriminator 2)"
+        let number = number.split(' ').next()?.parse().unwrap_or(0);
+        results
+            .last_mut()?
+            .push((line.to_owned(), file.to_owned(), number));
+    }
+    Some(results)
+}
+
+fn file_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+#[test]
+fn agrees_with_gnu_addr2line() {
+    let (mut stack, _) = inlined_outer();
+    stack.extend(named_leaf().0);
+    let mut symbolizer = Symbolizer::new();
+    let exe = symbolizer.resolve(stack[0])[0].clone();
+    let bias = exe.address - exe.module_offset;
+    stack.retain(|&address| symbolizer.resolve(address)[0].module == exe.module);
+    let captured = stack.len();
+    // Plus addresses spread through this binary's code, most of it std and the crates.
+    let text = text_section(&exe.module);
+    let step = (text.end - text.start) / 500;
+    stack.extend((0..500).map(|i| bias + text.start + i * step + 1));
+
+    let probes: Vec<usize> = stack.iter().map(|&a| a - bias - 1).collect();
+    let Some(gnu) = gnu_addr2line(&exe.module, &probes) else {
+        println!("GNU addr2line not found: comparison skipped");
+        return;
+    };
+    assert_eq!(gnu.len(), stack.len());
+    let mut same_lines = 0;
+    let mut same_names = 0;
+    let mut differ = Vec::new();
+    for (i, (&address, theirs)) in stack.iter().zip(&gnu).enumerate() {
+        let ours: Vec<(String, String, u32)> = symbolizer
+            .resolve(address)
+            .iter()
+            .map(|frame| {
+                (
+                    frame.function.clone().unwrap_or_else(|| "??".to_owned()),
+                    frame.file.as_deref().map_or("??", file_name).to_owned(),
+                    frame.line,
+                )
+            })
+            .collect();
+        let names = |frames: &GnuFrames| -> Vec<String> {
+            frames.iter().map(|(name, _, _)| name.clone()).collect()
+        };
+        let lines = |frames: &GnuFrames| -> Vec<(String, u32)> {
+            frames
+                .iter()
+                .map(|(_, file, line)| (file_name(file).to_owned(), *line))
+                .collect()
+        };
+        if lines(&ours) != lines(theirs) || names(&ours) != names(theirs) {
+            differ.push(i);
+        }
+        if lines(&ours) == lines(theirs) {
+            same_lines += 1;
+        } else {
+            println!("lines differ at {address:#x}:\n  ours {ours:?}\n  gnu  {theirs:?}");
+        }
+        if names(&ours) == names(theirs) {
+            same_names += 1;
+        } else {
+            println!("names differ at {address:#x}:\n  ours {ours:?}\n  gnu  {theirs:?}");
+        }
+    }
+    println!(
+        "agreement with GNU addr2line over {} addresses: lines {same_lines}, names {same_names}",
+        stack.len()
+    );
+    // Real return addresses agree exactly. Sampled ones can land in padding between
+    // functions, where GNU names the symbol below and we name none (see `locate`).
+    assert!(differ.iter().all(|&i| i >= captured), "{differ:?}");
+    assert!(same_lines * 100 >= stack.len() * 95);
+    assert!(same_names * 100 >= stack.len() * 90);
+}
+
+/// The `.text` section of a module file, as addresses stated in the file.
+fn text_section(path: &str) -> std::ops::Range<usize> {
+    use object::{Object, ObjectSection};
+    let data = std::fs::read(path).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+    let text = file.section_by_name(".text").unwrap();
+    text.address() as usize..(text.address() + text.size()) as usize
+}
