@@ -1,0 +1,255 @@
+//! Call stacks in the leak log: captured at allocation, symbolized at exit, innermost user frame
+//! first, through inlined code, shared libraries, threads, std::function and Rust.
+
+mod support;
+use serde_json::Value;
+
+/// `(function, file name, line, inlined)` of each frame.
+fn frames(stack: &Value) -> Vec<(String, String, u64, bool)> {
+    stack
+        .as_array()
+        .expect("a stack")
+        .iter()
+        .map(|f| {
+            let file = f["file"].as_str().unwrap_or("");
+            (
+                f["function"].as_str().unwrap_or("??").to_owned(),
+                file.rsplit('/').next().unwrap().to_owned(),
+                f["line"].as_u64().unwrap(),
+                f["inlined"].as_bool().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn leak_at<'a>(run: &'a support::Run, source: &str, marker: &str) -> &'a Value {
+    let line = support::line_of(source, marker);
+    run.leaks()
+        .iter()
+        .find(|l| l["line"] == line)
+        .unwrap_or_else(|| panic!("no leak at {source}:{line}\n{}", run.text))
+}
+
+fn function_names(stack: &Value) -> Vec<String> {
+    frames(stack).into_iter().map(|f| f.0).collect()
+}
+
+#[test]
+fn engine_sample_stacks_start_at_the_user_frame() {
+    let dir = support::scratch("symbolization_engine");
+    let exe = support::build(
+        &dir,
+        "engine",
+        &["samples/engine/main.cpp", "samples/engine/world.cpp"],
+        &[],
+    );
+    let run = support::run(&exe, "");
+    let world = "samples/engine/world.cpp";
+
+    let sky = frames(&leak_at(&run, world, "K15_NEW Vec3[64]")["stack"]);
+    assert_eq!(
+        sky[0],
+        (
+            "engine::World::load_sky()".into(),
+            "world.cpp".into(),
+            support::line_of(world, "K15_NEW Vec3[64]"),
+            false
+        )
+    );
+    assert_eq!((sky[1].0.as_str(), sky[1].1.as_str()), ("main", "main.cpp"));
+    assert_eq!(
+        sky[1].2,
+        support::line_of("samples/engine/main.cpp", "world.load_sky()")
+    );
+
+    let spawn = frames(&leak_at(&run, world, "K15_NEW Entity;")["stack"]);
+    assert_eq!(spawn[0].0, "engine::World::spawn(int, char const*)");
+
+    // The job buffer: from the templated allocator header, through std::function, on a thread.
+    let header = "samples/engine/aligned_allocator.h";
+    let job = function_names(&leak_at(&run, header, "__FILE__, __LINE__")["stack"]);
+    assert!(
+        job[0].starts_with("engine::AlignedAllocator<float"),
+        "{job:?}"
+    );
+    assert!(
+        job[1].starts_with("engine::AlignedArray<float") && job[1].contains("grow"),
+        "{job:?}"
+    );
+    assert!(
+        job.iter()
+            .any(|f| f.starts_with("std::function<float ()>::operator()")),
+        "{job:?}"
+    );
+    assert!(
+        job.iter().any(|f| f == "start_thread"),
+        "through libstdc++'s thread start: {job:?}"
+    );
+
+    // The text report shows the same frames, numbered.
+    assert!(
+        run.text.contains("    #0 engine::World::load_sky() "),
+        "{}",
+        run.text
+    );
+    assert!(
+        !run.text.contains("k15_memory::") && !run.text.contains("operator new"),
+        "{}",
+        run.text
+    );
+}
+
+#[test]
+fn inlined_frames_show_with_their_own_lines() {
+    let dir = support::scratch("symbolization_inlined");
+    let exe = support::build(&dir, "inlined", &["tests/cpp/inlined_leak.cpp"], &["-O2"]);
+    let run = support::run(&exe, "");
+    let source = "tests/cpp/inlined_leak.cpp";
+    let stack = frames(&run.leaks()[0]["stack"]);
+    let expect = |i: usize, function: &str, marker: &str, inlined: bool| {
+        assert_eq!(
+            stack[i],
+            (
+                function.to_owned(),
+                "inlined_leak.cpp".to_owned(),
+                support::line_of(source, marker),
+                inlined
+            ),
+            "{stack:?}"
+        );
+    };
+    expect(0, "emit_one", "// INNERMOST", true);
+    expect(1, "emit_burst", "// MIDDLE", true);
+    expect(2, "spawn_particles()", "// OUTER", false);
+    assert_eq!(stack[3].0, "main");
+}
+
+#[test]
+fn stacks_cross_a_shared_library_a_thread_and_std_function() {
+    let dir = support::scratch("symbolization_paths");
+    let dso = support::build_shared(
+        &dir,
+        "stack_dso",
+        &["tests/cpp/stack_dso.cpp"],
+        &["-O2", "-fomit-frame-pointer"],
+    );
+    let rpath = format!("-Wl,-rpath,{}", dir.display());
+    let exe = support::build(
+        &dir,
+        "stack_paths",
+        &["tests/cpp/stack_paths.cpp", dso.to_str().unwrap()],
+        &[&rpath],
+    );
+    let run = support::run(&exe, "");
+    assert_eq!(run.leaks().len(), 3, "{}", run.text);
+
+    let in_dso = run
+        .leaks()
+        .iter()
+        .find(|l| l["size"] == 24)
+        .expect("the widget");
+    assert_eq!(
+        &function_names(&in_dso["stack"])[..2],
+        ["dso_make_widget", "main"]
+    );
+
+    let source = "tests/cpp/stack_paths.cpp";
+    let callback = function_names(&leak_at(&run, source, "// CALLBACK LEAK")["stack"]);
+    let expected = [
+        "(anonymous namespace)::leak_in_callback(int)",
+        "std::function<void (int)>::operator()(int) const",
+        "dso_call_back",
+        "main",
+    ];
+    let found: Vec<&String> = callback
+        .iter()
+        .filter(|f| expected.contains(&f.as_str()))
+        .collect();
+    assert_eq!(found, expected, "in this order: {callback:?}");
+
+    let threaded = function_names(&leak_at(&run, source, "// FUNCTION LEAK")["stack"]);
+    let expected = [
+        "std::function<void ()>::operator()() const",
+        "(anonymous namespace)::worker_body()",
+        "start_thread",
+    ];
+    let found: Vec<&String> = threaded
+        .iter()
+        .filter(|f| expected.contains(&f.as_str()))
+        .collect();
+    assert_eq!(found, expected, "in this order: {threaded:?}");
+    assert!(
+        threaded[0].contains("lambda"),
+        "the lambda is the first frame: {threaded:?}"
+    );
+}
+
+#[test]
+fn pie_and_non_pie_builds_give_the_same_report() {
+    let dir = support::scratch("symbolization_pie");
+    let sources = ["samples/engine/main.cpp", "samples/engine/world.cpp"];
+    let pie = support::build(&dir, "engine_pie", &sources, &["-fPIE", "-pie"]);
+    let fixed = support::build(&dir, "engine_fixed", &sources, &["-fno-PIE", "-no-pie"]);
+    let symbolized = |run: &support::Run| {
+        let mut all: Vec<_> = run
+            .leaks()
+            .iter()
+            .map(|l| (l["size"].as_u64(), frames(&l["stack"])))
+            .collect();
+        all.sort();
+        all
+    };
+    let (a, b) = (support::run(&pie, ""), support::run(&fixed, ""));
+    assert_eq!(symbolized(&a), symbolized(&b));
+    assert!(symbolized(&a).iter().all(|(_, stack)| stack.len() >= 2));
+}
+
+#[test]
+fn stack_depth_zero_gives_empty_stacks() {
+    let dir = support::scratch("symbolization_depth0");
+    let exe = support::build(
+        &dir,
+        "engine",
+        &["samples/engine/main.cpp", "samples/engine/world.cpp"],
+        &[],
+    );
+    let run = support::run(&exe, "stack_depth=0");
+    assert_eq!(run.leaks().len(), 3);
+    assert!(run
+        .leaks()
+        .iter()
+        .all(|l| l["stack"].as_array().unwrap().is_empty()));
+    assert!(run.text.contains("(no call stack"), "{}", run.text);
+}
+
+#[test]
+fn memory_errors_carry_the_allocation_and_the_free_stacks() {
+    let dir = support::scratch("symbolization_errors");
+    let flags = [
+        "-Wno-mismatched-new-delete",
+        "-Wno-free-nonheap-object",
+        "-Wno-use-after-free",
+    ];
+    let exe = support::build(
+        &dir,
+        "memory_errors",
+        &["tests/cpp/memory_errors.cpp"],
+        &flags,
+    );
+    let run = support::run(&exe, "");
+    let mismatch = &run.errors()[0];
+    assert_eq!(function_names(&mismatch["alloc_stack"])[0], "main");
+    assert_eq!(
+        function_names(&mismatch["free_stack"])[..2],
+        [
+            "(anonymous namespace)::free_array_with_delete(int*)",
+            "main"
+        ]
+    );
+    assert!(
+        run.stderr()
+            .contains("#0 (anonymous namespace)::free_array_with_delete(int*)"),
+        "{}",
+        run.stderr()
+    );
+}
