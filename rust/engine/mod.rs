@@ -1,0 +1,257 @@
+//! Game-engine allocators (pool, stack, block, typed pools) with statistics, checkpoints and a pointer registry.
+//!
+//! Every allocator takes its memory from `std::alloc::System`, never from the global allocator (which may be
+//! the tracker itself). Frees return a [`FreeError`] instead of printing, so the tracker can turn it into a
+//! report entry. Each block carries a [`LiveBlock`]-shaped record: the sequence number of its allocation and
+//! a `tag` the tracker may set to a stack id (`alloc_tagged`).
+
+pub mod block;
+pub mod pool;
+mod registry;
+pub mod size_class;
+mod slots;
+pub mod stack;
+mod system_memory;
+#[cfg(test)]
+mod test_support;
+pub mod typed_pool;
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+//pub use block::BlockAllocator;
+pub use pool::{Pool, PoolConfig};
+pub use registry::{allocator_of, memstats, type_of, MemStats};
+pub use size_class::ClassSpec;
+//pub use stack::{StackAllocator, StackMarker, StackScope};
+//pub use typed_pool::TypedPool;
+
+/// Which kind of engine allocator served a block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AllocatorKind {
+    Pool,
+    Stack,
+    Block,
+    TypedPool,
+}
+
+/// Identity of one allocator instance, carried by lookups and reports (foonathan's `allocator_info`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllocatorInfo {
+    /// Unique per allocator instance for the life of the process.
+    pub id: u32,
+    pub name: &'static str,
+    pub kind: AllocatorKind,
+    /// `std::any::type_name` of the element type, for typed pools only.
+    pub element_type: Option<&'static str>,
+}
+
+/// Counters of one allocator. Bytes are the sizes callers asked for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AllocatorStats {
+    pub name: &'static str,
+    /// Bytes of memory the allocator manages (its chunk, arena or batches).
+    pub capacity: u64,
+    pub live_blocks: u64,
+    pub live_bytes: u64,
+    /// High-water mark of `live_bytes`; for a [`Pool`] the sum of the per-class high-water marks.
+    pub peak_bytes: u64,
+    pub allocations: u64,
+    pub frees: u64,
+    /// Allocation requests that returned `None`.
+    pub failures: u64,
+}
+
+/// Why a free (or a stack rewind) was refused. The allocator and its counts are unchanged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FreeError {
+    /// The pointer (or marker) does not belong to this allocator.
+    Foreign,
+    /// The pointer lies inside this allocator's memory but is not the start of a block.
+    Interior,
+    /// The block was already freed.
+    DoubleFree,
+    /// A stack block or marker freed out of LIFO order.
+    OutOfOrder,
+}
+
+impl fmt::Display for FreeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FreeError::Foreign => "pointer not owned by this allocator",
+            FreeError::Interior => "pointer inside a block, not at its start",
+            FreeError::DoubleFree => "block already freed",
+            FreeError::OutOfOrder => "stack block freed out of LIFO order",
+        })
+    }
+}
+
+impl std::error::Error for FreeError {}
+
+/// Why an allocator could not be created.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CreateError {
+    /// `System` could not provide the memory.
+    OutOfMemory,
+    /// The configuration is unusable; the text says which rule it breaks.
+    InvalidConfig(&'static str),
+    /// The pointer registry has no room for another allocator or address range.
+    RegistryFull,
+}
+
+impl fmt::Display for CreateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CreateError::OutOfMemory => f.write_str("out of memory"),
+            CreateError::InvalidConfig(rule) => {
+                write!(f, "invalid allocator configuration: {rule}")
+            }
+            CreateError::RegistryFull => f.write_str("allocator registry full"),
+        }
+    }
+}
+
+impl std::error::Error for CreateError {}
+
+/// One live block, as listed by [`EngineAllocator::leaks`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LiveBlock {
+    pub address: usize,
+    /// The size the caller asked for.
+    pub size: usize,
+    /// Process-wide allocation sequence number (see [`checkpoint`]).
+    pub seq: u64,
+    /// The caller's tag from `alloc_tagged` (the tracker's stack id), 0 otherwise.
+    pub tag: u32,
+}
+
+/// A point in the process-wide allocation sequence; blocks allocated later have `seq >= ` it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Checkpoint(u64);
+
+impl Checkpoint {
+    /// Before the first allocation of the process.
+    pub const ORIGIN: Checkpoint = Checkpoint(0);
+}
+
+static NEXT_SEQUENCE: AtomicU64 = AtomicU64::new(1);
+
+/// Marks "now" in the allocation sequence shared by all engine allocators.
+pub fn checkpoint() -> Checkpoint {
+    Checkpoint(NEXT_SEQUENCE.load(Relaxed))
+}
+
+fn next_sequence() -> u64 {
+    NEXT_SEQUENCE.fetch_add(1, Relaxed)
+}
+
+/// What every engine allocator offers besides its own `alloc`/`free`.
+pub trait EngineAllocator {
+    fn info(&self) -> AllocatorInfo;
+
+    /// A snapshot of the counters; takes no allocator lock.
+    fn stats(&self) -> AllocatorStats;
+
+    /// Calls `visit` for every live block, in no particular order, while holding the allocator's lock:
+    /// `visit` must not call back into this allocator.
+    fn for_each_live_block(&self, visit: &mut dyn FnMut(LiveBlock));
+
+    /// Live blocks allocated at or after `since`, oldest first.
+    fn leaks_since(&self, since: Checkpoint) -> Vec<LiveBlock> {
+        let mut blocks = Vec::new();
+        self.for_each_live_block(&mut |block| {
+            if block.seq >= since.0 {
+                blocks.push(block);
+            }
+        });
+        blocks.sort_by_key(|block| block.seq);
+        blocks
+    }
+
+    /// All live blocks, oldest first (call at shutdown).
+    fn leaks(&self) -> Vec<LiveBlock> {
+        self.leaks_since(Checkpoint::ORIGIN)
+    }
+}
+
+/// The tracker's per-block record: kept in a side array (pool, typed pool) or in the block header
+/// (stack, block allocator). 16 bytes.
+#[derive(Clone, Copy, Debug, Default)]
+struct BlockMeta {
+    seq: u64,
+    size: u32,
+    tag: u32,
+}
+
+impl BlockMeta {
+    fn new(size: usize, tag: u32) -> Self {
+        Self {
+            seq: next_sequence(),
+            size: size as u32,
+            tag,
+        }
+    }
+
+    fn live_block(&self, address: usize) -> LiveBlock {
+        LiveBlock {
+            address,
+            size: self.size as usize,
+            seq: self.seq,
+            tag: self.tag,
+        }
+    }
+}
+
+/// Counters of one allocator (or one pool class). Written only by the holder of that allocator's lock
+/// (or `&mut`), so plain load/store suffices; read lock-free by `stats()` and the registry.
+#[derive(Default)]
+struct Counters {
+    live_blocks: AtomicU64,
+    live_bytes: AtomicU64,
+    peak_bytes: AtomicU64,
+    allocations: AtomicU64,
+    frees: AtomicU64,
+    failures: AtomicU64,
+}
+
+fn add_relaxed(counter: &AtomicU64, amount: u64) -> u64 {
+    let value = counter.load(Relaxed).wrapping_add(amount);
+    counter.store(value, Relaxed);
+    value
+}
+
+impl Counters {
+    fn record_alloc(&self, bytes: usize) {
+        add_relaxed(&self.allocations, 1);
+        add_relaxed(&self.live_blocks, 1);
+        let live = add_relaxed(&self.live_bytes, bytes as u64);
+        if live > self.peak_bytes.load(Relaxed) {
+            self.peak_bytes.store(live, Relaxed);
+        }
+    }
+
+    fn record_frees(&self, blocks: u64, bytes: u64) {
+        add_relaxed(&self.frees, blocks);
+        add_relaxed(&self.live_blocks, blocks.wrapping_neg());
+        add_relaxed(&self.live_bytes, bytes.wrapping_neg());
+    }
+
+    fn record_failure(&self) {
+        add_relaxed(&self.failures, 1);
+    }
+
+    /// Adds these counters into `stats` (sums; peaks add up too).
+    fn add_to(&self, stats: &mut AllocatorStats) {
+        stats.live_blocks += self.live_blocks.load(Relaxed);
+        stats.live_bytes += self.live_bytes.load(Relaxed);
+        stats.peak_bytes += self.peak_bytes.load(Relaxed);
+        stats.allocations += self.allocations.load(Relaxed);
+        stats.frees += self.frees.load(Relaxed);
+        stats.failures += self.failures.load(Relaxed);
+    }
+}
+
+/// An allocator's lock-free statistics view, read by the registry for [`memstats`].
+trait StatsSource: Sync {
+    fn stats(&self) -> AllocatorStats;
+}

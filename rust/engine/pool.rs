@@ -1,0 +1,469 @@
+//! Pool allocator: one `System` chunk carved into per-size-class sub-chunks of equal blocks on intrusive free lists.
+//!
+//! Fast path: one uncontended per-class lock, no syscall, no formatting, no global allocator; a free finds its
+//! class by address (binary search over at most [`MAX_CLASSES`] sub-chunks).
+
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use super::registry::Registration;
+use super::size_class::{
+    natural_alignment, ClassSpec, SizeClassMap, DEFAULT_CLASSES, MAX_CLASSES, MIN_SLOT,
+};
+use super::slots::Slots;
+use super::system_memory::{SystemBox, SystemChunk, SystemSlice};
+use super::{
+    AllocatorInfo, AllocatorKind, AllocatorStats, CreateError, EngineAllocator, FreeError,
+    LiveBlock, StatsSource,
+};
+
+/// The class table of a pool: block sizes strictly ascending, multiples of 8.
+#[derive(Clone, Copy, Debug)]
+pub struct PoolConfig<'a> {
+    pub classes: &'a [ClassSpec],
+}
+
+impl Default for PoolConfig<'static> {
+    fn default() -> Self {
+        Self {
+            classes: &DEFAULT_CLASSES,
+        }
+    }
+}
+
+/// Per-class numbers, for sizing a class table from a real run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClassStats {
+    pub block_size: usize,
+    pub block_count: usize,
+    pub live_blocks: u64,
+    pub peak_bytes: u64,
+    pub failures: u64,
+}
+
+struct SizeClass {
+    spec: ClassSpec,
+    /// Every block of this class is aligned to this (the chunk is laid out largest alignment first).
+    block_align: usize,
+    start: usize,
+    counters: super::Counters,
+    slots: Mutex<Slots>,
+}
+
+impl SizeClass {
+    fn slots(&self) -> MutexGuard<'_, Slots> {
+        self.slots.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+struct PoolState {
+    name: &'static str,
+    classes: SystemSlice<SizeClass>,
+    /// Class indices ordered by sub-chunk address, for frees.
+    by_address: [u8; MAX_CLASSES],
+    class_map: SizeClassMap,
+    /// Requests no class can serve (too large or too aligned).
+    unserved: AtomicU64,
+    chunk: SystemChunk,
+}
+
+impl StatsSource for PoolState {
+    fn stats(&self) -> AllocatorStats {
+        let mut stats = AllocatorStats {
+            name: self.name,
+            capacity: self.chunk.len() as u64,
+            ..Default::default()
+        };
+        for class in self.classes.iter() {
+            class.counters.add_to(&mut stats);
+        }
+        stats.failures += self.unserved.load(Relaxed);
+        stats
+    }
+}
+
+/// A pool of fixed size classes in one preallocated chunk (design note 000). Thread-safe.
+pub struct Pool {
+    registration: Registration,
+    state: SystemBox<PoolState>,
+}
+
+fn validate(classes: &[ClassSpec]) -> Result<(), CreateError> {
+    if classes.is_empty() || classes.len() > MAX_CLASSES {
+        return Err(CreateError::InvalidConfig(
+            "a pool needs 1 to 64 size classes",
+        ));
+    }
+    if classes
+        .iter()
+        .any(|class| class.block_size < MIN_SLOT || class.block_size % MIN_SLOT != 0)
+    {
+        return Err(CreateError::InvalidConfig(
+            "block sizes must be non-zero multiples of 8",
+        ));
+    }
+    if classes
+        .iter()
+        .any(|class| class.block_count == 0 || class.block_count >= u32::MAX as usize)
+    {
+        return Err(CreateError::InvalidConfig(
+            "block counts must be between 1 and 2^32 - 2",
+        ));
+    }
+    if classes
+        .windows(2)
+        .any(|pair| pair[0].block_size >= pair[1].block_size)
+    {
+        return Err(CreateError::InvalidConfig(
+            "block sizes must be strictly ascending",
+        ));
+    }
+    Ok(())
+}
+
+impl Pool {
+    /// Acquires the whole chunk from `System` and carves it into the classes of `config`.
+    pub fn new(name: &'static str, config: PoolConfig<'_>) -> Result<Self, CreateError> {
+        let specs = config.classes;
+        validate(specs)?;
+        let mut by_address = [0u8; MAX_CLASSES];
+        for (slot, index) in by_address.iter_mut().zip(0..specs.len() as u8) {
+            *slot = index;
+        }
+        // Largest alignment first: every later sub-chunk then starts aligned for its own blocks.
+        by_address[..specs.len()].sort_by_key(|&index| {
+            std::cmp::Reverse(natural_alignment(specs[index as usize].block_size))
+        });
+        let mut offsets = [0usize; MAX_CLASSES];
+        let mut total = 0usize;
+        for &index in &by_address[..specs.len()] {
+            let spec = specs[index as usize];
+            offsets[index as usize] = total;
+            let bytes = spec.block_size.checked_mul(spec.block_count);
+            total = bytes
+                .and_then(|bytes| total.checked_add(bytes))
+                .ok_or(CreateError::InvalidConfig("pool too large"))?;
+        }
+        let chunk_align = natural_alignment(specs[by_address[0] as usize].block_size);
+        let chunk = SystemChunk::zeroed(total, chunk_align).ok_or(CreateError::OutOfMemory)?;
+        let classes = SystemSlice::try_from_fn(specs.len(), |index| {
+            let spec = specs[index];
+            let base = chunk.base().wrapping_add(offsets[index]);
+            Some(SizeClass {
+                spec,
+                block_align: natural_alignment(spec.block_size),
+                start: base as usize,
+                counters: Default::default(),
+                slots: Mutex::new(Slots::new(base, spec.block_size, spec.block_count)?),
+            })
+        })
+        .ok_or(CreateError::OutOfMemory)?;
+        let state = PoolState {
+            name,
+            classes,
+            by_address,
+            class_map: SizeClassMap::new(specs.iter().map(|spec| spec.block_size)),
+            unserved: AtomicU64::new(0),
+            chunk,
+        };
+        let state = SystemBox::new(state).ok_or(CreateError::OutOfMemory)?;
+        let source: &dyn StatsSource = &*state;
+        // SAFETY: `state` lives in `System` memory at a stable address and outlives `registration`
+        // (fields drop in declaration order).
+        let registration = unsafe { Registration::new(name, AllocatorKind::Pool, None, source) }?;
+        registration.add_range(state.chunk.base() as usize, state.chunk.len())?;
+        Ok(Self {
+            registration,
+            state,
+        })
+    }
+
+    /// A block of at least `size` bytes aligned to `align` (a power of two) from the smallest class that
+    /// fits, or `None` when no class fits or the class is exhausted (counted as a failure).
+    pub fn alloc(&self, size: usize, align: usize) -> Option<NonNull<u8>> {
+        self.alloc_tagged(size, align, 0)
+    }
+
+    /// [`Pool::alloc`] that records `tag` (the tracker's stack id) with the block.
+    pub fn alloc_tagged(&self, size: usize, align: usize, tag: u32) -> Option<NonNull<u8>> {
+        let state = &*self.state;
+        let Some(class) = state.class_for(size, align) else {
+            state.unserved.fetch_add(1, Relaxed);
+            return None;
+        };
+        let block = class.slots().take(size, tag);
+        match block {
+            Some(_) => class.counters.record_alloc(size),
+            None => class.counters.record_failure(),
+        }
+        block.and_then(NonNull::new)
+    }
+
+    /// Returns a block to its class. Refuses pointers outside the pool (`Foreign`), off a block start
+    /// (`Interior`) and blocks already free (`DoubleFree`), changing nothing.
+    pub fn free(&self, ptr: *mut u8) -> Result<(), FreeError> {
+        let class = self.state.class_at(ptr as usize)?;
+        let mut slots = class.slots();
+        let index = slots.index_of(ptr as usize)?;
+        let size = slots.give_back(index)?;
+        class.counters.record_frees(1, size as u64);
+        Ok(())
+    }
+
+    /// Per-class counters, in ascending block size.
+    pub fn class_stats(&self) -> Vec<ClassStats> {
+        let mut all = Vec::with_capacity(self.state.classes.len());
+        for class in self.state.classes.iter() {
+            let mut stats = AllocatorStats::default();
+            class.counters.add_to(&mut stats);
+            all.push(ClassStats {
+                block_size: class.spec.block_size,
+                block_count: class.spec.block_count,
+                live_blocks: stats.live_blocks,
+                peak_bytes: stats.peak_bytes,
+                failures: stats.failures,
+            });
+        }
+        all
+    }
+}
+
+impl PoolState {
+    fn class_for(&self, size: usize, align: usize) -> Option<&SizeClass> {
+        if !align.is_power_of_two() {
+            return None;
+        }
+        let first = self.class_map.class_of(size)?;
+        self.classes[first..]
+            .iter()
+            .find(|class| class.block_align >= align)
+    }
+
+    fn class_at(&self, addr: usize) -> Result<&SizeClass, FreeError> {
+        self.chunk.offset_of(addr).ok_or(FreeError::Foreign)?;
+        let order = &self.by_address[..self.classes.len()];
+        let after = order.partition_point(|&index| self.classes[index as usize].start <= addr);
+        Ok(&self.classes[order[after - 1] as usize])
+    }
+}
+
+impl EngineAllocator for Pool {
+    fn info(&self) -> AllocatorInfo {
+        self.registration.info()
+    }
+
+    fn stats(&self) -> AllocatorStats {
+        self.state.stats()
+    }
+
+    fn for_each_live_block(&self, visit: &mut dyn FnMut(LiveBlock)) {
+        for class in self.state.classes.iter() {
+            class.slots().for_each_live(visit);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::test_support::{assert_disjoint, Rng};
+    use crate::engine::{allocator_of, checkpoint};
+
+    const SMALL: [ClassSpec; 3] = [
+        ClassSpec {
+            block_size: 16,
+            block_count: 4,
+        },
+        ClassSpec {
+            block_size: 48,
+            block_count: 3,
+        },
+        ClassSpec {
+            block_size: 256,
+            block_count: 2,
+        },
+    ];
+
+    fn small_pool() -> Pool {
+        Pool::new("small", PoolConfig { classes: &SMALL }).unwrap()
+    }
+
+    #[test]
+    fn serves_the_smallest_fitting_class_until_it_is_empty() {
+        let pool = small_pool();
+        let blocks: Vec<_> = (0..4).map(|_| pool.alloc(10, 8).unwrap()).collect();
+        assert!(pool.alloc(16, 8).is_none(), "class of 16 is exhausted");
+        assert!(
+            pool.alloc(17, 8).is_some(),
+            "the 48-byte class still serves"
+        );
+        assert!(pool.alloc(257, 8).is_none(), "no class holds 257 bytes");
+        let stats = pool.stats();
+        assert_eq!(
+            (
+                stats.allocations,
+                stats.failures,
+                stats.live_blocks,
+                stats.live_bytes
+            ),
+            (5, 2, 5, 57)
+        );
+        for block in blocks {
+            pool.free(block.as_ptr()).unwrap();
+        }
+        assert_eq!(pool.class_stats()[0].live_blocks, 0);
+        assert_eq!(pool.class_stats()[0].peak_bytes, 40);
+    }
+
+    #[test]
+    fn alignment_up_to_the_block_size() {
+        let pool = small_pool();
+        let block = pool.alloc(8, 256).unwrap();
+        assert_eq!(block.as_ptr() as usize % 256, 0);
+        assert_eq!(pool.stats().capacity, 16 * 4 + 48 * 3 + 256 * 2);
+        assert!(pool.alloc(8, 512).is_none());
+        assert!(pool.alloc(8, 3).is_none());
+        let default_pool = Pool::new("default", PoolConfig::default()).unwrap();
+        for class in DEFAULT_CLASSES {
+            let block = default_pool
+                .alloc(class.block_size, class.block_size)
+                .unwrap();
+            assert_eq!(block.as_ptr() as usize % class.block_size, 0);
+        }
+    }
+
+    #[test]
+    fn bad_frees_are_refused_and_change_nothing() {
+        let pool = small_pool();
+        let block = pool.alloc(40, 16).unwrap().as_ptr();
+        let before = pool.stats();
+        let mut outside = 0u64;
+        assert_eq!(
+            pool.free(&mut outside as *mut u64 as *mut u8),
+            Err(FreeError::Foreign)
+        );
+        assert_eq!(pool.free(std::ptr::null_mut()), Err(FreeError::Foreign));
+        assert_eq!(pool.free(block.wrapping_add(8)), Err(FreeError::Interior));
+        let never_handed_out = block.wrapping_add(48);
+        assert_eq!(pool.free(never_handed_out), Err(FreeError::DoubleFree));
+        assert_eq!(pool.stats(), before);
+        pool.free(block).unwrap();
+        assert_eq!(pool.free(block), Err(FreeError::DoubleFree));
+        let after = pool.stats();
+        assert_eq!((after.frees, after.live_blocks), (1, 0));
+        let again: Vec<_> = (0..3).map(|_| pool.alloc(40, 16).unwrap()).collect();
+        assert!(again
+            .iter()
+            .all(|block| allocator_of(block.as_ptr()).unwrap().name == "small"));
+    }
+
+    #[test]
+    fn leaks_since_a_checkpoint() {
+        let pool = small_pool();
+        let old = pool.alloc(16, 8).unwrap();
+        let mark = checkpoint();
+        let new = pool.alloc_tagged(100, 8, 7).unwrap();
+        let leaks = pool.leaks_since(mark);
+        assert_eq!(leaks.len(), 1);
+        assert_eq!(
+            (leaks[0].address, leaks[0].size, leaks[0].tag),
+            (new.as_ptr() as usize, 100, 7)
+        );
+        assert_eq!(
+            pool.leaks()
+                .iter()
+                .map(|leak| leak.address)
+                .collect::<Vec<_>>(),
+            [old, new].map(|b| b.as_ptr() as usize)
+        );
+    }
+
+    #[test]
+    fn random_sequences_match_a_model() {
+        let pool = small_pool();
+        let mut rng = Rng::new(0x5EED);
+        // Model: (address, size, class) of each live block.
+        let mut live: Vec<(usize, usize, usize)> = Vec::new();
+        let (mut allocations, mut failures) = (0u64, 0u64);
+        for _ in 0..20_000 {
+            if live.is_empty() || rng.next() % 2 == 0 {
+                let size = rng.range(1, 300);
+                let align: usize = 1 << rng.range(0, 5);
+                let class = SMALL
+                    .iter()
+                    .position(|c| c.block_size >= size && natural_alignment(c.block_size) >= align);
+                let expect_block = class.is_some_and(|c| {
+                    live.iter().filter(|block| block.2 == c).count() < SMALL[c].block_count
+                });
+                let block = pool.alloc(size, align);
+                assert_eq!(block.is_some(), expect_block);
+                match block {
+                    Some(block) => {
+                        assert_eq!(block.as_ptr() as usize % align, 0);
+                        allocations += 1;
+                        live.push((block.as_ptr() as usize, size, class.unwrap()));
+                    }
+                    None => failures += 1,
+                }
+            } else {
+                let (address, _, _) = live.swap_remove(rng.range(0, live.len() - 1));
+                pool.free(address as *mut u8).unwrap();
+            }
+            let stats = pool.stats();
+            assert_eq!(stats.live_blocks, live.len() as u64);
+            assert_eq!(
+                stats.live_bytes,
+                live.iter().map(|block| block.1 as u64).sum::<u64>()
+            );
+            assert_eq!((stats.allocations, stats.failures), (allocations, failures));
+        }
+        let mut blocks: Vec<_> = pool
+            .leaks()
+            .iter()
+            .map(|leak| {
+                (
+                    leak.address,
+                    SMALL[live.iter().find(|b| b.0 == leak.address).unwrap().2].block_size,
+                )
+            })
+            .collect();
+        assert_eq!(blocks.len(), live.len());
+        assert_disjoint(&mut blocks);
+    }
+
+    #[test]
+    fn threads_allocate_and_free_each_others_blocks() {
+        let pool = Pool::new("threads", PoolConfig::default()).unwrap();
+        let (sender, receiver) = std::sync::mpsc::sync_channel::<usize>(64);
+        std::thread::scope(|scope| {
+            let pool = &pool;
+            scope.spawn(move || {
+                let mut rng = Rng::new(1);
+                for _ in 0..50_000 {
+                    let block = pool.alloc(rng.range(16, 256), 8).unwrap();
+                    sender.send(block.as_ptr() as usize).unwrap();
+                }
+            });
+            scope.spawn(move || {
+                let mut rng = Rng::new(2);
+                for address in receiver {
+                    pool.free(address as *mut u8).unwrap();
+                    let own = pool.alloc(rng.range(16, 256), 8).unwrap();
+                    pool.free(own.as_ptr()).unwrap();
+                }
+            });
+        });
+        let stats = pool.stats();
+        assert_eq!(
+            (
+                stats.allocations,
+                stats.frees,
+                stats.live_blocks,
+                stats.live_bytes,
+                stats.failures
+            ),
+            (100_000, 100_000, 0, 0, 0)
+        );
+    }
+}
