@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 pub use pool::{Pool, PoolConfig};
 pub use registry::{allocator_of, memstats, type_of, MemStats};
 pub use size_class::ClassSpec;
-//pub use stack::{StackAllocator, StackMarker, StackScope};
+pub use stack::{StackAllocator, StackMarker, StackScope};
 //pub use typed_pool::TypedPool;
 
 /// Which kind of engine allocator served a block.

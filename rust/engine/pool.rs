@@ -192,7 +192,9 @@ impl Pool {
             state.unserved.fetch_add(1, Relaxed);
             return None;
         };
-        let block = class.slots().take(size, tag);
+        // The counters are written only under the class lock.
+        let mut slots = class.slots();
+        let block = slots.take(size, tag);
         match block {
             Some(_) => class.counters.record_alloc(size),
             None => class.counters.record_failure(),
