@@ -19,7 +19,7 @@ pub mod typed_pool;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-//pub use block::BlockAllocator;
+pub use block::{BlockAllocator, FreeSpace};
 pub use pool::{Pool, PoolConfig};
 pub use registry::{allocator_of, memstats, type_of, MemStats};
 pub use size_class::ClassSpec;
