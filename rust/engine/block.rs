@@ -284,7 +284,7 @@ impl Arena {
 
     /// Validates the payload offset of a live block and returns its header offset.
     fn live_block_at(&self, payload: usize) -> Result<usize, FreeError> {
-        if payload < HEADER || payload % GRANULE != 0 || payload > self.end {
+        if payload < HEADER || !payload.is_multiple_of(GRANULE) || payload > self.end {
             return Err(FreeError::Interior);
         }
         let offset = payload - HEADER;
@@ -579,7 +579,7 @@ mod tests {
         let mut live: Vec<(usize, usize)> = Vec::new();
         for step in 0..30_000 {
             if live.is_empty() || rng.next() % 5 < 3 {
-                let size = if rng.next() % 8 == 0 {
+                let size = if rng.next().is_multiple_of(8) {
                     rng.range(1000, 9000)
                 } else {
                     rng.range(0, 200)

@@ -24,7 +24,7 @@ pub use pool::{Pool, PoolConfig};
 pub use registry::{allocator_of, memstats, type_of, MemStats};
 pub use size_class::ClassSpec;
 pub use stack::{StackAllocator, StackMarker, StackScope};
-//pub use typed_pool::TypedPool;
+pub use typed_pool::{PoolBox, TypedPool};
 
 /// Which kind of engine allocator served a block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

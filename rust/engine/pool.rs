@@ -389,7 +389,7 @@ mod tests {
         let mut live: Vec<(usize, usize, usize)> = Vec::new();
         let (mut allocations, mut failures) = (0u64, 0u64);
         for _ in 0..20_000 {
-            if live.is_empty() || rng.next() % 2 == 0 {
+            if live.is_empty() || rng.next().is_multiple_of(2) {
                 let size = rng.range(1, 300);
                 let align: usize = 1 << rng.range(0, 5);
                 let class = SMALL

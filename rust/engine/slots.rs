@@ -48,7 +48,7 @@ impl Slots {
         if offset >= self.slot_size * self.count as usize {
             return Err(FreeError::Foreign);
         }
-        if offset % self.slot_size != 0 {
+        if !offset.is_multiple_of(self.slot_size) {
             return Err(FreeError::Interior);
         }
         Ok((offset / self.slot_size) as u32)
@@ -58,7 +58,7 @@ impl Slots {
         self.base.wrapping_add(index as usize * self.slot_size)
     }
 
-    fn is_live(&self, index: u32) -> bool {
+    pub(crate) fn is_live(&self, index: u32) -> bool {
         self.live[index as usize / 64] & (1 << (index % 64)) != 0
     }
 
