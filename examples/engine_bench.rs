@@ -1,0 +1,140 @@
+//! Engine allocators against glibc malloc in the same run: small-object churn (1 and 2 threads) and frame scratch.
+//!
+//! `cargo run --release --example engine_bench`. Prints nanoseconds per operation and the malloc/engine ratio.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use k15_memory::engine::{ClassSpec, Pool, PoolConfig, StackAllocator};
+
+const LIVE_SLOTS: usize = 1024;
+const CHURN_OPS: usize = 4_000_000;
+const FRAMES: usize = 20_000;
+const ALLOCS_PER_FRAME: usize = 200;
+
+/// Source of the random operation streams (the same stream drives both contenders).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// An allocator under test: allocate `size` bytes aligned to 16, free.
+trait Contender: Sync {
+    fn alloc(&self, size: usize) -> *mut u8;
+    fn free(&self, ptr: *mut u8);
+}
+
+struct Malloc;
+
+impl Contender for Malloc {
+    fn alloc(&self, size: usize) -> *mut u8 {
+        // SAFETY: plain malloc; every block is freed below with free.
+        unsafe { libc::malloc(size).cast() }
+    }
+    fn free(&self, ptr: *mut u8) {
+        // SAFETY: `ptr` came from `libc::malloc` and is freed once.
+        unsafe { libc::free(ptr.cast()) }
+    }
+}
+
+impl Contender for Pool {
+    fn alloc(&self, size: usize) -> *mut u8 {
+        Pool::alloc(self, size, 16).expect("pool sized for the benchmark").as_ptr()
+    }
+    fn free(&self, ptr: *mut u8) {
+        Pool::free(self, ptr).expect("a live pool block");
+    }
+}
+
+/// Random-order churn over `LIVE_SLOTS` slots: a chosen slot is freed if occupied, else filled with 16..=256 bytes.
+fn churn(contender: &dyn Contender, seed: u64) -> Duration {
+    let mut rng = Rng(seed);
+    let ops: Vec<(usize, usize)> = (0..CHURN_OPS)
+        .map(|_| {
+            let random = rng.next();
+            ((random % LIVE_SLOTS as u64) as usize, 16 + ((random >> 32) % 241) as usize)
+        })
+        .collect();
+    let mut slots = vec![std::ptr::null_mut::<u8>(); LIVE_SLOTS];
+    let start = Instant::now();
+    for &(slot, size) in &ops {
+        let block = &mut slots[slot];
+        if block.is_null() {
+            *block = contender.alloc(size);
+            // SAFETY: the block has at least 16 bytes.
+            unsafe { block.write(slot as u8) };
+        } else {
+            contender.free(*block);
+            *block = std::ptr::null_mut();
+        }
+    }
+    let elapsed = start.elapsed();
+    for block in slots.into_iter().filter(|block| !block.is_null()) {
+        contender.free(block);
+    }
+    elapsed
+}
+
+/// Nanoseconds per operation of `threads` threads churning at once on one contender.
+fn churn_ns(contender: &dyn Contender, threads: usize) -> f64 {
+    let elapsed: Vec<Duration> = std::thread::scope(|scope| {
+        let runs: Vec<_> = (0..threads).map(|thread| scope.spawn(move || churn(contender, 0x9E37 + thread as u64))).collect();
+        runs.into_iter().map(|run| run.join().unwrap()).collect()
+    });
+    let slowest = elapsed.into_iter().max().unwrap();
+    slowest.as_nanos() as f64 / CHURN_OPS as f64
+}
+
+/// Per frame: `ALLOCS_PER_FRAME` scratch blocks of 16..=512 bytes, all released at frame end.
+fn frames_with_stack(stack: &mut StackAllocator) -> f64 {
+    let mut rng = Rng(7);
+    let start = Instant::now();
+    for _ in 0..FRAMES {
+        let mut frame = stack.scope();
+        for _ in 0..ALLOCS_PER_FRAME {
+            let block = frame.alloc(16 + (rng.next() % 497) as usize, 16).expect("frame fits");
+            black_box(block);
+        }
+    }
+    start.elapsed().as_nanos() as f64 / (FRAMES * ALLOCS_PER_FRAME) as f64
+}
+
+fn frames_with_malloc() -> f64 {
+    let mut rng = Rng(7);
+    let mut blocks = Vec::with_capacity(ALLOCS_PER_FRAME);
+    let start = Instant::now();
+    for _ in 0..FRAMES {
+        for _ in 0..ALLOCS_PER_FRAME {
+            blocks.push(black_box(Malloc.alloc(16 + (rng.next() % 497) as usize)));
+        }
+        for block in blocks.drain(..) {
+            Malloc.free(block);
+        }
+    }
+    start.elapsed().as_nanos() as f64 / (FRAMES * ALLOCS_PER_FRAME) as f64
+}
+
+fn main() {
+    let classes: Vec<ClassSpec> = (4..=8).map(|log2| ClassSpec { block_size: 1 << log2, block_count: 2 * LIVE_SLOTS }).collect();
+    let pool = Pool::new("bench", PoolConfig { classes: &classes }).expect("pool");
+    println!("small objects, 16..256 bytes, random order, {LIVE_SLOTS} live slots per thread (ns/op, lower is better)");
+    for threads in [1, 2] {
+        // Warm both once so first-touch page faults are not measured.
+        churn_ns(&pool, threads);
+        churn_ns(&Malloc, threads);
+        let (pool_ns, malloc_ns) = (churn_ns(&pool, threads), churn_ns(&Malloc, threads));
+        println!("  {threads} thread(s): pool {pool_ns:6.2}  glibc malloc {malloc_ns:6.2}  malloc/pool {:5.2}x", malloc_ns / pool_ns);
+    }
+    let mut stack = StackAllocator::new("bench-frame", 1 << 20).expect("stack");
+    frames_with_stack(&mut stack);
+    frames_with_malloc();
+    let (stack_ns, malloc_ns) = (frames_with_stack(&mut stack), frames_with_malloc());
+    println!("frame scratch, {ALLOCS_PER_FRAME} blocks of 16..512 bytes per frame, freed at frame end (ns/alloc)");
+    println!("  stack {stack_ns:6.2}  glibc malloc {malloc_ns:6.2}  malloc/stack {:5.2}x", malloc_ns / stack_ns);
+}
