@@ -45,7 +45,9 @@ impl Contender for Malloc {
 
 impl Contender for Pool {
     fn alloc(&self, size: usize) -> *mut u8 {
-        Pool::alloc(self, size, 16).expect("pool sized for the benchmark").as_ptr()
+        Pool::alloc(self, size, 16)
+            .expect("pool sized for the benchmark")
+            .as_ptr()
     }
     fn free(&self, ptr: *mut u8) {
         Pool::free(self, ptr).expect("a live pool block");
@@ -58,7 +60,10 @@ fn churn(contender: &dyn Contender, seed: u64) -> Duration {
     let ops: Vec<(usize, usize)> = (0..CHURN_OPS)
         .map(|_| {
             let random = rng.next();
-            ((random % LIVE_SLOTS as u64) as usize, 16 + ((random >> 32) % 241) as usize)
+            (
+                (random % LIVE_SLOTS as u64) as usize,
+                16 + ((random >> 32) % 241) as usize,
+            )
         })
         .collect();
     let mut slots = vec![std::ptr::null_mut::<u8>(); LIVE_SLOTS];
@@ -84,7 +89,9 @@ fn churn(contender: &dyn Contender, seed: u64) -> Duration {
 /// Nanoseconds per operation of `threads` threads churning at once on one contender.
 fn churn_ns(contender: &dyn Contender, threads: usize) -> f64 {
     let elapsed: Vec<Duration> = std::thread::scope(|scope| {
-        let runs: Vec<_> = (0..threads).map(|thread| scope.spawn(move || churn(contender, 0x9E37 + thread as u64))).collect();
+        let runs: Vec<_> = (0..threads)
+            .map(|thread| scope.spawn(move || churn(contender, 0x9E37 + thread as u64)))
+            .collect();
         runs.into_iter().map(|run| run.join().unwrap()).collect()
     });
     let slowest = elapsed.into_iter().max().unwrap();
@@ -98,7 +105,9 @@ fn frames_with_stack(stack: &mut StackAllocator) -> f64 {
     for _ in 0..FRAMES {
         let mut frame = stack.scope();
         for _ in 0..ALLOCS_PER_FRAME {
-            let block = frame.alloc(16 + (rng.next() % 497) as usize, 16).expect("frame fits");
+            let block = frame
+                .alloc(16 + (rng.next() % 497) as usize, 16)
+                .expect("frame fits");
             black_box(block);
         }
     }
@@ -121,7 +130,12 @@ fn frames_with_malloc() -> f64 {
 }
 
 fn main() {
-    let classes: Vec<ClassSpec> = (4..=8).map(|log2| ClassSpec { block_size: 1 << log2, block_count: 2 * LIVE_SLOTS }).collect();
+    let classes: Vec<ClassSpec> = (4..=8)
+        .map(|log2| ClassSpec {
+            block_size: 1 << log2,
+            block_count: 2 * LIVE_SLOTS,
+        })
+        .collect();
     let pool = Pool::new("bench", PoolConfig { classes: &classes }).expect("pool");
     println!("small objects, 16..256 bytes, random order, {LIVE_SLOTS} live slots per thread (ns/op, lower is better)");
     for threads in [1, 2] {
@@ -136,5 +150,8 @@ fn main() {
     frames_with_malloc();
     let (stack_ns, malloc_ns) = (frames_with_stack(&mut stack), frames_with_malloc());
     println!("frame scratch, {ALLOCS_PER_FRAME} blocks of 16..512 bytes per frame, freed at frame end (ns/alloc)");
-    println!("  stack {stack_ns:6.2}  glibc malloc {malloc_ns:6.2}  malloc/stack {:5.2}x", malloc_ns / stack_ns);
+    println!(
+        "  stack {stack_ns:6.2}  glibc malloc {malloc_ns:6.2}  malloc/stack {:5.2}x",
+        malloc_ns / stack_ns
+    );
 }

@@ -41,7 +41,7 @@ struct Header {
     /// Whole block, header included; 0 for the sentinel.
     size: u32,
     cookie: u32,
-    _reserved: u32,
+    _reserved: [u32; 2],
 }
 
 /// Free-list links, stored in a free block's payload.
@@ -86,6 +86,7 @@ impl StatsSource for BlockShared {
             ..Default::default()
         };
         self.counters.add_to(&mut stats);
+        stats.peak_bytes = self.counters.peak_bytes();
         stats
     }
 }
@@ -157,7 +158,7 @@ impl Arena {
             prev_phys,
             size: size as u32,
             cookie: FREE ^ offset as u32,
-            _reserved: 0,
+            _reserved: [0; 2],
         };
         self.write(offset, header);
         self.set_prev_phys(offset + size, offset);
@@ -366,7 +367,7 @@ impl BlockAllocator {
             prev_phys: 0,
             size: 0,
             cookie: SENTINEL ^ usable as u32,
-            _reserved: 0,
+            _reserved: [0; 2],
         };
         arena.write(usable, sentinel);
         arena.insert_free(0, usable, NONE);

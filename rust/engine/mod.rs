@@ -2,8 +2,9 @@
 //!
 //! Every allocator takes its memory from `std::alloc::System`, never from the global allocator (which may be
 //! the tracker itself). Frees return a [`FreeError`] instead of printing, so the tracker can turn it into a
-//! report entry. Each block carries a [`LiveBlock`]-shaped record: the sequence number of its allocation and
-//! a `tag` the tracker may set to a stack id (`alloc_tagged`).
+//! report entry. Each block carries a 12-byte record ([`LiveBlock`] without the address): its requested size,
+//! the [`checkpoint`] epoch it was allocated in, and a `tag` the tracker owns (`alloc_tagged`; e.g. a stack id
+//! or an index into the tracker's own records).
 
 pub mod block;
 pub mod pool;
@@ -14,10 +15,11 @@ pub mod stack;
 mod system_memory;
 #[cfg(test)]
 mod test_support;
+mod thread_slot;
 pub mod typed_pool;
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
 pub use block::{BlockAllocator, FreeSpace};
 pub use pool::{Pool, PoolConfig};
@@ -119,30 +121,28 @@ pub struct LiveBlock {
     pub address: usize,
     /// The size the caller asked for.
     pub size: usize,
-    /// Process-wide allocation sequence number (see [`checkpoint`]).
-    pub seq: u64,
+    /// The [`checkpoint`] epoch the block was allocated in.
+    pub epoch: u32,
     /// The caller's tag from `alloc_tagged` (the tracker's stack id), 0 otherwise.
     pub tag: u32,
 }
 
-/// A point in the process-wide allocation sequence; blocks allocated later have `seq >= ` it.
+/// The start of an epoch: blocks allocated after [`checkpoint`] returned it belong to it or a later one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Checkpoint(u64);
+pub struct Checkpoint(u32);
 
 impl Checkpoint {
     /// Before the first allocation of the process.
     pub const ORIGIN: Checkpoint = Checkpoint(0);
 }
 
-static NEXT_SEQUENCE: AtomicU64 = AtomicU64::new(1);
+/// Bumped by each checkpoint; allocations only read it (no read-modify-write on the fast path).
+static EPOCH: AtomicU32 = AtomicU32::new(0);
 
-/// Marks "now" in the allocation sequence shared by all engine allocators.
+/// Starts a new epoch shared by all engine allocators. Allocations of the calling thread that follow are in
+/// it; those of other threads are once they observe it (they may race with this call).
 pub fn checkpoint() -> Checkpoint {
-    Checkpoint(NEXT_SEQUENCE.load(Relaxed))
-}
-
-fn next_sequence() -> u64 {
-    NEXT_SEQUENCE.fetch_add(1, Relaxed)
+    Checkpoint(EPOCH.fetch_add(1, Relaxed) + 1)
 }
 
 /// What every engine allocator offers besides its own `alloc`/`free`.
@@ -156,29 +156,28 @@ pub trait EngineAllocator {
     /// `visit` must not call back into this allocator.
     fn for_each_live_block(&self, visit: &mut dyn FnMut(LiveBlock));
 
-    /// Live blocks allocated at or after `since`, oldest first.
+    /// Live blocks allocated since `since`, by epoch, then by address.
     fn leaks_since(&self, since: Checkpoint) -> Vec<LiveBlock> {
         let mut blocks = Vec::new();
         self.for_each_live_block(&mut |block| {
-            if block.seq >= since.0 {
+            if block.epoch >= since.0 {
                 blocks.push(block);
             }
         });
-        blocks.sort_by_key(|block| block.seq);
+        blocks.sort_by_key(|block| (block.epoch, block.address));
         blocks
     }
 
-    /// All live blocks, oldest first (call at shutdown).
+    /// All live blocks, by epoch, then by address (call at shutdown).
     fn leaks(&self) -> Vec<LiveBlock> {
         self.leaks_since(Checkpoint::ORIGIN)
     }
 }
 
-/// The tracker's per-block record: kept in a side array (pool, typed pool) or in the block header
-/// (stack, block allocator). 16 bytes.
+/// The per-block record in a stack or block allocator header (pools keep it in a side array of atomics).
 #[derive(Clone, Copy, Debug, Default)]
 struct BlockMeta {
-    seq: u64,
+    epoch: u32,
     size: u32,
     tag: u32,
 }
@@ -186,7 +185,7 @@ struct BlockMeta {
 impl BlockMeta {
     fn new(size: usize, tag: u32) -> Self {
         Self {
-            seq: next_sequence(),
+            epoch: EPOCH.load(Relaxed),
             size: size as u32,
             tag,
         }
@@ -196,7 +195,7 @@ impl BlockMeta {
         LiveBlock {
             address,
             size: self.size as usize,
-            seq: self.seq,
+            epoch: self.epoch,
             tag: self.tag,
         }
     }
@@ -236,15 +235,21 @@ impl Counters {
         add_relaxed(&self.live_bytes, bytes.wrapping_neg());
     }
 
+    fn peak_bytes(&self) -> u64 {
+        self.peak_bytes.load(Relaxed)
+    }
+
     fn record_failure(&self) {
         add_relaxed(&self.failures, 1);
     }
 
-    /// Adds these counters into `stats` (sums; peaks add up too).
+    /// Adds these counters into `stats`, all but the peak (peaks of parts do not add up to a peak).
     fn add_to(&self, stats: &mut AllocatorStats) {
-        stats.live_blocks += self.live_blocks.load(Relaxed);
-        stats.live_bytes += self.live_bytes.load(Relaxed);
-        stats.peak_bytes += self.peak_bytes.load(Relaxed);
+        // Wrapping: a thread cache that only frees has "negative" live counts; the sums come out right.
+        stats.live_blocks = stats
+            .live_blocks
+            .wrapping_add(self.live_blocks.load(Relaxed));
+        stats.live_bytes = stats.live_bytes.wrapping_add(self.live_bytes.load(Relaxed));
         stats.allocations += self.allocations.load(Relaxed);
         stats.frees += self.frees.load(Relaxed);
         stats.failures += self.failures.load(Relaxed);

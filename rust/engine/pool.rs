@@ -1,8 +1,12 @@
 //! Pool allocator: one `System` chunk carved into per-size-class sub-chunks of equal blocks on intrusive free lists.
 //!
-//! Fast path: one uncontended per-class lock, no syscall, no formatting, no global allocator; a free finds its
-//! class by address (binary search over at most [`MAX_CLASSES`] sub-chunks).
+//! Fast path (a thread with a [`thread_slot`] and a class of at least [`MIN_CACHED_BLOCKS`] blocks): the
+//! thread's own magazine of free block indices, so an allocation has no atomic read-modify-write and a free
+//! has one (the swap of the block's state byte that catches double frees). Magazines refill from and drain to
+//! the class's shared free list, half a magazine at a time, under the class lock. No syscall, no formatting,
+//! no global allocator. A free finds its class by address (binary search over the sub-chunks).
 
+use std::cell::UnsafeCell;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -11,12 +15,18 @@ use super::registry::Registration;
 use super::size_class::{
     natural_alignment, ClassSpec, SizeClassMap, DEFAULT_CLASSES, MAX_CLASSES, MIN_SLOT,
 };
-use super::slots::Slots;
+use super::slots::{FreeList, Slots};
 use super::system_memory::{SystemBox, SystemChunk, SystemSlice};
+use super::thread_slot::{self, MAX_THREADS};
 use super::{
-    AllocatorInfo, AllocatorKind, AllocatorStats, CreateError, EngineAllocator, FreeError,
-    LiveBlock, StatsSource,
+    AllocatorInfo, AllocatorKind, AllocatorStats, Counters, CreateError, EngineAllocator,
+    FreeError, LiveBlock, StatsSource,
 };
+
+/// Free block indices a thread keeps per class.
+const MAGAZINE: usize = 32;
+/// Classes with fewer blocks are not cached per thread: a few threads' magazines could otherwise hold them all.
+pub const MIN_CACHED_BLOCKS: usize = MAX_THREADS * MAGAZINE;
 
 /// The class table of a pool: block sizes strictly ascending, multiples of 8.
 #[derive(Clone, Copy, Debug)]
@@ -38,22 +48,98 @@ pub struct ClassStats {
     pub block_size: usize,
     pub block_count: usize,
     pub live_blocks: u64,
-    pub peak_bytes: u64,
+    /// Most blocks ever out of the shared free list (live or cached in thread magazines) at once.
+    pub peak_blocks: u64,
     pub failures: u64,
+}
+
+/// What the class lock protects.
+struct ClassShared {
+    free: FreeList,
+    /// Blocks out of `free`: live, or cached in magazines.
+    blocks_out: u64,
 }
 
 struct SizeClass {
     spec: ClassSpec,
     /// Every block of this class is aligned to this (the chunk is laid out largest alignment first).
     block_align: usize,
-    start: usize,
-    counters: super::Counters,
-    slots: Mutex<Slots>,
+    slots: Slots,
+    /// Events of threads without a magazine for this class; written under the class lock.
+    counters: Counters,
+    /// Written under the class lock, read lock-free.
+    peak_blocks: AtomicU64,
+    shared: Mutex<ClassShared>,
 }
 
 impl SizeClass {
-    fn slots(&self) -> MutexGuard<'_, Slots> {
-        self.slots.lock().unwrap_or_else(PoisonError::into_inner)
+    fn shared(&self) -> MutexGuard<'_, ClassShared> {
+        self.shared.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn take_out(&self, shared: &mut ClassShared, blocks: u64) {
+        shared.blocks_out += blocks;
+        if shared.blocks_out > self.peak_blocks.load(Relaxed) {
+            self.peak_blocks.store(shared.blocks_out, Relaxed);
+        }
+    }
+}
+
+struct Magazine {
+    len: usize,
+    blocks: [u32; MAGAZINE],
+}
+
+/// One thread slot's cache for one class.
+struct ClassCache {
+    magazine: UnsafeCell<Magazine>,
+    /// This thread's events in this class; written only by the slot's owner.
+    counters: Counters,
+}
+
+// SAFETY: `magazine` is touched only by the thread that owns the cache's thread slot (see `thread_slot`).
+unsafe impl Sync for ClassCache {}
+
+impl ClassCache {
+    /// A free block from the magazine, refilled from the class when empty.
+    ///
+    /// # Safety
+    /// Only the owner of this cache's thread slot may call this.
+    unsafe fn pop(&self, class: &SizeClass) -> Option<u32> {
+        // SAFETY: the caller owns the thread slot, so nobody else touches this magazine.
+        let magazine = unsafe { &mut *self.magazine.get() };
+        if magazine.len == 0 {
+            let mut shared = class.shared();
+            while magazine.len < MAGAZINE / 2 {
+                let Some(index) = class.slots.pop(&mut shared.free) else {
+                    break;
+                };
+                magazine.blocks[magazine.len] = index;
+                magazine.len += 1;
+            }
+            class.take_out(&mut shared, magazine.len as u64);
+        }
+        magazine.len = magazine.len.checked_sub(1)?;
+        Some(magazine.blocks[magazine.len])
+    }
+
+    /// Keeps a released block in the magazine, draining half of it to the class when full.
+    ///
+    /// # Safety
+    /// As for [`ClassCache::pop`].
+    unsafe fn push(&self, class: &SizeClass, index: u32) {
+        // SAFETY: the caller owns the thread slot, so nobody else touches this magazine.
+        let magazine = unsafe { &mut *self.magazine.get() };
+        if magazine.len == MAGAZINE {
+            let mut shared = class.shared();
+            for &block in &magazine.blocks[MAGAZINE / 2..] {
+                class.slots.push(&mut shared.free, block);
+            }
+            shared.blocks_out -= (MAGAZINE / 2) as u64;
+            magazine.len = MAGAZINE / 2;
+        }
+        magazine.blocks[magazine.len] = index;
+        magazine.len += 1;
     }
 }
 
@@ -62,10 +148,54 @@ struct PoolState {
     classes: SystemSlice<SizeClass>,
     /// Class indices ordered by sub-chunk address, for frees.
     by_address: [u8; MAX_CLASSES],
+    /// Chunk offset of each sub-chunk, in address order: a small contiguous array the free path scans
+    /// branch-free (a binary search over the class structs cost most of a free).
+    starts: [usize; MAX_CLASSES],
     class_map: SizeClassMap,
+    /// `caches[slot * classes + class]`.
+    caches: SystemSlice<ClassCache>,
     /// Requests no class can serve (too large or too aligned).
     unserved: AtomicU64,
     chunk: SystemChunk,
+}
+
+impl PoolState {
+    fn class_for(&self, size: usize, align: usize) -> Option<usize> {
+        if !align.is_power_of_two() {
+            return None;
+        }
+        let first = self.class_map.class_of(size)?;
+        (first..self.classes.len()).find(|&index| self.classes[index].block_align >= align)
+    }
+
+    fn class_at(&self, addr: usize) -> Result<usize, FreeError> {
+        let offset = self.chunk.offset_of(addr).ok_or(FreeError::Foreign)?;
+        let classes = self.classes.len();
+        let before = self.starts[..classes]
+            .iter()
+            .filter(|&&start| start <= offset)
+            .count();
+        Ok(self.by_address[before - 1] as usize)
+    }
+
+    /// This thread's cache for `class`, if it has a thread slot and the class is cached.
+    fn cache(&self, class: usize) -> Option<&ClassCache> {
+        if self.classes[class].spec.block_count < MIN_CACHED_BLOCKS {
+            return None;
+        }
+        thread_slot::current().map(|slot| &self.caches[slot * self.classes.len() + class])
+    }
+
+    fn class_counters(&self, class: usize) -> impl Iterator<Item = &Counters> {
+        let stride = self.classes.len();
+        std::iter::once(&self.classes[class].counters).chain(
+            self.caches
+                .iter()
+                .skip(class)
+                .step_by(stride)
+                .map(|cache| &cache.counters),
+        )
+    }
 }
 
 impl StatsSource for PoolState {
@@ -75,8 +205,10 @@ impl StatsSource for PoolState {
             capacity: self.chunk.len() as u64,
             ..Default::default()
         };
-        for class in self.classes.iter() {
-            class.counters.add_to(&mut stats);
+        for (index, class) in self.classes.iter().enumerate() {
+            self.class_counters(index)
+                .for_each(|counters| counters.add_to(&mut stats));
+            stats.peak_bytes += class.peak_blocks.load(Relaxed) * class.spec.block_size as u64;
         }
         stats.failures += self.unserved.load(Relaxed);
         stats
@@ -135,11 +267,12 @@ impl Pool {
         by_address[..specs.len()].sort_by_key(|&index| {
             std::cmp::Reverse(natural_alignment(specs[index as usize].block_size))
         });
-        let mut offsets = [0usize; MAX_CLASSES];
+        let (mut offsets, mut starts) = ([0usize; MAX_CLASSES], [0usize; MAX_CLASSES]);
         let mut total = 0usize;
-        for &index in &by_address[..specs.len()] {
+        for (position, &index) in by_address[..specs.len()].iter().enumerate() {
             let spec = specs[index as usize];
             offsets[index as usize] = total;
+            starts[position] = total;
             let bytes = spec.block_size.checked_mul(spec.block_count);
             total = bytes
                 .and_then(|bytes| total.checked_add(bytes))
@@ -153,9 +286,23 @@ impl Pool {
             Some(SizeClass {
                 spec,
                 block_align: natural_alignment(spec.block_size),
-                start: base as usize,
-                counters: Default::default(),
-                slots: Mutex::new(Slots::new(base, spec.block_size, spec.block_count)?),
+                slots: Slots::new(base, spec.block_size, spec.block_count)?,
+                counters: Counters::default(),
+                peak_blocks: AtomicU64::new(0),
+                shared: Mutex::new(ClassShared {
+                    free: FreeList::new(),
+                    blocks_out: 0,
+                }),
+            })
+        })
+        .ok_or(CreateError::OutOfMemory)?;
+        let caches = SystemSlice::try_from_fn(MAX_THREADS * specs.len(), |_| {
+            Some(ClassCache {
+                magazine: UnsafeCell::new(Magazine {
+                    len: 0,
+                    blocks: [0; MAGAZINE],
+                }),
+                counters: Counters::default(),
             })
         })
         .ok_or(CreateError::OutOfMemory)?;
@@ -163,7 +310,9 @@ impl Pool {
             name,
             classes,
             by_address,
+            starts,
             class_map: SizeClassMap::new(specs.iter().map(|spec| spec.block_size)),
+            caches,
             unserved: AtomicU64::new(0),
             chunk,
         };
@@ -185,45 +334,70 @@ impl Pool {
         self.alloc_tagged(size, align, 0)
     }
 
-    /// [`Pool::alloc`] that records `tag` (the tracker's stack id) with the block.
+    /// [`Pool::alloc`] that records `tag` (the tracker's) with the block.
     pub fn alloc_tagged(&self, size: usize, align: usize, tag: u32) -> Option<NonNull<u8>> {
         let state = &*self.state;
-        let Some(class) = state.class_for(size, align) else {
+        let Some(class_index) = state.class_for(size, align) else {
             state.unserved.fetch_add(1, Relaxed);
             return None;
         };
-        // The counters are written only under the class lock.
-        let mut slots = class.slots();
-        let block = slots.take(size, tag);
-        match block {
-            Some(_) => class.counters.record_alloc(size),
-            None => class.counters.record_failure(),
-        }
-        block.and_then(NonNull::new)
+        let class = &state.classes[class_index];
+        let index = match state.cache(class_index) {
+            Some(cache) => {
+                // SAFETY: `state.cache` returned the cache of this thread's own slot.
+                let index = unsafe { cache.pop(class) };
+                record_alloc(&cache.counters, index, size)?
+            }
+            None => {
+                let mut shared = class.shared();
+                let index = class.slots.pop(&mut shared.free);
+                if index.is_some() {
+                    class.take_out(&mut shared, 1);
+                }
+                record_alloc(&class.counters, index, size)?
+            }
+        };
+        NonNull::new(class.slots.claim(index, size, tag))
     }
 
     /// Returns a block to its class. Refuses pointers outside the pool (`Foreign`), off a block start
     /// (`Interior`) and blocks already free (`DoubleFree`), changing nothing.
     pub fn free(&self, ptr: *mut u8) -> Result<(), FreeError> {
-        let class = self.state.class_at(ptr as usize)?;
-        let mut slots = class.slots();
-        let index = slots.index_of(ptr as usize)?;
-        let size = slots.give_back(index)?;
-        class.counters.record_frees(1, size as u64);
+        let state = &*self.state;
+        let class_index = state.class_at(ptr as usize)?;
+        let class = &state.classes[class_index];
+        let index = class.slots.index_of(ptr as usize)?;
+        let size = class.slots.release(index)? as u64;
+        match state.cache(class_index) {
+            Some(cache) => {
+                // SAFETY: `state.cache` returned the cache of this thread's own slot.
+                unsafe { cache.push(class, index) };
+                cache.counters.record_frees(1, size);
+            }
+            None => {
+                let mut shared = class.shared();
+                class.slots.push(&mut shared.free, index);
+                shared.blocks_out -= 1;
+                class.counters.record_frees(1, size);
+            }
+        }
         Ok(())
     }
 
     /// Per-class counters, in ascending block size.
     pub fn class_stats(&self) -> Vec<ClassStats> {
-        let mut all = Vec::with_capacity(self.state.classes.len());
-        for class in self.state.classes.iter() {
+        let state = &*self.state;
+        let mut all = Vec::with_capacity(state.classes.len());
+        for (index, class) in state.classes.iter().enumerate() {
             let mut stats = AllocatorStats::default();
-            class.counters.add_to(&mut stats);
+            state
+                .class_counters(index)
+                .for_each(|counters| counters.add_to(&mut stats));
             all.push(ClassStats {
                 block_size: class.spec.block_size,
                 block_count: class.spec.block_count,
                 live_blocks: stats.live_blocks,
-                peak_bytes: stats.peak_bytes,
+                peak_blocks: class.peak_blocks.load(Relaxed),
                 failures: stats.failures,
             });
         }
@@ -231,23 +405,13 @@ impl Pool {
     }
 }
 
-impl PoolState {
-    fn class_for(&self, size: usize, align: usize) -> Option<&SizeClass> {
-        if !align.is_power_of_two() {
-            return None;
-        }
-        let first = self.class_map.class_of(size)?;
-        self.classes[first..]
-            .iter()
-            .find(|class| class.block_align >= align)
+/// Counts an allocation (or its failure) in the counters of whoever served it; passes the block through.
+fn record_alloc(counters: &Counters, index: Option<u32>, size: usize) -> Option<u32> {
+    match index {
+        Some(_) => counters.record_alloc(size),
+        None => counters.record_failure(),
     }
-
-    fn class_at(&self, addr: usize) -> Result<&SizeClass, FreeError> {
-        self.chunk.offset_of(addr).ok_or(FreeError::Foreign)?;
-        let order = &self.by_address[..self.classes.len()];
-        let after = order.partition_point(|&index| self.classes[index as usize].start <= addr);
-        Ok(&self.classes[order[after - 1] as usize])
-    }
+    index
 }
 
 impl EngineAllocator for Pool {
@@ -261,7 +425,7 @@ impl EngineAllocator for Pool {
 
     fn for_each_live_block(&self, visit: &mut dyn FnMut(LiveBlock)) {
         for class in self.state.classes.iter() {
-            class.slots().for_each_live(visit);
+            class.slots.for_each_live(visit);
         }
     }
 }
@@ -315,7 +479,8 @@ mod tests {
             pool.free(block.as_ptr()).unwrap();
         }
         assert_eq!(pool.class_stats()[0].live_blocks, 0);
-        assert_eq!(pool.class_stats()[0].peak_bytes, 40);
+        assert_eq!(pool.class_stats()[0].peak_blocks, 4);
+        assert_eq!(pool.stats().peak_bytes, 4 * 16 + 48);
     }
 
     #[test]
@@ -381,22 +546,22 @@ mod tests {
         );
     }
 
-    #[test]
-    fn random_sequences_match_a_model() {
-        let pool = small_pool();
-        let mut rng = Rng::new(0x5EED);
+    /// Random alloc/free against a model of per-class occupancy; `alloc_percent` > 50 drifts into exhaustion.
+    fn check_against_model(classes: &[ClassSpec], alloc_percent: u64, seed: u64) {
+        let pool = Pool::new("model", PoolConfig { classes }).unwrap();
+        let mut rng = Rng::new(seed);
         // Model: (address, size, class) of each live block.
         let mut live: Vec<(usize, usize, usize)> = Vec::new();
         let (mut allocations, mut failures) = (0u64, 0u64);
         for _ in 0..20_000 {
-            if live.is_empty() || rng.next().is_multiple_of(2) {
+            if live.is_empty() || rng.next() % 100 < alloc_percent {
                 let size = rng.range(1, 300);
                 let align: usize = 1 << rng.range(0, 5);
-                let class = SMALL
+                let class = classes
                     .iter()
                     .position(|c| c.block_size >= size && natural_alignment(c.block_size) >= align);
                 let expect_block = class.is_some_and(|c| {
-                    live.iter().filter(|block| block.2 == c).count() < SMALL[c].block_count
+                    live.iter().filter(|block| block.2 == c).count() < classes[c].block_count
                 });
                 let block = pool.alloc(size, align);
                 assert_eq!(block.is_some(), expect_block);
@@ -420,18 +585,35 @@ mod tests {
             );
             assert_eq!((stats.allocations, stats.failures), (allocations, failures));
         }
+        let block_size =
+            |address| classes[live.iter().find(|block| block.0 == address).unwrap().2].block_size;
         let mut blocks: Vec<_> = pool
             .leaks()
             .iter()
-            .map(|leak| {
-                (
-                    leak.address,
-                    SMALL[live.iter().find(|b| b.0 == leak.address).unwrap().2].block_size,
-                )
-            })
+            .map(|leak| (leak.address, block_size(leak.address)))
             .collect();
         assert_eq!(blocks.len(), live.len());
         assert_disjoint(&mut blocks);
+    }
+
+    #[test]
+    fn random_sequences_match_a_model() {
+        check_against_model(&SMALL, 50, 0x5EED);
+    }
+
+    #[test]
+    fn random_sequences_through_thread_magazines_match_a_model() {
+        let classes = [
+            ClassSpec {
+                block_size: 64,
+                block_count: MIN_CACHED_BLOCKS,
+            },
+            ClassSpec {
+                block_size: 320,
+                block_count: MIN_CACHED_BLOCKS + 5,
+            },
+        ];
+        check_against_model(&classes, 60, 11);
     }
 
     #[test]

@@ -27,6 +27,8 @@ struct Header {
     below: u32,
     /// `LIVE` or `FREED`, xor the allocation's offset, so stray bytes rarely pass for a header.
     cookie: u32,
+    /// Counts this stack's allocations; tells a marker's allocation from a later one at the same offset.
+    serial: u32,
 }
 
 struct StackShared {
@@ -43,16 +45,17 @@ impl StatsSource for StackShared {
             ..Default::default()
         };
         self.counters.add_to(&mut stats);
+        stats.peak_bytes = self.counters.peak_bytes();
         stats
     }
 }
 
-/// A position of a [`StackAllocator`] to rewind to: its topmost allocation, named by offset and sequence number.
+/// A position of a [`StackAllocator`] to rewind to: its topmost allocation, named by offset and serial number.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StackMarker {
     allocator: u32,
     top_allocation: u32,
-    top_seq: u64,
+    top_serial: u32,
 }
 
 /// A linear allocator for frame-scoped data (design note 002). Single-threaded: methods take `&mut self`.
@@ -64,6 +67,7 @@ pub struct StackAllocator {
     top_allocation: u32,
     /// First free byte.
     top: usize,
+    allocations: u32,
 }
 
 impl StackAllocator {
@@ -89,6 +93,7 @@ impl StackAllocator {
             chunk,
             top_allocation: 0,
             top: 0,
+            allocations: 0,
         })
     }
 
@@ -126,10 +131,12 @@ impl StackAllocator {
             self.shared.counters.record_failure();
             return None;
         };
+        self.allocations = self.allocations.wrapping_add(1);
         let header = Header {
             meta: BlockMeta::new(size, tag),
             below: self.top_allocation,
             cookie: LIVE ^ offset as u32,
+            serial: self.allocations,
         };
         self.write_header(offset, header);
         self.top_allocation = offset as u32;
@@ -189,10 +196,10 @@ impl StackAllocator {
         self.top = self.end_of(header.below);
     }
 
-    fn seq_of(&self, allocation: u32) -> u64 {
+    fn serial_of(&self, allocation: u32) -> u32 {
         match allocation {
             0 => 0,
-            offset => self.read_header(offset as usize).meta.seq,
+            offset => self.read_header(offset as usize).serial,
         }
     }
 
@@ -208,7 +215,7 @@ impl StackAllocator {
         StackMarker {
             allocator: self.registration.info().id,
             top_allocation: self.top_allocation,
-            top_seq: self.seq_of(self.top_allocation),
+            top_serial: self.serial_of(self.top_allocation),
         }
     }
 
@@ -222,7 +229,7 @@ impl StackAllocator {
         while allocation > marker.top_allocation {
             allocation = self.read_header(allocation as usize).below;
         }
-        if allocation != marker.top_allocation || self.seq_of(allocation) != marker.top_seq {
+        if allocation != marker.top_allocation || self.serial_of(allocation) != marker.top_serial {
             return Err(FreeError::OutOfOrder);
         }
         while self.top_allocation != marker.top_allocation {

@@ -9,7 +9,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use super::registry::Registration;
 use super::size_class::slot_size;
-use super::slots::Slots;
+use super::slots::{FreeList, Slots};
 use super::system_memory::{SystemBox, SystemChunk};
 use super::{
     AllocatorInfo, AllocatorKind, AllocatorStats, Counters, CreateError, EngineAllocator,
@@ -21,6 +21,7 @@ const MAX_BATCHES: usize = 32;
 
 struct Batch {
     slots: Slots,
+    free: FreeList,
     chunk: SystemChunk,
 }
 
@@ -50,6 +51,7 @@ impl StatsSource for TypedShared {
             ..Default::default()
         };
         self.counters.add_to(&mut stats);
+        stats.peak_bytes = self.counters.peak_bytes();
         stats
     }
 }
@@ -118,9 +120,10 @@ impl<T: 'static> TypedPool<T> {
     pub fn alloc_tagged(&self, value: T, tag: u32) -> Option<NonNull<T>> {
         let slot = {
             let mut batches = self.batches();
-            let slot = self
-                .free_batch(&mut batches)
-                .and_then(|batch| batch.slots.take(size_of::<T>(), tag));
+            let slot = self.free_batch(&mut batches).and_then(|batch| {
+                let index = batch.slots.pop(&mut batch.free)?;
+                Some(batch.slots.claim(index, size_of::<T>(), tag))
+            });
             match slot {
                 Some(_) => self.shared.counters.record_alloc(size_of::<T>()),
                 None => self.shared.counters.record_failure(),
@@ -138,7 +141,7 @@ impl<T: 'static> TypedPool<T> {
         let has_free = |index: usize| {
             batches.list[index]
                 .as_ref()
-                .is_some_and(|batch| batch.slots.has_free())
+                .is_some_and(|batch| batch.slots.has_free(&batch.free))
         };
         if let Some(index) = std::iter::once(batches.last_freed)
             .chain((0..count).rev())
@@ -161,7 +164,13 @@ impl<T: 'static> TypedPool<T> {
         add_capacity(&self.shared.capacity, chunk.len());
         batches.next_len = len.saturating_mul(2);
         batches.count += 1;
-        batches.list[count].insert(Batch { slots, chunk }).into()
+        batches.list[count]
+            .insert(Batch {
+                slots,
+                free: FreeList::new(),
+                chunk,
+            })
+            .into()
     }
 
     /// Moves the object out of the pool and recycles its slot. Refuses pointers outside the pool
@@ -175,18 +184,16 @@ impl<T: 'static> TypedPool<T> {
                 Err(FreeError::Foreign) => continue,
                 found => found?,
             };
-            if !batch.slots.is_live(index) {
-                return Err(FreeError::DoubleFree);
-            }
+            batch.slots.release(index)?;
             let object = batch
                 .chunk
                 .base()
                 .wrapping_add(addr - batch.chunk.base() as usize)
                 .cast::<T>();
-            // SAFETY: the slot is live, so it holds a `T` written by `alloc`; the slot is recycled below
-            // without dropping, so the value is moved out exactly once.
+            // SAFETY: the slot was live, so it holds a `T` written by `alloc`; it is released (no other free
+            // can succeed) and recycled below without dropping, so the value is moved out exactly once.
             let value = unsafe { object.read() };
-            batch.slots.give_back(index)?;
+            batch.slots.push(&mut batch.free, index);
             self.shared.counters.record_frees(1, size_of::<T>() as u64);
             batches.last_freed = batch_index;
             return Ok(value);
