@@ -7,8 +7,10 @@ use std::time::{Duration, Instant};
 
 use k15_memory::engine::{ClassSpec, Pool, PoolConfig, StackAllocator};
 
-const LIVE_SLOTS: usize = 1024;
-const CHURN_OPS: usize = 4_000_000;
+const BATCH: usize = 1000;
+const ROUNDS: usize = 2000;
+const VARIANTS: usize = 16;
+const CHURN_OPS: usize = 2 * BATCH * ROUNDS;
 const FRAMES: usize = 20_000;
 const ALLOCS_PER_FRAME: usize = 200;
 
@@ -54,36 +56,34 @@ impl Contender for Pool {
     }
 }
 
-/// Random-order churn over `LIVE_SLOTS` slots: a chosen slot is freed if occupied, else filled with 16..=256 bytes.
+/// Rounds of: allocate `BATCH` blocks of 16..=256 bytes (touching each), then free them in a shuffled order.
+/// The sizes and orders are precomputed, so the loop itself costs little and branches predictably.
 fn churn(contender: &dyn Contender, seed: u64) -> Duration {
     let mut rng = Rng(seed);
-    let ops: Vec<(usize, usize)> = (0..CHURN_OPS)
+    let variants: Vec<(Vec<usize>, Vec<usize>)> = (0..VARIANTS)
         .map(|_| {
-            let random = rng.next();
-            (
-                (random % LIVE_SLOTS as u64) as usize,
-                16 + ((random >> 32) % 241) as usize,
-            )
+            let sizes = (0..BATCH).map(|_| 16 + (rng.next() % 241) as usize).collect();
+            let mut order: Vec<usize> = (0..BATCH).collect();
+            for index in (1..BATCH).rev() {
+                order.swap(index, (rng.next() % (index as u64 + 1)) as usize);
+            }
+            (sizes, order)
         })
         .collect();
-    let mut slots = vec![std::ptr::null_mut::<u8>(); LIVE_SLOTS];
+    let mut blocks = vec![std::ptr::null_mut::<u8>(); BATCH];
     let start = Instant::now();
-    for &(slot, size) in &ops {
-        let block = &mut slots[slot];
-        if block.is_null() {
+    for round in 0..ROUNDS {
+        let (sizes, order) = &variants[round % VARIANTS];
+        for (block, &size) in blocks.iter_mut().zip(sizes) {
             *block = contender.alloc(size);
             // SAFETY: the block has at least 16 bytes.
-            unsafe { block.write(slot as u8) };
-        } else {
-            contender.free(*block);
-            *block = std::ptr::null_mut();
+            unsafe { block.write(size as u8) };
+        }
+        for &index in order {
+            contender.free(blocks[index]);
         }
     }
-    let elapsed = start.elapsed();
-    for block in slots.into_iter().filter(|block| !block.is_null()) {
-        contender.free(block);
-    }
-    elapsed
+    start.elapsed()
 }
 
 /// Nanoseconds per operation of `threads` threads churning at once on one contender.
@@ -133,11 +133,11 @@ fn main() {
     let classes: Vec<ClassSpec> = (4..=8)
         .map(|log2| ClassSpec {
             block_size: 1 << log2,
-            block_count: 2 * LIVE_SLOTS,
+            block_count: 4 * BATCH,
         })
         .collect();
     let pool = Pool::new("bench", PoolConfig { classes: &classes }).expect("pool");
-    println!("small objects, 16..256 bytes, random order, {LIVE_SLOTS} live slots per thread (ns/op, lower is better)");
+    println!("small objects, 16..256 bytes, batches of {BATCH} freed in random order, per thread (ns/op, lower is better)");
     for threads in [1, 2] {
         // Warm both once so first-touch page faults are not measured.
         churn_ns(&pool, threads);

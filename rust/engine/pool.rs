@@ -9,7 +9,7 @@
 use std::cell::UnsafeCell;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 use super::registry::Registration;
 use super::size_class::{
@@ -24,9 +24,9 @@ use super::{
 };
 
 /// Free block indices a thread keeps per class.
-const MAGAZINE: usize = 32;
+const MAGAZINE: usize = 128;
 /// Classes with fewer blocks are not cached per thread: a few threads' magazines could otherwise hold them all.
-pub const MIN_CACHED_BLOCKS: usize = MAX_THREADS * MAGAZINE;
+pub const MIN_CACHED_BLOCKS: usize = 8 * MAGAZINE;
 
 /// The class table of a pool: block sizes strictly ascending, multiples of 8.
 #[derive(Clone, Copy, Debug)]
@@ -152,8 +152,8 @@ struct PoolState {
     /// branch-free (a binary search over the class structs cost most of a free).
     starts: [usize; MAX_CLASSES],
     class_map: SizeClassMap,
-    /// `caches[slot * classes + class]`.
-    caches: SystemSlice<ClassCache>,
+    /// Per thread slot, one cache per class; made by the slot's owner on its first use of this pool.
+    caches: [OnceLock<SystemSlice<ClassCache>>; MAX_THREADS],
     /// Requests no class can serve (too large or too aligned).
     unserved: AtomicU64,
     chunk: SystemChunk,
@@ -178,23 +178,30 @@ impl PoolState {
         Ok(self.by_address[before - 1] as usize)
     }
 
-    /// This thread's cache for `class`, if it has a thread slot and the class is cached.
+    /// This thread's cache for `class`, if the class is cached and the thread has a slot (and, the first
+    /// time, `System` memory for its caches).
     fn cache(&self, class: usize) -> Option<&ClassCache> {
         if self.classes[class].spec.block_count < MIN_CACHED_BLOCKS {
             return None;
         }
-        thread_slot::current().map(|slot| &self.caches[slot * self.classes.len() + class])
+        let caches = &self.caches[thread_slot::current()?];
+        let caches = match caches.get() {
+            Some(caches) => caches,
+            None => {
+                let made = SystemSlice::try_from_fn(self.classes.len(), |_| {
+                    let magazine = UnsafeCell::new(Magazine { len: 0, blocks: [0; MAGAZINE] });
+                    Some(ClassCache { magazine, counters: Counters::default() })
+                })?;
+                // Only this slot's owner sets it, so the set cannot lose a race.
+                caches.get_or_init(|| made)
+            }
+        };
+        Some(&caches[class])
     }
 
     fn class_counters(&self, class: usize) -> impl Iterator<Item = &Counters> {
-        let stride = self.classes.len();
-        std::iter::once(&self.classes[class].counters).chain(
-            self.caches
-                .iter()
-                .skip(class)
-                .step_by(stride)
-                .map(|cache| &cache.counters),
-        )
+        let cached = self.caches.iter().filter_map(OnceLock::get).map(move |caches| &caches[class].counters);
+        std::iter::once(&self.classes[class].counters).chain(cached)
     }
 }
 
@@ -296,23 +303,13 @@ impl Pool {
             })
         })
         .ok_or(CreateError::OutOfMemory)?;
-        let caches = SystemSlice::try_from_fn(MAX_THREADS * specs.len(), |_| {
-            Some(ClassCache {
-                magazine: UnsafeCell::new(Magazine {
-                    len: 0,
-                    blocks: [0; MAGAZINE],
-                }),
-                counters: Counters::default(),
-            })
-        })
-        .ok_or(CreateError::OutOfMemory)?;
         let state = PoolState {
             name,
             classes,
             by_address,
             starts,
             class_map: SizeClassMap::new(specs.iter().map(|spec| spec.block_size)),
-            caches,
+            caches: [const { OnceLock::new() }; MAX_THREADS],
             unserved: AtomicU64::new(0),
             chunk,
         };
