@@ -62,7 +62,9 @@ fn churn(contender: &dyn Contender, seed: u64) -> Duration {
     let mut rng = Rng(seed);
     let variants: Vec<(Vec<usize>, Vec<usize>)> = (0..VARIANTS)
         .map(|_| {
-            let sizes = (0..BATCH).map(|_| 16 + (rng.next() % 241) as usize).collect();
+            let sizes = (0..BATCH)
+                .map(|_| 16 + (rng.next() % 241) as usize)
+                .collect();
             let mut order: Vec<usize> = (0..BATCH).collect();
             for index in (1..BATCH).rev() {
                 order.swap(index, (rng.next() % (index as u64 + 1)) as usize);

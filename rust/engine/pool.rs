@@ -15,7 +15,7 @@ use super::registry::Registration;
 use super::size_class::{
     natural_alignment, ClassSpec, SizeClassMap, DEFAULT_CLASSES, MAX_CLASSES, MIN_SLOT,
 };
-use super::slots::{FreeList, Slots};
+use super::slots::{Chain, FreeList, Slots};
 use super::system_memory::{SystemBox, SystemChunk, SystemSlice};
 use super::thread_slot::{self, MAX_THREADS};
 use super::{
@@ -85,14 +85,10 @@ impl SizeClass {
     }
 }
 
-struct Magazine {
-    len: usize,
-    blocks: [u32; MAGAZINE],
-}
-
 /// One thread slot's cache for one class.
 struct ClassCache {
-    magazine: UnsafeCell<Magazine>,
+    /// Free blocks this thread keeps, at most [`MAGAZINE`]; moved to and from the class as whole chains.
+    magazine: UnsafeCell<Chain>,
     /// This thread's events in this class; written only by the slot's owner.
     counters: Counters,
 }
@@ -101,45 +97,35 @@ struct ClassCache {
 unsafe impl Sync for ClassCache {}
 
 impl ClassCache {
-    /// A free block from the magazine, refilled from the class when empty.
+    /// A free block from the magazine, refilled with a whole chain from the class when empty.
     ///
     /// # Safety
     /// Only the owner of this cache's thread slot may call this.
     unsafe fn pop(&self, class: &SizeClass) -> Option<u32> {
         // SAFETY: the caller owns the thread slot, so nobody else touches this magazine.
         let magazine = unsafe { &mut *self.magazine.get() };
-        if magazine.len == 0 {
+        if magazine.len() == 0 {
             let mut shared = class.shared();
-            while magazine.len < MAGAZINE / 2 {
-                let Some(index) = class.slots.pop(&mut shared.free) else {
-                    break;
-                };
-                magazine.blocks[magazine.len] = index;
-                magazine.len += 1;
-            }
-            class.take_out(&mut shared, magazine.len as u64);
+            *magazine = class.slots.take_chain(&mut shared.free);
+            class.take_out(&mut shared, magazine.len() as u64);
         }
-        magazine.len = magazine.len.checked_sub(1)?;
-        Some(magazine.blocks[magazine.len])
+        class.slots.chain_pop(magazine)
     }
 
-    /// Keeps a released block in the magazine, draining half of it to the class when full.
+    /// Keeps a released block in the magazine, first handing a full magazine to the class as one chain.
     ///
     /// # Safety
     /// As for [`ClassCache::pop`].
     unsafe fn push(&self, class: &SizeClass, index: u32) {
         // SAFETY: the caller owns the thread slot, so nobody else touches this magazine.
         let magazine = unsafe { &mut *self.magazine.get() };
-        if magazine.len == MAGAZINE {
+        if magazine.len() == MAGAZINE {
             let mut shared = class.shared();
-            for &block in &magazine.blocks[MAGAZINE / 2..] {
-                class.slots.push(&mut shared.free, block);
-            }
-            shared.blocks_out -= (MAGAZINE / 2) as u64;
-            magazine.len = MAGAZINE / 2;
+            class.slots.put_chain(&mut shared.free, *magazine);
+            shared.blocks_out -= MAGAZINE as u64;
+            *magazine = Chain::EMPTY;
         }
-        magazine.blocks[magazine.len] = index;
-        magazine.len += 1;
+        class.slots.chain_push(magazine, index);
     }
 }
 
@@ -189,8 +175,11 @@ impl PoolState {
             Some(caches) => caches,
             None => {
                 let made = SystemSlice::try_from_fn(self.classes.len(), |_| {
-                    let magazine = UnsafeCell::new(Magazine { len: 0, blocks: [0; MAGAZINE] });
-                    Some(ClassCache { magazine, counters: Counters::default() })
+                    let magazine = UnsafeCell::new(Chain::EMPTY);
+                    Some(ClassCache {
+                        magazine,
+                        counters: Counters::default(),
+                    })
                 })?;
                 // Only this slot's owner sets it, so the set cannot lose a race.
                 caches.get_or_init(|| made)
@@ -200,7 +189,11 @@ impl PoolState {
     }
 
     fn class_counters(&self, class: usize) -> impl Iterator<Item = &Counters> {
-        let cached = self.caches.iter().filter_map(OnceLock::get).map(move |caches| &caches[class].counters);
+        let cached = self
+            .caches
+            .iter()
+            .filter_map(OnceLock::get)
+            .map(move |caches| &caches[class].counters);
         std::iter::once(&self.classes[class].counters).chain(cached)
     }
 }
@@ -297,7 +290,7 @@ impl Pool {
                 counters: Counters::default(),
                 peak_blocks: AtomicU64::new(0),
                 shared: Mutex::new(ClassShared {
-                    free: FreeList::new(),
+                    free: FreeList::new(MAGAZINE as u32),
                     blocks_out: 0,
                 }),
             })

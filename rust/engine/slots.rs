@@ -1,18 +1,22 @@
-//! Equal-size slots in one memory range: a state byte per slot that catches double frees,
-//! a side array of per-slot tracker records, and an intrusive index free list kept under the owner's lock.
+//! Equal-size slots in one memory range: a side array of 16-byte per-slot records (a state that catches
+//! double frees, and the tracker's record), and intrusive free chains (the next index in each free slot).
 
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
 use super::system_memory::SystemSlice;
 use super::{BlockMeta, FreeError, LiveBlock};
 
 const NO_SLOT: u32 = u32::MAX;
-const FREE: u8 = 0;
-const LIVE: u8 = 1;
+const FREE: u32 = 0;
+const LIVE: u32 = 1;
 
-/// A slot's tracker record, in atomics so live blocks can be listed while other threads allocate.
+/// A slot's state and tracker record, in atomics so live blocks can be listed while other threads allocate.
+/// One record per 16 bytes, so an allocation or free writes one cache line of side data, shared with only
+/// three other slots (separate state and record arrays made two threads' writes collide far more often).
 #[derive(Default)]
-struct SlotMeta {
+#[repr(C, align(16))]
+struct SlotRecord {
+    state: AtomicU32,
     epoch: AtomicU32,
     size: AtomicU32,
     tag: AtomicU32,
@@ -24,8 +28,7 @@ pub(crate) struct Slots {
     base: *mut u8,
     slot_size: usize,
     count: u32,
-    states: SystemSlice<AtomicU8>,
-    meta: SystemSlice<SlotMeta>,
+    records: SystemSlice<SlotRecord>,
 }
 
 // SAFETY: `Slots` manages the range at `base`, which its owner keeps alive and frees after it; the slot
@@ -34,17 +37,41 @@ unsafe impl Send for Slots {}
 // SAFETY: as above; the shared per-slot state is atomic.
 unsafe impl Sync for Slots {}
 
-/// Slots that are free and not held anywhere else. The first 4 bytes of each listed slot hold the next index.
-pub(crate) struct FreeList {
+/// An intrusive chain of free slots: each slot's first 4 bytes hold the next index.
+#[derive(Clone, Copy)]
+pub(crate) struct Chain {
     head: u32,
+    len: u32,
+}
+
+impl Chain {
+    pub(crate) const EMPTY: Chain = Chain {
+        head: NO_SLOT,
+        len: 0,
+    };
+
+    pub(crate) fn len(&self) -> usize {
+        self.len as usize
+    }
+}
+
+/// The free slots an owner keeps under its lock: single slots, a stack of whole chains of `batch_len` slots
+/// (bytes 4..8 of a chain's first slot link the next chain), and the never-used tail.
+pub(crate) struct FreeList {
+    single: Chain,
+    batches: u32,
+    batch_len: u32,
     /// Slots `untouched..count` were never handed out, so no set-up pass links them.
     untouched: u32,
 }
 
 impl FreeList {
-    pub(crate) const fn new() -> Self {
+    /// `batch_len`: the length of every chain given to [`Slots::put_chain`].
+    pub(crate) const fn new(batch_len: u32) -> Self {
         Self {
-            head: NO_SLOT,
+            single: Chain::EMPTY,
+            batches: NO_SLOT,
+            batch_len,
             untouched: 0,
         }
     }
@@ -58,8 +85,7 @@ impl Slots {
             base,
             slot_size,
             count,
-            states: SystemSlice::try_from_fn(count as usize, |_| Some(AtomicU8::new(FREE)))?,
-            meta: SystemSlice::try_from_fn(count as usize, |_| Some(SlotMeta::default()))?,
+            records: SystemSlice::try_from_fn(count as usize, |_| Some(SlotRecord::default()))?,
         })
     }
 
@@ -90,11 +116,11 @@ impl Slots {
     /// Marks free slot `index` live as a `size`-byte block with `tag` and returns its address.
     pub(crate) fn claim(&self, index: u32, size: usize, tag: u32) -> *mut u8 {
         let meta = BlockMeta::new(size, tag);
-        let slot_meta = &self.meta[index as usize];
-        slot_meta.epoch.store(meta.epoch, Relaxed);
-        slot_meta.size.store(meta.size, Relaxed);
-        slot_meta.tag.store(meta.tag, Relaxed);
-        self.states[index as usize].store(LIVE, Relaxed);
+        let record = &self.records[index as usize];
+        record.epoch.store(meta.epoch, Relaxed);
+        record.size.store(meta.size, Relaxed);
+        record.tag.store(meta.tag, Relaxed);
+        record.state.store(LIVE, Relaxed);
         self.slot(index)
     }
 
@@ -105,45 +131,101 @@ impl Slots {
     /// thread that learned of the pointer through any synchronisation) is caught; only two frees of one
     /// block racing each other on two threads, a data race in the program itself, may both pass.
     pub(crate) fn release(&self, index: u32) -> Result<usize, FreeError> {
-        let state = &self.states[index as usize];
-        if state.load(Relaxed) == FREE {
+        let record = &self.records[index as usize];
+        if record.state.load(Relaxed) == FREE {
             return Err(FreeError::DoubleFree);
         }
-        state.store(FREE, Relaxed);
-        Ok(self.meta[index as usize].size.load(Relaxed) as usize)
+        record.state.store(FREE, Relaxed);
+        Ok(record.size.load(Relaxed) as usize)
     }
 
     pub(crate) fn has_free(&self, list: &FreeList) -> bool {
-        list.head != NO_SLOT || list.untouched < self.count
+        list.single.len > 0 || list.batches != NO_SLOT || list.untouched < self.count
     }
 
-    /// Takes a slot off `list` (still marked free; [`Slots::claim`] it).
-    pub(crate) fn pop(&self, list: &mut FreeList) -> Option<u32> {
-        if list.head != NO_SLOT {
-            let index = list.head;
-            // SAFETY: `index` is a listed slot inside the range; its first 4 bytes hold the next index.
-            list.head = unsafe { self.slot(index).cast::<u32>().read_unaligned() };
-            Some(index)
-        } else if list.untouched < self.count {
-            list.untouched += 1;
-            Some(list.untouched - 1)
-        } else {
-            None
+    fn read_link(&self, index: u32, word: usize) -> u32 {
+        // SAFETY: `index` is a free slot inside the range, not handed out; slots are at least 8 bytes.
+        unsafe { self.slot(index).cast::<u32>().add(word).read_unaligned() }
+    }
+
+    fn write_link(&self, index: u32, word: usize, link: u32) {
+        // SAFETY: as in `read_link`; whoever holds a free slot (a chain's owner) is its only writer.
+        unsafe {
+            self.slot(index)
+                .cast::<u32>()
+                .add(word)
+                .write_unaligned(link)
         }
     }
 
-    /// Puts a released slot on `list`, overwriting its first 4 bytes.
+    /// Takes a slot off `chain` (still marked free; [`Slots::claim`] it). Reads the slot's first bytes, which
+    /// the caller of an allocation is about to touch anyway.
+    pub(crate) fn chain_pop(&self, chain: &mut Chain) -> Option<u32> {
+        let index = (chain.len > 0).then_some(chain.head)?;
+        chain.head = self.read_link(index, 0);
+        chain.len -= 1;
+        Some(index)
+    }
+
+    /// Puts a released slot on `chain`, overwriting its first 4 bytes.
+    pub(crate) fn chain_push(&self, chain: &mut Chain, index: u32) {
+        self.write_link(index, 0, chain.head);
+        chain.head = index;
+        chain.len += 1;
+    }
+
+    /// Takes a slot off `list`: a single one, else the first of a whole chain, else a never-used one.
+    pub(crate) fn pop(&self, list: &mut FreeList) -> Option<u32> {
+        if list.single.len == 0 && list.batches != NO_SLOT {
+            let batch = list.batches;
+            list.batches = self.read_link(batch, 1);
+            list.single = Chain {
+                head: batch,
+                len: list.batch_len,
+            };
+        }
+        self.chain_pop(&mut list.single).or_else(|| {
+            let index = (list.untouched < self.count).then_some(list.untouched)?;
+            list.untouched += 1;
+            Some(index)
+        })
+    }
+
+    /// Puts a released slot on `list`.
     pub(crate) fn push(&self, list: &mut FreeList, index: u32) {
-        // SAFETY: `index` is a released slot inside the range that nobody else holds; slots are at least 8 bytes.
-        unsafe { self.slot(index).cast::<u32>().write_unaligned(list.head) };
-        list.head = index;
+        self.chain_push(&mut list.single, index);
+    }
+
+    /// A whole chain off `list` in O(1) if there is one, else up to `batch_len` slots gathered one by one.
+    pub(crate) fn take_chain(&self, list: &mut FreeList) -> Chain {
+        if list.batches != NO_SLOT {
+            let batch = list.batches;
+            list.batches = self.read_link(batch, 1);
+            return Chain {
+                head: batch,
+                len: list.batch_len,
+            };
+        }
+        let mut chain = Chain::EMPTY;
+        while chain.len < list.batch_len {
+            let Some(index) = self.pop(list) else { break };
+            self.chain_push(&mut chain, index);
+        }
+        chain
+    }
+
+    /// Gives `list` a chain of exactly `batch_len` slots in O(1).
+    pub(crate) fn put_chain(&self, list: &mut FreeList, chain: Chain) {
+        debug_assert_eq!(chain.len, list.batch_len);
+        self.write_link(chain.head, 1, list.batches);
+        list.batches = chain.head;
     }
 
     pub(crate) fn for_each_live(&self, visit: &mut dyn FnMut(LiveBlock)) {
-        for index in
-            (0..self.count).filter(|&index| self.states[index as usize].load(Relaxed) == LIVE)
+        for index in (0..self.count)
+            .filter(|&index| self.records[index as usize].state.load(Relaxed) == LIVE)
         {
-            let meta = &self.meta[index as usize];
+            let meta = &self.records[index as usize];
             let record = BlockMeta {
                 epoch: meta.epoch.load(Relaxed),
                 size: meta.size.load(Relaxed),

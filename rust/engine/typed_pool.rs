@@ -167,7 +167,7 @@ impl<T: 'static> TypedPool<T> {
         batches.list[count]
             .insert(Batch {
                 slots,
-                free: FreeList::new(),
+                free: FreeList::new(1),
                 chunk,
             })
             .into()
