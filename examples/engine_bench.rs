@@ -88,11 +88,28 @@ fn churn(contender: &dyn Contender, seed: u64) -> Duration {
     start.elapsed()
 }
 
+/// Runs the calling thread on CPU `cpu` only, so "2 threads" means two cores working at once (unpinned, the
+/// scheduler sometimes stacks both on one core, which hides all cross-core traffic).
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: `set` is a plain bit set, initialised by CPU_ZERO before use.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_ZERO(&mut set);
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
 /// Nanoseconds per operation of `threads` threads churning at once on one contender.
 fn churn_ns(contender: &dyn Contender, threads: usize) -> f64 {
     let elapsed: Vec<Duration> = std::thread::scope(|scope| {
         let runs: Vec<_> = (0..threads)
-            .map(|thread| scope.spawn(move || churn(contender, 0x9E37 + thread as u64)))
+            .map(|thread| {
+                scope.spawn(move || {
+                    pin_to_cpu(thread);
+                    churn(contender, 0x9E37 + thread as u64)
+                })
+            })
             .collect();
         runs.into_iter().map(|run| run.join().unwrap()).collect()
     });
@@ -135,7 +152,7 @@ fn main() {
     let classes: Vec<ClassSpec> = (4..=8)
         .map(|log2| ClassSpec {
             block_size: 1 << log2,
-            block_count: 4 * BATCH,
+            block_count: 8 * BATCH,
         })
         .collect();
     let pool = Pool::new("bench", PoolConfig { classes: &classes }).expect("pool");

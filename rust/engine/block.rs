@@ -12,7 +12,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use super::registry::Registration;
 use super::system_memory::{SystemBox, SystemChunk};
 use super::{
-    AllocatorInfo, AllocatorKind, AllocatorStats, BlockMeta, Counters, CreateError,
+    align_up, AllocatorInfo, AllocatorKind, AllocatorStats, BlockMeta, Counters, CreateError,
     EngineAllocator, FreeError, LiveBlock, StatsSource,
 };
 
@@ -254,9 +254,9 @@ impl Arena {
         let mut block_size = header.size as usize;
         self.remove_free(offset, block_size);
         let base = self.chunk.base() as usize;
-        let mut gap = (base + offset + HEADER).next_multiple_of(align) - (base + offset + HEADER);
+        let mut gap = align_up(base + offset + HEADER, align)? - (base + offset + HEADER);
         if gap != 0 && gap < MIN_BLOCK {
-            gap += (MIN_BLOCK - gap).next_multiple_of(align);
+            gap += align_up(MIN_BLOCK - gap, align)?;
         }
         if gap != 0 {
             self.insert_free(offset, gap, header.prev_phys);

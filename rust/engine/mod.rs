@@ -256,6 +256,12 @@ impl Counters {
     }
 }
 
+/// `value` rounded up to `align`, a power of two (a mask, where `next_multiple_of` divides).
+fn align_up(value: usize, align: usize) -> Option<usize> {
+    debug_assert!(align.is_power_of_two());
+    Some(value.checked_add(align - 1)? & !(align - 1))
+}
+
 /// An allocator's lock-free statistics view, read by the registry for [`memstats`].
 trait StatsSource: Sync {
     fn stats(&self) -> AllocatorStats;

@@ -15,7 +15,7 @@ use super::registry::Registration;
 use super::size_class::{
     natural_alignment, ClassSpec, SizeClassMap, DEFAULT_CLASSES, MAX_CLASSES, MIN_SLOT,
 };
-use super::slots::{Chain, FreeList, Slots};
+use super::slots::{Chain, ChainStack, FreeList, Slots};
 use super::system_memory::{SystemBox, SystemChunk, SystemSlice};
 use super::thread_slot::{self, MAX_THREADS};
 use super::{
@@ -23,10 +23,15 @@ use super::{
     FreeError, LiveBlock, StatsSource,
 };
 
-/// Free block indices a thread keeps per class.
+/// Free blocks in a magazine, and in each chain moved between a thread and its class.
 const MAGAZINE: usize = 128;
-/// Classes with fewer blocks are not cached per thread: a few threads' magazines could otherwise hold them all.
-pub const MIN_CACHED_BLOCKS: usize = 8 * MAGAZINE;
+/// Full magazines a thread keeps besides its current one before it gives chains back to the class. Keeping
+/// them lets a thread reuse its own blocks, so two threads rarely write the same cache lines.
+const SPARE_CHAINS: usize = 7;
+/// Most free blocks one thread holds per class.
+pub const THREAD_CACHE_BLOCKS: usize = MAGAZINE * (1 + SPARE_CHAINS);
+/// Classes with fewer blocks are not cached per thread: a few threads could otherwise hold all their blocks.
+pub const MIN_CACHED_BLOCKS: usize = 4 * THREAD_CACHE_BLOCKS;
 
 /// The class table of a pool: block sizes strictly ascending, multiples of 8.
 #[derive(Clone, Copy, Debug)]
@@ -60,6 +65,7 @@ struct ClassShared {
     blocks_out: u64,
 }
 
+/// Read-mostly on the fast path; the lock and the peak, written on refills and drains, are on a line of their own.
 struct SizeClass {
     spec: ClassSpec,
     /// Every block of this class is aligned to this (the chunk is laid out largest alignment first).
@@ -67,6 +73,11 @@ struct SizeClass {
     slots: Slots,
     /// Events of threads without a magazine for this class; written under the class lock.
     counters: Counters,
+    locked: ClassLocked,
+}
+
+#[repr(align(64))]
+struct ClassLocked {
     /// Written under the class lock, read lock-free.
     peak_blocks: AtomicU64,
     shared: Mutex<ClassShared>,
@@ -74,21 +85,27 @@ struct SizeClass {
 
 impl SizeClass {
     fn shared(&self) -> MutexGuard<'_, ClassShared> {
-        self.shared.lock().unwrap_or_else(PoisonError::into_inner)
+        self.locked
+            .shared
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     fn take_out(&self, shared: &mut ClassShared, blocks: u64) {
         shared.blocks_out += blocks;
-        if shared.blocks_out > self.peak_blocks.load(Relaxed) {
-            self.peak_blocks.store(shared.blocks_out, Relaxed);
+        if shared.blocks_out > self.locked.peak_blocks.load(Relaxed) {
+            self.locked.peak_blocks.store(shared.blocks_out, Relaxed);
         }
     }
 }
 
-/// One thread slot's cache for one class.
+/// One thread slot's cache for one class, alone on its cache line so threads never write a shared one.
+#[repr(align(64))]
 struct ClassCache {
-    /// Free blocks this thread keeps, at most [`MAGAZINE`]; moved to and from the class as whole chains.
+    /// Free blocks this thread allocates from and frees to, at most [`MAGAZINE`].
     magazine: UnsafeCell<Chain>,
+    /// Full magazines kept for later, at most [`SPARE_CHAINS`].
+    spares: UnsafeCell<ChainStack>,
     /// This thread's events in this class; written only by the slot's owner.
     counters: Counters,
 }
@@ -97,32 +114,44 @@ struct ClassCache {
 unsafe impl Sync for ClassCache {}
 
 impl ClassCache {
-    /// A free block from the magazine, refilled with a whole chain from the class when empty.
+    /// A free block from the magazine, refilled when empty from a spare chain or, under the class lock, with
+    /// a chain from the class.
     ///
     /// # Safety
     /// Only the owner of this cache's thread slot may call this.
     unsafe fn pop(&self, class: &SizeClass) -> Option<u32> {
-        // SAFETY: the caller owns the thread slot, so nobody else touches this magazine.
-        let magazine = unsafe { &mut *self.magazine.get() };
+        // SAFETY: the caller owns the thread slot, so nobody else touches this cache.
+        let (magazine, spares) = unsafe { (&mut *self.magazine.get(), &mut *self.spares.get()) };
         if magazine.len() == 0 {
-            let mut shared = class.shared();
-            *magazine = class.slots.take_chain(&mut shared.free);
-            class.take_out(&mut shared, magazine.len() as u64);
+            *magazine = match class.slots.pop_chain(spares, MAGAZINE as u32) {
+                Some(chain) => chain,
+                None => {
+                    let mut shared = class.shared();
+                    let chain = class.slots.take_chain(&mut shared.free);
+                    class.take_out(&mut shared, chain.len() as u64);
+                    chain
+                }
+            };
         }
         class.slots.chain_pop(magazine)
     }
 
-    /// Keeps a released block in the magazine, first handing a full magazine to the class as one chain.
+    /// Keeps a released block in the magazine; a full magazine first becomes a spare chain or, when there
+    /// are enough spares, goes back to the class under its lock.
     ///
     /// # Safety
     /// As for [`ClassCache::pop`].
     unsafe fn push(&self, class: &SizeClass, index: u32) {
-        // SAFETY: the caller owns the thread slot, so nobody else touches this magazine.
-        let magazine = unsafe { &mut *self.magazine.get() };
+        // SAFETY: the caller owns the thread slot, so nobody else touches this cache.
+        let (magazine, spares) = unsafe { (&mut *self.magazine.get(), &mut *self.spares.get()) };
         if magazine.len() == MAGAZINE {
-            let mut shared = class.shared();
-            class.slots.put_chain(&mut shared.free, *magazine);
-            shared.blocks_out -= MAGAZINE as u64;
+            if spares.chains() < SPARE_CHAINS {
+                class.slots.push_chain(spares, *magazine);
+            } else {
+                let mut shared = class.shared();
+                class.slots.put_chain(&mut shared.free, *magazine);
+                shared.blocks_out -= MAGAZINE as u64;
+            }
             *magazine = Chain::EMPTY;
         }
         class.slots.chain_push(magazine, index);
@@ -176,8 +205,10 @@ impl PoolState {
             None => {
                 let made = SystemSlice::try_from_fn(self.classes.len(), |_| {
                     let magazine = UnsafeCell::new(Chain::EMPTY);
+                    let spares = UnsafeCell::new(ChainStack::EMPTY);
                     Some(ClassCache {
                         magazine,
+                        spares,
                         counters: Counters::default(),
                     })
                 })?;
@@ -208,7 +239,8 @@ impl StatsSource for PoolState {
         for (index, class) in self.classes.iter().enumerate() {
             self.class_counters(index)
                 .for_each(|counters| counters.add_to(&mut stats));
-            stats.peak_bytes += class.peak_blocks.load(Relaxed) * class.spec.block_size as u64;
+            stats.peak_bytes +=
+                class.locked.peak_blocks.load(Relaxed) * class.spec.block_size as u64;
         }
         stats.failures += self.unserved.load(Relaxed);
         stats
@@ -288,11 +320,13 @@ impl Pool {
                 block_align: natural_alignment(spec.block_size),
                 slots: Slots::new(base, spec.block_size, spec.block_count)?,
                 counters: Counters::default(),
-                peak_blocks: AtomicU64::new(0),
-                shared: Mutex::new(ClassShared {
-                    free: FreeList::new(MAGAZINE as u32),
-                    blocks_out: 0,
-                }),
+                locked: ClassLocked {
+                    peak_blocks: AtomicU64::new(0),
+                    shared: Mutex::new(ClassShared {
+                        free: FreeList::new(MAGAZINE as u32),
+                        blocks_out: 0,
+                    }),
+                },
             })
         })
         .ok_or(CreateError::OutOfMemory)?;
@@ -387,7 +421,7 @@ impl Pool {
                 block_size: class.spec.block_size,
                 block_count: class.spec.block_count,
                 live_blocks: stats.live_blocks,
-                peak_blocks: class.peak_blocks.load(Relaxed),
+                peak_blocks: class.locked.peak_blocks.load(Relaxed),
                 failures: stats.failures,
             });
         }
@@ -603,7 +637,7 @@ mod tests {
                 block_count: MIN_CACHED_BLOCKS + 5,
             },
         ];
-        check_against_model(&classes, 60, 11);
+        check_against_model(&classes, 75, 11);
     }
 
     #[test]

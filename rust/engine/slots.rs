@@ -55,11 +55,29 @@ impl Chain {
     }
 }
 
-/// The free slots an owner keeps under its lock: single slots, a stack of whole chains of `batch_len` slots
-/// (bytes 4..8 of a chain's first slot link the next chain), and the never-used tail.
+/// A stack of whole chains of one length; bytes 4..8 of a chain's first slot link the next chain.
+#[derive(Clone, Copy)]
+pub(crate) struct ChainStack {
+    top: u32,
+    chains: u32,
+}
+
+impl ChainStack {
+    pub(crate) const EMPTY: ChainStack = ChainStack {
+        top: NO_SLOT,
+        chains: 0,
+    };
+
+    pub(crate) fn chains(&self) -> usize {
+        self.chains as usize
+    }
+}
+
+/// The free slots an owner keeps under its lock: single slots, a stack of whole chains of `batch_len` slots,
+/// and the never-used tail.
 pub(crate) struct FreeList {
     single: Chain,
-    batches: u32,
+    batches: ChainStack,
     batch_len: u32,
     /// Slots `untouched..count` were never handed out, so no set-up pass links them.
     untouched: u32,
@@ -70,7 +88,7 @@ impl FreeList {
     pub(crate) const fn new(batch_len: u32) -> Self {
         Self {
             single: Chain::EMPTY,
-            batches: NO_SLOT,
+            batches: ChainStack::EMPTY,
             batch_len,
             untouched: 0,
         }
@@ -140,7 +158,7 @@ impl Slots {
     }
 
     pub(crate) fn has_free(&self, list: &FreeList) -> bool {
-        list.single.len > 0 || list.batches != NO_SLOT || list.untouched < self.count
+        list.single.len > 0 || list.batches.chains > 0 || list.untouched < self.count
     }
 
     fn read_link(&self, index: u32, word: usize) -> u32 {
@@ -176,13 +194,10 @@ impl Slots {
 
     /// Takes a slot off `list`: a single one, else the first of a whole chain, else a never-used one.
     pub(crate) fn pop(&self, list: &mut FreeList) -> Option<u32> {
-        if list.single.len == 0 && list.batches != NO_SLOT {
-            let batch = list.batches;
-            list.batches = self.read_link(batch, 1);
-            list.single = Chain {
-                head: batch,
-                len: list.batch_len,
-            };
+        if list.single.len == 0 {
+            if let Some(chain) = self.pop_chain(&mut list.batches, list.batch_len) {
+                list.single = chain;
+            }
         }
         self.chain_pop(&mut list.single).or_else(|| {
             let index = (list.untouched < self.count).then_some(list.untouched)?;
@@ -196,15 +211,25 @@ impl Slots {
         self.chain_push(&mut list.single, index);
     }
 
+    /// Pushes a whole chain on `stack` in O(1).
+    pub(crate) fn push_chain(&self, stack: &mut ChainStack, chain: Chain) {
+        self.write_link(chain.head, 1, stack.top);
+        stack.top = chain.head;
+        stack.chains += 1;
+    }
+
+    /// Pops a whole chain off `stack` (all of its chains hold `len` slots) in O(1).
+    pub(crate) fn pop_chain(&self, stack: &mut ChainStack, len: u32) -> Option<Chain> {
+        let head = (stack.chains > 0).then_some(stack.top)?;
+        stack.top = self.read_link(head, 1);
+        stack.chains -= 1;
+        Some(Chain { head, len })
+    }
+
     /// A whole chain off `list` in O(1) if there is one, else up to `batch_len` slots gathered one by one.
     pub(crate) fn take_chain(&self, list: &mut FreeList) -> Chain {
-        if list.batches != NO_SLOT {
-            let batch = list.batches;
-            list.batches = self.read_link(batch, 1);
-            return Chain {
-                head: batch,
-                len: list.batch_len,
-            };
+        if let Some(chain) = self.pop_chain(&mut list.batches, list.batch_len) {
+            return chain;
         }
         let mut chain = Chain::EMPTY;
         while chain.len < list.batch_len {
@@ -217,8 +242,7 @@ impl Slots {
     /// Gives `list` a chain of exactly `batch_len` slots in O(1).
     pub(crate) fn put_chain(&self, list: &mut FreeList, chain: Chain) {
         debug_assert_eq!(chain.len, list.batch_len);
-        self.write_link(chain.head, 1, list.batches);
-        list.batches = chain.head;
+        self.push_chain(&mut list.batches, chain);
     }
 
     pub(crate) fn for_each_live(&self, visit: &mut dyn FnMut(LiveBlock)) {

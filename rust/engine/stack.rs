@@ -9,7 +9,7 @@ use std::ptr::NonNull;
 use super::registry::Registration;
 use super::system_memory::{SystemBox, SystemChunk};
 use super::{
-    AllocatorInfo, AllocatorKind, AllocatorStats, BlockMeta, Counters, CreateError,
+    align_up, AllocatorInfo, AllocatorKind, AllocatorStats, BlockMeta, Counters, CreateError,
     EngineAllocator, FreeError, LiveBlock, StatsSource,
 };
 
@@ -151,8 +151,7 @@ impl StackAllocator {
             return None;
         }
         let base = self.chunk.base() as usize;
-        let start =
-            (base + self.top + HEADER).checked_next_multiple_of(align.max(MIN_ALIGN))? - base;
+        let start = align_up(base + self.top + HEADER, align.max(MIN_ALIGN))? - base;
         // A zero-size block still needs its start inside the chunk, so that `free` recognises it.
         (start.checked_add(size.max(1))? <= self.chunk.len()).then_some(start)
     }
