@@ -609,6 +609,7 @@ mod tests {
             );
             assert_eq!((stats.allocations, stats.failures), (allocations, failures));
         }
+        assert!(failures > 0, "the run reaches class exhaustion");
         let block_size =
             |address| classes[live.iter().find(|block| block.0 == address).unwrap().2].block_size;
         let mut blocks: Vec<_> = pool
