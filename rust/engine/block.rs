@@ -2,7 +2,7 @@
 //! segregated fit (TLSF: first level log2 of the size, 16 linear subdivisions, bitmaps searched with
 //! `trailing_zeros`).
 //!
-//! Every block starts with a 32-byte [`Header`]: the physical predecessor (boundary tag), the block size, the
+//! Every block starts with a 32-byte `Header`: the physical predecessor (boundary tag), the block size, the
 //! tracker's record and a cookie (`LIVE`/`FREE` xor offset) that validates frees. A free block keeps its
 //! free-list links in its payload. A sentinel header closes the arena, so freeing everything leaves one block.
 

@@ -56,7 +56,8 @@ pub struct AllocatorStats {
     pub capacity: u64,
     pub live_blocks: u64,
     pub live_bytes: u64,
-    /// High-water mark of `live_bytes`; for a [`Pool`] the sum of the per-class high-water marks.
+    /// High-water mark of `live_bytes`. For a [`Pool`]: per class, the most blocks ever out of its shared
+    /// free list (live or cached by threads) times the block size, summed over classes.
     pub peak_bytes: u64,
     pub allocations: u64,
     pub frees: u64,
@@ -152,8 +153,8 @@ pub trait EngineAllocator {
     /// A snapshot of the counters; takes no allocator lock.
     fn stats(&self) -> AllocatorStats;
 
-    /// Calls `visit` for every live block, in no particular order, while holding the allocator's lock:
-    /// `visit` must not call back into this allocator.
+    /// Calls `visit` for every live block, in no particular order, possibly while holding the allocator's
+    /// lock: `visit` must not call back into this allocator.
     fn for_each_live_block(&self, visit: &mut dyn FnMut(LiveBlock));
 
     /// Live blocks allocated since `since`, by epoch, then by address.

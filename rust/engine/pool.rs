@@ -1,10 +1,14 @@
 //! Pool allocator: one `System` chunk carved into per-size-class sub-chunks of equal blocks on intrusive free lists.
 //!
-//! Fast path (a thread with a [`thread_slot`] and a class of at least [`MIN_CACHED_BLOCKS`] blocks): the
-//! thread's own magazine of free block indices, so an allocation has no atomic read-modify-write and a free
-//! has one (the swap of the block's state byte that catches double frees). Magazines refill from and drain to
-//! the class's shared free list, half a magazine at a time, under the class lock. No syscall, no formatting,
-//! no global allocator. A free finds its class by address (binary search over the sub-chunks).
+//! Fast path (a thread with a `thread_slot` and a class of at least [`MIN_CACHED_BLOCKS`] blocks): the
+//! thread's own magazine, an intrusive chain of free blocks, plus up to 7 full ones. Neither
+//! alloc nor free then takes a lock or does an atomic read-modify-write (on the test machine one locked
+//! instruction cost 4.5 ns, half a glibc malloc). Whole chains move between a thread and the class's shared
+//! free list in O(1) under the class lock. Other threads and classes use the class lock per call. No syscall,
+//! no formatting, no global allocator. A free finds its class by a branch-free scan of the sub-chunk starts.
+//!
+//! Trade-off: a thread holds up to [`THREAD_CACHE_BLOCKS`] free blocks per cached class, which other threads
+//! cannot take, so a class can report exhaustion while another thread caches free blocks of it.
 
 use std::cell::UnsafeCell;
 use std::ptr::NonNull;

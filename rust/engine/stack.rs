@@ -1,7 +1,7 @@
 //! Stack allocator: a bump pointer in one `System` block, with markers, an RAII rewind guard and LIFO-checked frees.
 //!
-//! Each allocation is preceded by a 24-byte [`Header`] (the tracker's record plus the link to the allocation
-//! below it). A free must name the topmost allocation; anything else is refused, never half-applied.
+//! Each allocation is preceded by a 24-byte `Header`: the tracker's record, the link to the allocation below
+//! it, a cookie and a per-stack serial number. A free must name the topmost allocation; anything else is refused, never half-applied.
 
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;

@@ -167,6 +167,7 @@ impl<T: 'static> TypedPool<T> {
         batches.list[count]
             .insert(Batch {
                 slots,
+                // Typed pools move single slots only, never whole chains.
                 free: FreeList::new(1),
                 chunk,
             })
