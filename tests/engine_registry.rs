@@ -89,7 +89,8 @@ fn lookups_and_memstats_across_allocators() {
             ..MemStats::default()
         }
     );
-    meshes.free(in_meshes.cast()).unwrap();
+    // SAFETY: no reference to the mesh exists.
+    unsafe { meshes.free(in_meshes.cast()) }.unwrap();
     assert_eq!(
         memstats(true),
         MemStats {

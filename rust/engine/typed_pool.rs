@@ -176,7 +176,11 @@ impl<T: 'static> TypedPool<T> {
 
     /// Moves the object out of the pool and recycles its slot. Refuses pointers outside the pool
     /// (`Foreign`), off an object start (`Interior`) and objects already taken (`DoubleFree`).
-    pub fn take(&self, ptr: *mut T) -> Result<T, FreeError> {
+    ///
+    /// # Safety
+    /// No reference to the object (such as a [`PoolBox`] owning it) may be used after this call. The pool
+    /// checks the pointer itself, but cannot see references.
+    pub unsafe fn take(&self, ptr: *mut T) -> Result<T, FreeError> {
         let addr = ptr as usize;
         let mut batches = self.batches();
         let count = batches.count;
@@ -203,9 +207,13 @@ impl<T: 'static> TypedPool<T> {
     }
 
     /// Drops the object and recycles its slot; refuses bad pointers like [`TypedPool::take`].
-    pub fn free(&self, ptr: *mut T) -> Result<(), FreeError> {
-        // The value is dropped after the pool lock is released, so its `Drop` may use the pool.
-        self.take(ptr).map(drop)
+    ///
+    /// # Safety
+    /// As for [`TypedPool::take`].
+    pub unsafe fn free(&self, ptr: *mut T) -> Result<(), FreeError> {
+        // SAFETY: the caller's promise. The value is dropped after the pool lock is released, so its
+        // `Drop` may use the pool.
+        unsafe { self.take(ptr) }.map(drop)
     }
 
     /// Like [`TypedPool::alloc`], returning an owning handle that frees the object when dropped.
@@ -266,7 +274,8 @@ impl<T> DerefMut for PoolBox<'_, T> {
 
 impl<T> Drop for PoolBox<'_, T> {
     fn drop(&mut self) {
-        let freed = self.pool.free(self.object.as_ptr());
+        // SAFETY: the handle owns the object, and nothing borrows it once the handle is dropped.
+        let freed = unsafe { self.pool.free(self.object.as_ptr()) };
         debug_assert!(freed.is_ok(), "a PoolBox owns a live object");
     }
 }
@@ -277,6 +286,16 @@ mod tests {
     use crate::engine::test_support::Rng;
     use crate::engine::type_of;
     use std::rc::Rc;
+
+    fn free_object<T>(pool: &TypedPool<T>, object: *mut T) -> Result<(), FreeError> {
+        // SAFETY: the tests keep no references to freed objects.
+        unsafe { pool.free(object) }
+    }
+
+    fn take_object<T>(pool: &TypedPool<T>, object: *mut T) -> Result<T, FreeError> {
+        // SAFETY: as above.
+        unsafe { pool.take(object) }
+    }
 
     #[derive(Debug, PartialEq)]
     struct Vertex {
@@ -316,7 +335,7 @@ mod tests {
         let local = 0u8;
         assert_eq!(type_of(&local), None);
         assert_eq!(
-            pool.take(a.as_ptr()).unwrap(),
+            take_object(&pool, a.as_ptr()).unwrap(),
             Vertex {
                 position: [1.0, 2.0, 3.0],
                 id: 1
@@ -341,7 +360,7 @@ mod tests {
             "batches of 2 then 4"
         );
         assert_eq!(pool.leaks().len(), 3);
-        pool.free(b.as_ptr()).unwrap();
+        free_object(&pool, b.as_ptr()).unwrap();
     }
 
     #[test]
@@ -350,19 +369,19 @@ mod tests {
         let object = pool.alloc(7).unwrap().as_ptr();
         let before = pool.stats();
         let mut outside = 0u64;
-        assert_eq!(pool.free(&mut outside), Err(FreeError::Foreign));
+        assert_eq!(free_object(&pool, &mut outside), Err(FreeError::Foreign));
         assert_eq!(
-            pool.free(object.cast::<u8>().wrapping_add(4).cast()),
+            free_object(&pool, object.cast::<u8>().wrapping_add(4).cast()),
             Err(FreeError::Interior)
         );
         assert_eq!(
-            pool.free(object.wrapping_add(1)),
+            free_object(&pool, object.wrapping_add(1)),
             Err(FreeError::DoubleFree),
             "a slot never handed out"
         );
         assert_eq!(pool.stats(), before);
-        pool.free(object).unwrap();
-        assert_eq!(pool.free(object), Err(FreeError::DoubleFree));
+        free_object(&pool, object).unwrap();
+        assert_eq!(free_object(&pool, object), Err(FreeError::DoubleFree));
         assert_eq!(pool.stats().live_blocks, 0);
     }
 
@@ -376,7 +395,7 @@ mod tests {
             assert_eq!(Rc::strong_count(&boxed), 3);
         }
         assert_eq!(Rc::strong_count(&witness), 2);
-        pool.free(object.as_ptr()).unwrap();
+        free_object(&pool, object.as_ptr()).unwrap();
         assert_eq!(Rc::strong_count(&witness), 1);
     }
 
@@ -388,7 +407,10 @@ mod tests {
         for byte in 0..10 {
             let line = pool.alloc(CacheLine(byte)).unwrap();
             assert_eq!(line.as_ptr() as usize % 64, 0);
-            assert_eq!(pool.take(line.as_ptr()).map(|line| line.0), Ok(byte));
+            assert_eq!(
+                take_object(&pool, line.as_ptr()).map(|line| line.0),
+                Ok(byte)
+            );
             pool.alloc(CacheLine(byte)).unwrap();
         }
     }
@@ -403,7 +425,7 @@ mod tests {
                 live.push((pool.alloc((step, !step)).unwrap().as_ptr(), step));
             } else {
                 let (object, step) = live.swap_remove(rng.range(0, live.len() - 1));
-                assert_eq!(pool.take(object), Ok((step, !step)));
+                assert_eq!(take_object(&pool, object), Ok((step, !step)));
             }
             assert_eq!(pool.stats().live_blocks, live.len() as u64);
         }
