@@ -10,8 +10,10 @@
 //! - [`stack`]: return addresses captured at allocation, stored once per distinct stack.
 //! - [`symbolize`]: addresses to functions, files and lines, only at report time.
 //! - [`report`]: the text and JSON leak logs, written at exit or on demand.
+//! - [`engine`]: the game-engine allocators (pool, stack, block, typed pools) on top.
 //! - [`options`]: `K15_MEMORY_OPTIONS`, read once at first use; [`sys`]: the OS edge.
 
+pub mod engine;
 pub mod ffi;
 pub mod options;
 pub mod report;
