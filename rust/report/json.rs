@@ -56,14 +56,16 @@ fn write_report(out: &mut String, report: &Report) -> std::fmt::Result {
     for (i, e) in report.errors.iter().enumerate() {
         write!(
             out,
-            "    {{ \"kind\": \"{}\", \"address\": \"{:#x}\", \"size\": {}, \"file\": {}, \"line\": {}, \"allocated_with\": {}, \"freed_with\": \"{}\", \"alloc_stack\": ",
+            "    {{ \"kind\": \"{}\", \"address\": \"{:#x}\", \"size\": {}, \"file\": {}, \"line\": {}, \"allocated_with\": {}, \"freed_with\": {}, \"allocator\": {}, \"detail\": {}, \"alloc_stack\": ",
             e.kind.name(),
             e.address,
             e.size,
             e.file.as_deref().map_or("null".to_owned(), quoted),
             e.line,
             e.allocated_with.map_or("null".to_owned(), |k| quoted(errors::family(k))),
-            errors::release_family(e.freed_with),
+            if e.allocator.is_some() { "null".to_owned() } else { quoted(errors::release_family(e.freed_with)) },
+            e.allocator.map_or("null".to_owned(), quoted),
+            e.detail.map_or("null".to_owned(), quoted),
         )?;
         write_stack(out, report.frames(e.alloc_stack))?;
         write!(out, ", \"free_stack\": ")?;

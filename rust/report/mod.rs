@@ -25,11 +25,16 @@ pub struct Leak {
     pub seq: u32,
     pub thread: u32,
     pub stack: StackId,
+    /// The engine allocator that served the block (`rust/engine`), if not `new`/Rust/Bullet.
+    pub allocator: Option<&'static str>,
 }
 
 impl Leak {
     /// SPEC's `language`: who allocated the block.
     pub fn language(&self) -> &'static str {
+        if let Some(name) = self.allocator {
+            return name;
+        }
         match self.kind {
             BlockKind::Rust => "rust",
             BlockKind::Bullet => "bullet",
@@ -71,6 +76,7 @@ impl Report {
                     seq: h.seq,
                     thread: h.thread,
                     stack: h.alloc_stack,
+                    allocator: None,
                 }
             }));
         }
@@ -105,9 +111,16 @@ impl Report {
 
     /// Leaks grouped by allocation site, largest total first.
     pub fn sites(&self) -> Vec<Site<'_>> {
-        let mut by_site: HashMap<(StackId, u8, Option<&str>, u32), Site<'_>> = HashMap::new();
+        type SiteKey<'a> = (StackId, &'static str, u8, Option<&'a str>, u32);
+        let mut by_site: HashMap<SiteKey<'_>, Site<'_>> = HashMap::new();
         for leak in &self.leaks {
-            let key = (leak.stack, leak.kind.repr, leak.file.as_deref(), leak.line);
+            let key = (
+                leak.stack,
+                leak.language(),
+                leak.kind.repr,
+                leak.file.as_deref(),
+                leak.line,
+            );
             let site = by_site.entry(key).or_insert_with(|| Site {
                 leaks: Vec::new(),
                 total_bytes: 0,

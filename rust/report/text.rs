@@ -46,7 +46,9 @@ fn write_report(out: &mut String, report: &Report) -> std::fmt::Result {
             site.total_bytes,
             blocks,
             if blocks == 1 { "" } else { "s" },
-            errors::family(first.kind)
+            first
+                .allocator
+                .unwrap_or_else(|| errors::family(first.kind))
         )?;
         if let Some(file) = &first.file {
             writeln!(out, "    at {}:{} (K15_NEW)", file, first.line)?;
@@ -115,6 +117,21 @@ fn write_error(
     free: &[Frame],
 ) -> std::fmt::Result {
     write!(out, "Memory error: {} of {:#x}", e.kind.name(), e.address)?;
+    if let Some(allocator) = e.allocator {
+        writeln!(
+            out,
+            ": {} bytes, given to allocator '{allocator}': {}",
+            e.size,
+            e.detail.unwrap_or("refused")
+        )?;
+    } else {
+        write_description(out, e)?;
+    }
+    write_stacks(out, e, alloc, free)
+}
+
+/// What went wrong with a `new`/`delete`-family free.
+fn write_description(out: &mut String, e: &MemoryError) -> std::fmt::Result {
     match e.kind {
         errors::ErrorKind::MismatchedDelete => writeln!(
             out,
@@ -122,19 +139,27 @@ fn write_error(
             e.size,
             e.allocated_with.map_or("?", errors::family),
             errors::release_family(e.freed_with)
-        )?,
+        ),
         errors::ErrorKind::DoubleFree => writeln!(
             out,
             ": {} bytes, released again with {} (ignored)",
             e.size,
             errors::release_family(e.freed_with)
-        )?,
+        ),
         errors::ErrorKind::InvalidFree => writeln!(
             out,
             ": {} of a pointer that no tracked allocation returned (left alone)",
             errors::release_family(e.freed_with)
-        )?,
+        ),
     }
+}
+
+fn write_stacks(
+    out: &mut String,
+    e: &MemoryError,
+    alloc: &[Frame],
+    free: &[Frame],
+) -> std::fmt::Result {
     if e.kind != errors::ErrorKind::InvalidFree {
         match &e.file {
             Some(file) => writeln!(out, "  allocated at {}:{} from:", file, e.line)?,

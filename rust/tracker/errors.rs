@@ -34,6 +34,11 @@ pub struct MemoryError {
     /// How the block was allocated, where known.
     pub allocated_with: Option<BlockKind>,
     pub freed_with: BlockKind,
+    /// The engine allocator the pointer was given to, for errors of `rust/engine` allocators
+    /// (then `allocated_with`/`freed_with` do not apply).
+    pub allocator: Option<&'static str>,
+    /// What exactly was wrong, where the kind alone does not say (e.g. "freed out of LIFO order").
+    pub detail: Option<&'static str>,
     pub alloc_stack: StackId,
     pub free_stack: StackId,
 }
