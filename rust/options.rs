@@ -3,6 +3,7 @@
 //! The first `operator new` can come before `main` and before any static constructor, so the
 //! options are parsed lazily, without allocating, into fixed-size fields.
 
+use crate::engine::ClassSpec;
 use crate::stack::UnwindMode;
 use crate::sys::{self, StackBuffer};
 use core::cell::UnsafeCell;
@@ -61,6 +62,52 @@ pub struct Options {
     /// How call stacks are walked: DWARF unwind tables (complete) or frame pointers (faster,
     /// loses frames in code built without them, such as Debian's libstdc++ and Bullet).
     pub unwinder: UnwindMode,
+    /// Budget mode: bytes taken once at start-up that every tracked block is carved from
+    /// (0 = off, blocks come from malloc).
+    pub budget: usize,
+    /// The budget's pool size classes; empty = derived from the budget.
+    pub pool_classes: PoolClasses,
+}
+
+/// `pool_classes=64x1000,256x500`: block size x block count per class (':' separates options).
+#[derive(Clone, Copy)]
+pub struct PoolClasses {
+    specs: [ClassSpec; MAX_POOL_CLASSES],
+    len: usize,
+}
+
+const MAX_POOL_CLASSES: usize = 64;
+
+impl PoolClasses {
+    const EMPTY: PoolClasses = PoolClasses {
+        specs: [ClassSpec {
+            block_size: 0,
+            block_count: 0,
+        }; MAX_POOL_CLASSES],
+        len: 0,
+    };
+
+    pub fn as_slice(&self) -> &[ClassSpec] {
+        &self.specs[..self.len]
+    }
+
+    fn parse(value: &[u8]) -> Option<PoolClasses> {
+        let mut classes = PoolClasses::EMPTY;
+        for class in value.split(|&b| b == b',') {
+            let x = class.iter().position(|&b| b == b'x')?;
+            let block_size = usize::try_from(parse_int(&class[..x])?).ok()?;
+            let block_count = usize::try_from(parse_int(&class[x + 1..])?).ok()?;
+            if classes.len == MAX_POOL_CLASSES || block_size == 0 || block_count == 0 {
+                return None;
+            }
+            classes.specs[classes.len] = ClassSpec {
+                block_size,
+                block_count,
+            };
+            classes.len += 1;
+        }
+        Some(classes)
+    }
 }
 
 impl Options {
@@ -72,6 +119,8 @@ impl Options {
         exitcode: 0,
         halt_on_error: false,
         unwinder: UnwindMode::Dwarf,
+        budget: 0,
+        pool_classes: PoolClasses::EMPTY,
     };
 
     /// Applies `key=value:key=value`, warning once on stderr for each bad pair.
@@ -116,6 +165,16 @@ impl Options {
                 Ok(())
             }
             b"halt_on_error" => parse_flag(value).map(|v| self.halt_on_error = v),
+            b"budget" => {
+                self.budget =
+                    parse_size(value).ok_or("bad value (bytes, with K, M or G: budget=64M)")?;
+                Ok(())
+            }
+            b"pool_classes" => {
+                self.pool_classes = PoolClasses::parse(value)
+                    .ok_or("bad value (sizes x counts: pool_classes=64x1000,256x500)")?;
+                Ok(())
+            }
             b"unwinder" => {
                 self.unwinder = match value {
                     b"dwarf" => UnwindMode::Dwarf,
@@ -139,6 +198,17 @@ impl Options {
 
 fn parse_int(value: &[u8]) -> Option<i64> {
     core::str::from_utf8(value).ok()?.trim().parse().ok()
+}
+
+/// `64M`, `512K`, `2G` or plain bytes.
+fn parse_size(value: &[u8]) -> Option<usize> {
+    let (digits, unit) = match value.last()? {
+        b'K' | b'k' => (&value[..value.len() - 1], 1 << 10),
+        b'M' | b'm' => (&value[..value.len() - 1], 1 << 20),
+        b'G' | b'g' => (&value[..value.len() - 1], 1 << 30),
+        _ => (value, 1),
+    };
+    usize::try_from(parse_int(digits)?).ok()?.checked_mul(unit)
 }
 
 fn parse_flag(value: &[u8]) -> Result<bool, &'static str> {
@@ -221,5 +291,22 @@ mod tests {
         assert_eq!(o.stack_depth, 0);
         assert_eq!(o.exitcode, 23);
         assert!(o.report);
+    }
+
+    #[test]
+    fn budget_and_pool_classes() {
+        let o = Options::parse(b"budget=64M:pool_classes=64x1000,256x500");
+        assert_eq!(o.budget, 64 << 20);
+        let classes: Vec<(usize, usize)> = o
+            .pool_classes
+            .as_slice()
+            .iter()
+            .map(|c| (c.block_size, c.block_count))
+            .collect();
+        assert_eq!(classes, [(64, 1000), (256, 500)]);
+        assert_eq!(Options::parse(b"budget=12345").budget, 12345);
+        let bad = Options::parse(b"budget=lots:pool_classes=64");
+        assert_eq!(bad.budget, 0);
+        assert!(bad.pool_classes.as_slice().is_empty());
     }
 }

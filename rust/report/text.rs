@@ -116,6 +116,15 @@ fn write_error(
     alloc: &[Frame],
     free: &[Frame],
 ) -> std::fmt::Result {
+    if e.kind == errors::ErrorKind::BudgetExceeded {
+        writeln!(
+            out,
+            "Memory error: budget_exceeded: {} bytes could not be allocated: {}",
+            e.size,
+            e.detail.unwrap_or("")
+        )?;
+        return write_stack(out, "allocation", e, alloc);
+    }
     write!(out, "Memory error: {} of {:#x}", e.kind.name(), e.address)?;
     if let Some(allocator) = e.allocator {
         writeln!(
@@ -127,7 +136,11 @@ fn write_error(
     } else {
         write_description(out, e)?;
     }
-    write_stacks(out, e, alloc, free)
+    if e.kind != errors::ErrorKind::InvalidFree {
+        write_stack(out, "allocated", e, alloc)?;
+    }
+    writeln!(out, "  released from:")?;
+    write_frames(out, free, "    ")
 }
 
 /// What went wrong with a `new`/`delete`-family free.
@@ -140,13 +153,15 @@ fn write_description(out: &mut String, e: &MemoryError) -> std::fmt::Result {
             e.allocated_with.map_or("?", errors::family),
             errors::release_family(e.freed_with)
         ),
-        errors::ErrorKind::DoubleFree => writeln!(
-            out,
-            ": {} bytes, released again with {} (ignored)",
-            e.size,
-            errors::release_family(e.freed_with)
-        ),
-        errors::ErrorKind::InvalidFree => writeln!(
+        errors::ErrorKind::DoubleFree => {
+            writeln!(
+                out,
+                ": {} bytes, released again with {} (ignored)",
+                e.size,
+                errors::release_family(e.freed_with)
+            )
+        }
+        errors::ErrorKind::InvalidFree | errors::ErrorKind::BudgetExceeded => writeln!(
             out,
             ": {} of a pointer that no tracked allocation returned (left alone)",
             errors::release_family(e.freed_with)
@@ -154,21 +169,18 @@ fn write_description(out: &mut String, e: &MemoryError) -> std::fmt::Result {
     }
 }
 
-fn write_stacks(
+/// "  allocated at file:line from:" and the frames.
+fn write_stack(
     out: &mut String,
+    what: &str,
     e: &MemoryError,
-    alloc: &[Frame],
-    free: &[Frame],
+    frames: &[Frame],
 ) -> std::fmt::Result {
-    if e.kind != errors::ErrorKind::InvalidFree {
-        match &e.file {
-            Some(file) => writeln!(out, "  allocated at {}:{} from:", file, e.line)?,
-            None => writeln!(out, "  allocated from:")?,
-        }
-        write_frames(out, alloc, "    ")?;
+    match &e.file {
+        Some(file) => writeln!(out, "  {what} at {}:{} from:", file, e.line)?,
+        None => writeln!(out, "  {what} from:")?,
     }
-    writeln!(out, "  released from:")?;
-    write_frames(out, free, "    ")
+    write_frames(out, frames, "    ")
 }
 
 /// Prints one memory error on stderr at the moment it happens, symbolized.

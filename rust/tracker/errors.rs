@@ -9,6 +9,8 @@ pub enum ErrorKind {
     MismatchedDelete,
     DoubleFree,
     InvalidFree,
+    /// Budget mode: an allocation the budget could not serve.
+    BudgetExceeded,
 }
 
 impl ErrorKind {
@@ -18,6 +20,7 @@ impl ErrorKind {
             ErrorKind::MismatchedDelete => "mismatched_delete",
             ErrorKind::DoubleFree => "double_free",
             ErrorKind::InvalidFree => "invalid_free",
+            ErrorKind::BudgetExceeded => "budget_exceeded",
         }
     }
 }

@@ -34,6 +34,8 @@ const FREED: usize = !LIVE;
 pub enum Placement {
     Malloc = 0,
     Mapped = 1,
+    /// Carved from the budget (`budget=` option).
+    Budget = 2,
 }
 
 #[repr(C, align(16))]

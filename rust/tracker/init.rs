@@ -21,6 +21,9 @@ pub fn options() -> &'static Options {
 fn set_up() {
     let options = options::get();
     crate::stack::set_unwind_mode(options.unwinder);
+    if options.budget > 0 {
+        super::budget::set_up(options.budget, options.pool_classes.as_slice());
+    }
     if options.stack_depth > 0 {
         crate::stack::warm_up();
     }

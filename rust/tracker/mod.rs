@@ -5,6 +5,7 @@
 //! formatting and no allocation through the tracker itself. Slow paths (memory errors, large
 //! blocks, the first call of a thread) are `#[cold]`.
 
+pub mod budget;
 pub mod errors;
 pub mod guard;
 pub mod header;
@@ -38,6 +39,9 @@ pub unsafe fn allocate(
     };
     let options = init::options();
     let Some(block) = raw::acquire(size, align) else {
+        if let Some(budget) = budget::active() {
+            report_budget_exceeded(budget.bytes, size, file, line, start);
+        }
         return core::ptr::null_mut();
     };
     let header = BlockHeader::of(block.user);
@@ -72,7 +76,7 @@ pub unsafe fn allocate(
 /// releases it, but on no list and in no counter.
 #[cold]
 fn allocate_untracked(size: usize, align: usize, kind: BlockKind) -> *mut u8 {
-    let Some(block) = raw::acquire(size, align) else {
+    let Some(block) = raw::acquire_system(size, align) else {
         return core::ptr::null_mut();
     };
     // SAFETY: acquire reserved HEADER_SIZE bytes in front of the user pointer.
@@ -197,6 +201,33 @@ fn report_mismatch(header: *mut BlockHeader, kind: BlockKind, start: StartFrame)
         detail: None,
         alloc_stack: h.alloc_stack,
         free_stack: capture_free_stack(start),
+    });
+}
+
+#[cold]
+#[inline(never)]
+fn report_budget_exceeded(
+    budget: usize,
+    size: usize,
+    file: *const c_char,
+    line: u32,
+    start: StartFrame,
+) {
+    let _ = budget;
+    bad_free(MemoryError {
+        kind: ErrorKind::BudgetExceeded,
+        address: 0,
+        size,
+        // SAFETY: `file` is null or a `__FILE__` literal (allocate's contract).
+        file: unsafe { crate::sys::c_str(file) }.map(str::to_owned),
+        line,
+        thread: 0,
+        allocated_with: None,
+        freed_with: BlockKind::New,
+        allocator: Some(budget::POOL_NAME),
+        detail: Some("the memory budget is spent"),
+        alloc_stack: capture_free_stack(start),
+        free_stack: StackId(0),
     });
 }
 

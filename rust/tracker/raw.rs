@@ -21,6 +21,15 @@ pub struct RawBlock {
 /// Memory for `size` bytes aligned to `align` with a header in front, or `None` when exhausted.
 #[inline]
 pub fn acquire(size: usize, align: usize) -> Option<RawBlock> {
+    if let Some(budget) = super::budget::active() {
+        return acquire_budgeted(budget, size, align);
+    }
+    acquire_system(size, align)
+}
+
+/// Memory outside any budget (the tracker's own, or every block when there is no budget).
+#[inline]
+pub fn acquire_system(size: usize, align: usize) -> Option<RawBlock> {
     // The common case, kept short: default alignment, malloc'd, not page-aligned.
     if align <= 16 && size < MAPPED_THRESHOLD {
         let raw = sys::raw_alloc(HEADER_SIZE + size, 16);
@@ -36,6 +45,17 @@ pub fn acquire(size: usize, align: usize) -> Option<RawBlock> {
         unsafe { sys::raw_free(raw) };
     }
     acquire_any(size, align)
+}
+
+fn acquire_budgeted(budget: &super::budget::Budget, size: usize, align: usize) -> Option<RawBlock> {
+    let align = align.max(16);
+    let raw_offset = HEADER_SIZE.next_multiple_of(align);
+    let raw = budget.acquire(raw_offset.checked_add(size)?, align)?;
+    Some(RawBlock {
+        user: raw.wrapping_add(raw_offset),
+        raw_offset,
+        placement: Placement::Budget,
+    })
 }
 
 #[cold]
@@ -117,6 +137,11 @@ pub unsafe fn release(header: *mut BlockHeader, raw_offset: usize) {
     match placement {
         // SAFETY: raw is the pointer raw_alloc returned for this block.
         Placement::Malloc => unsafe { sys::raw_free(raw) },
+        Placement::Budget => {
+            if let Some(budget) = super::budget::active() {
+                budget.release(raw);
+            }
+        }
         Placement::Mapped => {
             remember_unmapped(UnmappedBlock {
                 user: user as usize,
