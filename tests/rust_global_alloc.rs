@@ -55,6 +55,24 @@ fn rust_leak_appears_in_the_leak_log() {
     assert_eq!(ours[0]["language"], "rust");
     assert_eq!(ours[0]["array"], false);
     assert!(ours[0]["file"].is_null());
+    // The stack starts in Rust's Vec machinery or the test, never in the tracker, and names the
+    // test function, demangled.
+    let functions: Vec<&str> = ours[0]["stack"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["function"].as_str().unwrap_or("??"))
+        .collect();
+    assert!(
+        !functions[0].starts_with("k15_memory::") && !functions[0].contains("__rust_alloc"),
+        "{functions:?}"
+    );
+    assert!(
+        functions
+            .iter()
+            .any(|f| *f == "rust_global_alloc::child_leaks_a_buffer"),
+        "{functions:?}"
+    );
     assert!(
         leaks.iter().all(|l| l["language"] == "rust"),
         "only Rust allocates here"

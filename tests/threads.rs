@@ -40,5 +40,12 @@ fn two_threads_cross_thread_frees_and_thread_exit_allocations() {
         .collect();
     assert_eq!(threads.len(), 100, "one leak per thread");
     assert_eq!(run.json["summary"]["leaked_blocks"], 100);
+    // Captured during thread exit, from the thread_local's destructor.
+    let stack = &run.leaks()[0]["stack"];
+    assert_eq!(
+        stack[0]["function"], "(anonymous namespace)::ThreadExitWork::~ThreadExitWork()",
+        "{}",
+        run.text
+    );
     assert_eq!(run.json["summary"]["errors"], 0);
 }

@@ -9,6 +9,9 @@ struct Widget {
 
 Widget* volatile dso_sink;
 
+// Allocated by the library's static constructor, before main, and never freed.
+Widget* boot_widget = new Widget{42, "boot"};  // BEFORE MAIN
+
 extern "C" [[gnu::noinline]] void dso_make_widget(int id) {
     dso_sink = new Widget{id, {}};  // DSO ALLOC
 }
