@@ -192,8 +192,12 @@ fn gnu_addr2line(module: &str, probes: &[usize]) -> Option<Vec<GnuFrames>> {
         .spawn()
         .ok()?;
     let input: String = probes.iter().map(|probe| format!("{probe:#x}\n")).collect();
-    child.stdin.take()?.write_all(input.as_bytes()).ok()?;
+    // Written from another thread: addr2line answers as it reads, and a full stdout pipe
+    // would otherwise block both sides.
+    let mut stdin = child.stdin.take()?;
+    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
     let output = String::from_utf8(child.wait_with_output().ok()?.stdout).ok()?;
+    writer.join().ok()?.ok()?;
     let mut results: Vec<GnuFrames> = Vec::new();
     let mut lines = output.lines();
     while let Some(line) = lines.next() {
@@ -292,4 +296,51 @@ fn text_section(path: &str) -> std::ops::Range<usize> {
     let file = object::File::parse(&*data).unwrap();
     let text = file.section_by_name(".text").unwrap();
     text.address() as usize..(text.address() + text.size()) as usize
+}
+
+/// Runs a tool for the debuglink test; `None` (test skipped) if it is missing or fails.
+fn tool(program: &str, args: &[&str]) -> Option<()> {
+    let status = Command::new(program).args(args).status().ok()?;
+    status.success().then_some(())
+}
+
+#[test]
+fn follows_gnu_debuglink_of_a_stripped_library() {
+    let folder = std::env::temp_dir().join(format!("k15-debuglink-{}", std::process::id()));
+    std::fs::create_dir_all(&folder).unwrap();
+    let source = folder.join("leaf.c");
+    std::fs::write(&source, "int k15_leaf(int x) {\n  return x * 3 + 1;\n}\n").unwrap();
+    let [source, library, debug] = [
+        source,
+        folder.join("libleaf.so"),
+        folder.join("libleaf.debug"),
+    ]
+    .map(|path| path.to_string_lossy().into_owned());
+    let built = tool(
+        "cc",
+        &["-g", "-O0", "-shared", "-fPIC", "-o", &library, &source],
+    )
+    .and_then(|()| tool("objcopy", &["--only-keep-debug", &library, &debug]))
+    .and_then(|()| {
+        let link = format!("--add-gnu-debuglink={debug}");
+        tool("objcopy", &["--strip-debug", &link, &library])
+    });
+    if built.is_none() {
+        println!("cc or objcopy not found: debuglink test skipped");
+        return;
+    }
+    let probe = {
+        use object::{Object, ObjectSymbol};
+        let data = std::fs::read(&library).unwrap();
+        let file = object::File::parse(&*data).unwrap();
+        let symbol = file.symbols().find(|s| s.name() == Ok("k15_leaf")).unwrap();
+        symbol.address() + 4
+    };
+    let info = resolver::DebugInfo::load(std::path::Path::new(&library)).unwrap();
+    let located = info.locate(probe);
+    std::fs::remove_dir_all(&folder).unwrap();
+    let outer = located.last().unwrap();
+    assert_eq!(outer.function.as_deref(), Some("k15_leaf"));
+    assert!(outer.file.as_deref().unwrap().ends_with("leaf.c"));
+    assert!((1..=3).contains(&outer.line), "line {}", outer.line);
 }
