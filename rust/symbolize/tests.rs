@@ -134,6 +134,12 @@ fn names_a_libc_function_without_the_binary_having_debug_info() {
 }
 
 #[test]
+fn symbolizer_can_move_to_the_reporting_thread() {
+    fn assert_send<T: Send>() {}
+    assert_send::<Symbolizer>();
+}
+
+#[test]
 fn never_returns_an_empty_frame() {
     let mut symbolizer = Symbolizer::new();
     let frames = symbolizer.resolve(16);
