@@ -19,7 +19,8 @@ pub(crate) fn demangle_symbol(raw: &str) -> String {
 /// (`__rust_alloc`, `__rg_alloc`, `__rdl_alloc` and their realloc/dealloc/zeroed forms), the
 /// `alloc` crate (`alloc::alloc::*`, `alloc::raw_vec::*`, `Vec`/`Box`/`String` growth paths),
 /// `core::alloc`/`std::alloc` and any `GlobalAlloc`/`Allocator` impl, Bullet's
-/// `btAlignedAlloc*`/`btAlignedFree*` functions and `btAlignedAllocator`, and libstdc++'s
+/// `btAlignedAlloc*`/`btAlignedFree*` functions, `btAlignedAllocator` and
+/// `btAlignedObjectArray::allocate` (Bullet's `raw_vec`), and libstdc++'s
 /// allocator classes and `_M_allocate*` helpers.
 pub fn is_allocator_frame(function: &str) -> bool {
     let name = qualified_name(function);
@@ -60,6 +61,7 @@ pub fn is_allocator_frame(function: &str) -> bool {
         || BULLET.contains(&name)
         || is_rust_alloc_shim(name.strip_prefix("__rustc::").unwrap_or(name))
         || (name.starts_with("std::") && last.starts_with("_M_allocate"))
+        || (name.starts_with("btAlignedObjectArray<") && last == "allocate")
 }
 
 /// `__rust_alloc` and friends: the symbols rustc generates to reach `#[global_allocator]`.
@@ -197,6 +199,7 @@ mod tests {
             "btAlignedAllocDefault",
             "btAlignedFreeInternal(void*)",
             "btAlignedAllocator<btVector3, 16u>::allocate(int, btVector3 const**)",
+            "btAlignedObjectArray<btBroadphasePair>::allocate(int)",
             "__rust_alloc",
             "__rust_realloc",
             "__rustc::__rust_alloc_zeroed",
@@ -226,6 +229,7 @@ mod tests {
             "Foo::operator==(Foo const&) const",
             "std::vector<k15::memory::detail::Block, std::allocator<k15::memory::detail::Block> >::push_back(k15::memory::detail::Block const&)",
             "btCollisionWorld::addCollisionObject(btCollisionObject*, int, int)",
+            "btAlignedObjectArray<btBroadphasePair>::push_back(btBroadphasePair const&)",
             "__rust_begin_short_backtrace",
             "core::fmt::write",
             "std::thread::spawn",

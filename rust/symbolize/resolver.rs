@@ -71,6 +71,9 @@ impl DebugInfo {
         // DWARF names come first because they match what was compiled; the symbol table
         // fills in where there is no DWARF function (assembly, stripped modules). A debug
         // file's `.symtab` knows the local functions that `.dynsym` lacks, so it goes first.
+        // `find_symbol` only answers for a symbol whose size covers the address: a function
+        // missing from `.dynsym` stays unnamed (module+offset) instead of borrowing the name
+        // of the exported function below it, as GNU addr2line's nearest-symbol rule does.
         let needs_symbol = locations
             .last()
             .is_none_or(|outer| outer.function.is_none());

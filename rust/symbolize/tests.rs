@@ -134,6 +134,12 @@ fn names_a_libc_function_without_the_binary_having_debug_info() {
 }
 
 #[test]
+fn symbolizer_can_move_to_the_reporting_thread() {
+    fn assert_send<T: Send>() {}
+    assert_send::<Symbolizer>();
+}
+
+#[test]
 fn never_returns_an_empty_frame() {
     let mut symbolizer = Symbolizer::new();
     let frames = symbolizer.resolve(16);
@@ -192,8 +198,12 @@ fn gnu_addr2line(module: &str, probes: &[usize]) -> Option<Vec<GnuFrames>> {
         .spawn()
         .ok()?;
     let input: String = probes.iter().map(|probe| format!("{probe:#x}\n")).collect();
-    child.stdin.take()?.write_all(input.as_bytes()).ok()?;
+    // Written from another thread: addr2line answers as it reads, and a full stdout pipe
+    // would otherwise block both sides.
+    let mut stdin = child.stdin.take()?;
+    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
     let output = String::from_utf8(child.wait_with_output().ok()?.stdout).ok()?;
+    writer.join().ok()?.ok()?;
     let mut results: Vec<GnuFrames> = Vec::new();
     let mut lines = output.lines();
     while let Some(line) = lines.next() {
@@ -292,4 +302,160 @@ fn text_section(path: &str) -> std::ops::Range<usize> {
     let file = object::File::parse(&*data).unwrap();
     let text = file.section_by_name(".text").unwrap();
     text.address() as usize..(text.address() + text.size()) as usize
+}
+
+/// Runs a tool for the debuglink test; `None` (test skipped) if it is missing or fails.
+fn tool(program: &str, args: &[&str]) -> Option<()> {
+    let status = Command::new(program).args(args).status().ok()?;
+    status.success().then_some(())
+}
+
+#[test]
+fn follows_gnu_debuglink_of_a_stripped_library() {
+    let folder = std::env::temp_dir().join(format!("k15-debuglink-{}", std::process::id()));
+    std::fs::create_dir_all(&folder).unwrap();
+    let source = folder.join("leaf.c");
+    std::fs::write(&source, "int k15_leaf(int x) {\n  return x * 3 + 1;\n}\n").unwrap();
+    let [source, library, debug] = [
+        source,
+        folder.join("libleaf.so"),
+        folder.join("libleaf.debug"),
+    ]
+    .map(|path| path.to_string_lossy().into_owned());
+    let built = tool(
+        "cc",
+        &["-g", "-O0", "-shared", "-fPIC", "-o", &library, &source],
+    )
+    .and_then(|()| tool("objcopy", &["--only-keep-debug", &library, &debug]))
+    .and_then(|()| {
+        let link = format!("--add-gnu-debuglink={debug}");
+        tool("objcopy", &["--strip-debug", &link, &library])
+    });
+    if built.is_none() {
+        println!("cc or objcopy not found: debuglink test skipped");
+        return;
+    }
+    let probe = {
+        use object::{Object, ObjectSymbol};
+        let data = std::fs::read(&library).unwrap();
+        let file = object::File::parse(&*data).unwrap();
+        let symbol = file.symbols().find(|s| s.name() == Ok("k15_leaf")).unwrap();
+        symbol.address() + 4
+    };
+    let info = resolver::DebugInfo::load(std::path::Path::new(&library)).unwrap();
+    let located = info.locate(probe);
+    std::fs::remove_dir_all(&folder).unwrap();
+    let outer = located.last().unwrap();
+    assert_eq!(outer.function.as_deref(), Some("k15_leaf"));
+    assert!(outer.file.as_deref().unwrap().ends_with("leaf.c"));
+    assert!((1..=3).contains(&outer.line), "line {}", outer.line);
+}
+
+/// C++ code for the shared-library test. Keep the line numbers in `cpp_frames_...` in step.
+const CPP_SOURCE: &str = r#"#include <cstddef>
+#include <cstdlib>
+typedef void (*capture_fn)();
+static capture_fn g_capture;
+extern "C" void k15_set_capture(capture_fn f) { g_capture = f; }
+struct Shape {
+  static void* operator new(std::size_t size) {
+    g_capture();
+    return std::malloc(size);
+  }
+  static void operator delete(void* p) { std::free(p); }
+  int radius = 1;
+};
+namespace game {
+__attribute__((always_inline)) inline Shape* build() {
+  return new Shape;
+}
+__attribute__((noinline)) Shape* spawn(int n) {
+  Shape* s = build();
+  s->radius = n;
+  return s;
+}
+}  // namespace game
+extern "C" void* k15_spawn(int n) { return game::spawn(n); }
+extern "C" void k15_free(void* p) { delete static_cast<Shape*>(p); }
+"#;
+
+static CPP_STACK: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+
+extern "C" fn record_cpp_stack() {
+    *CPP_STACK.lock().unwrap() = capture();
+}
+
+#[test]
+fn cpp_frames_of_a_shared_library_are_demangled_inlined_and_trimmed() {
+    let folder = std::env::temp_dir().join(format!("k15-cpp-{}", std::process::id()));
+    std::fs::create_dir_all(&folder).unwrap();
+    let source = folder.join("shapes.cpp");
+    std::fs::write(&source, CPP_SOURCE).unwrap();
+    let library = folder.join("libshapes.so").to_string_lossy().into_owned();
+    let source = source.to_string_lossy().into_owned();
+    let flags = ["-g", "-O0", "-shared", "-fPIC", "-o", &library, &source];
+    if tool("g++", &flags).is_none() {
+        println!("g++ not found: C++ shared-library test skipped");
+        return;
+    }
+    let path = std::ffi::CString::new(library.clone()).unwrap();
+    // SAFETY: dlopen/dlsym with NUL-terminated names; the symbols have the C signatures
+    // declared in CPP_SOURCE. The library stays loaded (no dlclose), so its addresses stay
+    // valid for the symbolizer below.
+    let stack = unsafe {
+        let handle = libc::dlopen(path.as_ptr(), libc::RTLD_NOW);
+        assert!(!handle.is_null(), "dlopen {library}");
+        let set_capture: extern "C" fn(extern "C" fn()) =
+            std::mem::transmute(libc::dlsym(handle, c"k15_set_capture".as_ptr()));
+        let spawn: extern "C" fn(i32) -> *mut libc::c_void =
+            std::mem::transmute(libc::dlsym(handle, c"k15_spawn".as_ptr()));
+        let free: extern "C" fn(*mut libc::c_void) =
+            std::mem::transmute(libc::dlsym(handle, c"k15_free".as_ptr()));
+        set_capture(record_cpp_stack);
+        free(spawn(7));
+        std::mem::take(&mut *CPP_STACK.lock().unwrap())
+    };
+
+    let mut symbolizer = Symbolizer::new();
+    let frames = symbolizer.symbolize_stack(&stack);
+    // Only now: debug info is read from the file on first use, not at dlopen.
+    std::fs::remove_dir_all(&folder).unwrap();
+    let seen: Vec<(&str, u32, bool)> = frames
+        .iter()
+        .take(4)
+        .map(|frame| {
+            (
+                frame.function.as_deref().unwrap_or("??"),
+                frame.line,
+                frame.inlined,
+            )
+        })
+        .collect();
+    // Trimmed: capture, record_cpp_stack (this crate) and Shape::operator new(unsigned long).
+    assert_eq!(
+        seen,
+        [
+            ("game::build()", 16, true),
+            ("game::spawn(int)", 19, false),
+            ("k15_spawn", 24, false),
+            (
+                path_of("cpp_frames_of_a_shared_library_are_demangled_inlined_and_trimmed")
+                    .as_str(),
+                seen[3].1,
+                false
+            ),
+        ],
+        "{frames:#?}"
+    );
+    assert!(frames[..3].iter().all(|frame| frame.module == library));
+    assert!(frames[..3]
+        .iter()
+        .all(|frame| frame.file.as_deref().unwrap().ends_with("shapes.cpp")));
+    let untrimmed: Vec<Frame> = stack
+        .iter()
+        .flat_map(|&address| symbolizer.resolve(address).to_vec())
+        .collect();
+    assert!(untrimmed
+        .iter()
+        .any(|frame| frame.function.as_deref() == Some("Shape::operator new(unsigned long)")));
 }
