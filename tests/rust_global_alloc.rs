@@ -68,9 +68,7 @@ fn rust_leak_appears_in_the_leak_log() {
         "{functions:?}"
     );
     assert!(
-        functions
-            .iter()
-            .any(|f| *f == "rust_global_alloc::child_leaks_a_buffer"),
+        functions.contains(&"rust_global_alloc::child_leaks_a_buffer"),
         "{functions:?}"
     );
     assert!(

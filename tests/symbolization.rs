@@ -22,11 +22,18 @@ fn frames(stack: &Value) -> Vec<(String, String, u64, bool)> {
         .collect()
 }
 
+/// The leak whose `K15_NEW` site or first frame is the line of `marker` in `source`.
 fn leak_at<'a>(run: &'a support::Run, source: &str, marker: &str) -> &'a Value {
     let line = support::line_of(source, marker);
+    let first_frame_at = |l: &Value| {
+        l["stack"][0]["line"] == line
+            && l["stack"][0]["file"]
+                .as_str()
+                .is_some_and(|f| f.ends_with(source))
+    };
     run.leaks()
         .iter()
-        .find(|l| l["line"] == line)
+        .find(|l| (l["line"] == line && l["file"] == source) || first_frame_at(l))
         .unwrap_or_else(|| panic!("no leak at {source}:{line}\n{}", run.text))
 }
 

@@ -74,19 +74,27 @@ impl DebugInfo {
         // `find_symbol` only answers for a symbol whose size covers the address: a function
         // missing from `.dynsym` stays unnamed (module+offset) instead of borrowing the name
         // of the exported function below it, as GNU addr2line's nearest-symbol rule does.
-        let needs_symbol = locations
-            .last()
-            .is_none_or(|outer| outer.function.is_none());
-        if needs_symbol {
+        // g++ gives functions of internal linkage (anonymous namespaces, lambdas, destructors
+        // of local classes) no DW_AT_linkage_name, so DWARF names them bare ("spawn"): the
+        // symbol's demangled name, qualified and with parameters, is what a reader wants then.
+        // (A name DWARF qualified has "::"; a bare one of a namespace member never does.)
+        let outer_is_bare = locations.last().is_none_or(|outer| {
+            outer
+                .function
+                .as_deref()
+                .is_none_or(|name| !name.contains("::"))
+        });
+        if outer_is_bare {
             let symbol = self
                 .separate
                 .as_ref()
                 .and_then(|debug| debug.find_symbol(probe))
                 .or_else(|| self.binary.find_symbol(probe))
                 .map(demangle_symbol);
-            match locations.last_mut() {
-                Some(outer) => outer.function = symbol,
-                None => locations.push(Location {
+            match (locations.last_mut(), symbol) {
+                (Some(outer), Some(symbol)) => outer.function = Some(symbol),
+                (Some(_), None) => {}
+                (None, symbol) => locations.push(Location {
                     function: symbol,
                     file: None,
                     line: 0,
