@@ -49,3 +49,16 @@ fn two_threads_cross_thread_frees_and_thread_exit_allocations() {
     );
     assert_eq!(run.json["summary"]["errors"], 0);
 }
+
+#[test]
+fn fork_while_another_thread_allocates() {
+    let dir = support::scratch("threads_fork");
+    let exe = support::build(&dir, "fork", &["tests/cpp/fork.cpp"], &[]);
+    let run = support::run(&exe, "");
+    assert!(
+        run.stdout().contains("healthy children: 200"),
+        "{}",
+        run.stdout()
+    );
+    assert_eq!(run.leaks().len(), 0, "{}", run.text);
+}

@@ -20,6 +20,7 @@ pub fn run() {
     }
     let leaks = stats.live_blocks;
     if options.report {
+        let found_something = leaks > 0 || errors > 0;
         let report = super::Report::collect();
         let log_path = options.log_path.as_str();
         let outcome = match super::write(&report, log_path, &options.json_path()) {
@@ -32,7 +33,9 @@ pub fn run() {
             ),
             Err(e) => format!("k15-memory: could not write the leak report to {log_path}: {e}\n"),
         };
-        crate::sys::write_fd(2, outcome.as_bytes());
+        if found_something || !outcome.contains(" leaked blocks ") {
+            crate::sys::write_fd(2, outcome.as_bytes());
+        }
     }
     if options.exitcode != 0 && (leaks > 0 || errors > 0) {
         crate::sys::exit_now(options.exitcode);

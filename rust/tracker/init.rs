@@ -3,8 +3,10 @@
 
 use crate::options::{self, Options};
 use core::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Once;
 
 static READY: AtomicBool = AtomicBool::new(false);
+static SET_UP: Once = Once::new();
 
 /// The options, with the tracker set up. Call with the reentrancy guard held: the unwinder's
 /// setup allocates through Rust's global allocator, which may be the tracker itself.
@@ -16,10 +18,16 @@ pub fn options() -> &'static Options {
     options::get()
 }
 
+/// Once per process; a second thread arriving meanwhile waits for the first.
 #[cold]
 #[inline(never)]
 fn set_up() {
+    SET_UP.call_once(set_up_once);
+}
+
+fn set_up_once() {
     let options = options::get();
+    super::live_list::register_fork_handlers();
     crate::stack::set_unwind_mode(options.unwinder);
     if options.budget > 0 {
         super::budget::set_up(options.budget, options.pool_classes.as_slice());
