@@ -4,8 +4,8 @@
 //! cache-slot hint, a reentrancy flag): C++ `thread_local` destructors run `delete` after Rust
 //! TLS destructors would have run, so nothing here may need one.
 //!
-//! Unwinder caches (a framehop rule cache plus gimli's fixed-size CFI evaluation context, tens of KiB each)
-//! live in a static pool of [`POOL`] slots, each behind a try-lock. A thread starts at its own
+//! Unwinder caches (a framehop rule cache plus gimli's fixed-size CFI evaluation context, tens of KiB
+//! each, and the [`Memos`] of the slot's last walk, about 10 KiB) live in a static pool of [`POOL`] slots, each behind a try-lock. A thread starts at its own
 //! slot (by a per-thread hint) and takes the first free one; it never waits. Rules are keyed
 //! by address, so threads running the same code share warm caches, and the number of caches
 //! follows the number of *simultaneous* captures, not the number of threads ever created
@@ -22,18 +22,25 @@ use std::sync::Mutex;
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64};
 use framehop::{FrameAddress, MustNotAllocateDuringUnwind, Unwinder};
 
+use super::memo::{Memo, Memos};
 use super::modules::{self, Snapshot};
-use super::{StartFrame, UnwindMode};
+use super::{depot, StackId, StartFrame, UnwindMode};
 
 /// Number of unwinder-cache slots; more simultaneous captures than this use the rbp walk.
 pub const POOL: usize = 64;
 
 type Cache = CacheX86_64<MustNotAllocateDuringUnwind>;
 
+/// What a slot's holder uses exclusively: the rule cache and the memo of the slot's last walk.
+struct SlotState {
+    cache: Cache,
+    memos: Memos,
+}
+
 #[repr(align(64))] // one slot per cache line: the try-locks of different threads don't share
 struct Slot {
     busy: AtomicBool,
-    cache: AtomicPtr<Cache>,
+    cache: AtomicPtr<SlotState>,
 }
 
 static SLOTS: [Slot; POOL] = [const {
@@ -61,6 +68,8 @@ struct ThreadState {
     /// Set while this thread is inside `unwind_into`: a nested capture (an allocation made by a
     /// slow path, a signal handler) returns an empty stack instead of deadlocking on a rescan.
     busy: Cell<bool>,
+    /// Set by [`set_thread_memo`]`(false)`: walks neither use nor update the memos.
+    memo_off: Cell<bool>,
 }
 
 thread_local! {
@@ -72,8 +81,22 @@ thread_local! {
             bounds: Cell::new(BOUNDS_UNKNOWN),
             hint: Cell::new(0),
             busy: Cell::new(false),
+            memo_off: Cell::new(false),
         }
     };
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Frames this thread's walks took over from a memo instead of unwinding (tests only).
+    pub(super) static REUSED: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Counts frames taken from a memo, so tests can tell that the memo path really ran.
+#[inline(always)]
+fn note_reused(_frames: usize) {
+    #[cfg(test)]
+    REUSED.with(|r| r.set(r.get() + _frames));
 }
 
 /// Reads the calling thread's stack range once (slow path: `pthread_getattr_np` parses
@@ -132,22 +155,19 @@ pub(super) fn caller_of_checked(fp: usize) -> StartFrame {
 /// Unwinds from `start` into `out` (at most `out.len()` frames, `out[0] = start.pc`) and
 /// returns how many were written. 0 when the stack cannot be read safely or on reentry.
 pub fn unwind_into(start: StartFrame, out: &mut [MaybeUninit<usize>]) -> usize {
-    THREAD
-        .try_with(|t| {
-            if t.busy.replace(true) {
-                return 0;
-            }
-            let n = match stack_bounds(t) {
-                // Caller frames all lie above the start sp, so reads below it are refused too.
-                Some((lo, hi)) if start.pc != 0 && start.sp >= lo && start.sp < hi => {
-                    unwind_checked(start, start.sp, hi, t.hint.get(), out)
-                }
-                _ => 0,
-            };
-            t.busy.set(false);
-            n
-        })
-        .unwrap_or(0)
+    walk(start, out, false).0
+}
+
+/// Unwinds like [`unwind_into`] and interns the frames; a walk that provably repeats the
+/// previous one of its cache slot returns the remembered id without unwinding or hashing.
+pub(super) fn capture_interned(start: StartFrame, out: &mut [MaybeUninit<usize>]) -> StackId {
+    walk(start, out, true).1
+}
+
+/// Whether captures on the calling thread may reuse earlier walks (default: yes). Results are
+/// the same either way; turning it off is for measuring and for testing that claim.
+pub fn set_thread_memo(enabled: bool) {
+    let _ = THREAD.try_with(|t| t.memo_off.set(!enabled));
 }
 
 /// Convenience over [`unwind_into`] for callers holding an initialised buffer.
@@ -158,31 +178,94 @@ pub fn unwind_into_slice(start: StartFrame, out: &mut [usize]) -> usize {
     unwind_into(start, out)
 }
 
+/// The frames written and, if `intern`, their depot id.
+fn walk(start: StartFrame, out: &mut [MaybeUninit<usize>], intern: bool) -> (usize, StackId) {
+    THREAD
+        .try_with(|t| {
+            if t.busy.replace(true) {
+                return (0, StackId(0));
+            }
+            let r = match stack_bounds(t) {
+                // Caller frames all lie above the start sp, so reads below it are refused too.
+                Some((lo, hi)) if start.pc != 0 && start.sp >= lo && start.sp < hi => {
+                    let memo = !t.memo_off.get();
+                    unwind_checked(start, start.sp, hi, t.hint.get(), memo, intern, out)
+                }
+                _ => (0, StackId(0)),
+            };
+            t.busy.set(false);
+            r
+        })
+        .unwrap_or((0, StackId(0)))
+}
+
+/// The depot id of `out[..n]`.
+fn intern_frames(out: &[MaybeUninit<usize>], n: usize) -> StackId {
+    // SAFETY: the walk initialised exactly the first `n` elements.
+    depot::intern(unsafe { core::slice::from_raw_parts(out.as_ptr().cast::<usize>(), n) })
+}
+
 fn unwind_checked(
     start: StartFrame,
     lo: usize,
     hi: usize,
     hint: usize,
+    memo: bool,
+    intern: bool,
     out: &mut [MaybeUninit<usize>],
-) -> usize {
+) -> (usize, StackId) {
     if out.is_empty() {
-        return 0;
+        return (0, StackId(0));
     }
-    if super::unwind_mode() == UnwindMode::FramePointer {
-        return fp_walk(start, lo, hi, out);
-    }
-    let Some(snap) = modules::current_or_scan() else {
-        return fp_walk(start, lo, hi, out);
+    let dwarf = match super::unwind_mode() {
+        UnwindMode::FramePointer => None,
+        UnwindMode::Dwarf => modules::current_or_scan().and_then(|s| Some((s, acquire(hint)?))),
     };
-    let Some(slot) = acquire(hint) else {
-        return fp_walk(start, lo, hi, out);
+    let (n, remembered) = match dwarf {
+        None => (fp_walk(start, lo, hi, out), None),
+        Some((snap, slot)) => {
+            // SAFETY: the slot's try-lock is held, so this thread has exclusive use of its
+            // state, which was fully built before READY published it and is never freed.
+            let state = unsafe { &mut *SLOTS[slot].cache.load(Ordering::Acquire) };
+            let r = if memo {
+                let n = dwarf_walk(
+                    start,
+                    lo,
+                    hi,
+                    snap,
+                    &mut state.cache,
+                    Some(&mut state.memos),
+                    out,
+                );
+                let front = state.memos.pair().0;
+                // Interning here, with the slot held, lets the id be remembered with the memo.
+                let id = if !intern || !front.describes(n) {
+                    None
+                } else if front.id != 0 {
+                    // The walk verified the memo without changing it: same frames, same id.
+                    Some(StackId(front.id))
+                } else {
+                    let id = intern_frames(out, n);
+                    front.id = id.0;
+                    Some(id)
+                };
+                (n, id)
+            } else {
+                (
+                    dwarf_walk(start, lo, hi, snap, &mut state.cache, None, out),
+                    None,
+                )
+            };
+            SLOTS[slot].busy.store(false, Ordering::Release);
+            r
+        }
     };
-    // SAFETY: the slot's try-lock is held, so this thread has exclusive use of its cache,
-    // which was fully built before READY published it and is never freed.
-    let cache = unsafe { &mut *SLOTS[slot].cache.load(Ordering::Acquire) };
-    let n = dwarf_walk(start, lo, hi, snap, cache, out);
-    SLOTS[slot].busy.store(false, Ordering::Release);
-    n
+    let id = match remembered {
+        Some(id) => id,
+        None if intern => intern_frames(out, n),
+        None => StackId(0),
+    };
+    (n, id)
 }
 
 /// Takes a free cache slot, starting at the thread's hint; creates a cache if all are busy.
@@ -219,7 +302,10 @@ fn grow(seen: usize) -> bool {
         return false;
     }
     // Allocated through the Rust global allocator (framehop boxes its tables); never freed.
-    let cache = Box::into_raw(Box::new(Cache::new_in()));
+    let cache = Box::into_raw(Box::new(SlotState {
+        cache: Cache::new_in(),
+        memos: Memos::EMPTY,
+    }));
     SLOTS[ready].cache.store(cache, Ordering::Release);
     READY.store(ready + 1, Ordering::Release);
     true
@@ -250,53 +336,152 @@ fn read_word(addr: u64, lo: usize, hi: usize) -> Result<u64, ()> {
     }
 }
 
+/// The DWARF walk. With `memos`, it reuses the part of the slot's previous walk that provably
+/// repeats (see memo.rs) and leaves a memo of this walk in front.
 fn dwarf_walk(
     start: StartFrame,
     lo: usize,
     hi: usize,
     mut snap: &'static Snapshot,
     cache: &mut Cache,
+    mut memos: Option<&mut Memos>,
     out: &mut [MaybeUninit<usize>],
 ) -> usize {
-    let mut read = |a: u64| read_word(a, lo, hi);
+    let read = |a: u64| read_word(a, lo, hi);
+    let snap_id = |s: &'static Snapshot| ptr::from_ref(s) as usize;
+    let depth = out.len();
     let mut regs = UnwindRegsX86_64::new(start.pc as u64, start.sp as u64, start.fp as u64);
     let mut pc = start.pc;
     let mut n = 0;
     // Consecutive frames are mostly in the same module: check its range before searching.
     let mut known = 0..0;
+    // `new`: the memo this walk writes; `old`: the previous walk, to splice from (once).
+    let mut new: Option<&mut Memo> = None;
+    let mut old: Option<&Memo> = None;
+    // The frame at `regs` was already emitted; go straight to its step.
+    let mut emitted = false;
+    let mut in_place = false;
+    if let Some(m) = memos.as_deref_mut() {
+        let (front, back) = m.pair();
+        if front.frame_is(0, snap_id(snap), start.pc, start.sp, start.fp) {
+            // Same start as the last walk: verify its frames in place and keep, cut or extend it.
+            in_place = true;
+            let g = front.repeating(0, depth, &read);
+            note_reused(g);
+            let ended = g == front.len() && g < depth && front.end_holds(&read);
+            front.truncate(g, ended);
+            emit(out, 0, front.pcs(0, g));
+            n = g;
+            if n == depth || ended {
+                return n;
+            }
+            let (p, s, f) = front.frame(g - 1);
+            regs = UnwindRegsX86_64::new(p as u64, s as u64, f as u64);
+            pc = p;
+            emitted = true;
+            new = Some(front);
+        } else {
+            back.reset(snap_id(snap));
+            new = Some(back);
+            old = Some(front);
+        }
+    }
+    let mut j = 0; // memo frames below `j` lie below the current sp: they can't match any more
     loop {
-        if !known.contains(&pc) {
-            known = match snap.module_of(pc) {
-                Some(r) => r,
-                // Not in any known module: maybe a library loaded since the scan (slow path).
-                None => match modules::refresh().and_then(|s| Some((s, s.module_of(pc)?))) {
-                    Some((s, r)) => {
-                        snap = s;
-                        r
-                    }
-                    None => break, // JIT code or garbage: stop rather than guess
-                },
+        if !emitted {
+            if !known.contains(&pc) {
+                known = match snap.module_of(pc) {
+                    Some(r) => r,
+                    // Not in any known module: maybe a library loaded since the scan (slow path).
+                    None => match modules::refresh().and_then(|s| Some((s, s.module_of(pc)?))) {
+                        Some((s, r)) => {
+                            if !ptr::eq(s, snap) {
+                                // Frames so far were checked against the old module list.
+                                if let Some(m) = new.as_deref_mut() {
+                                    m.invalidate();
+                                }
+                                old = None;
+                            }
+                            snap = s;
+                            r
+                        }
+                        None => break, // JIT code or garbage: stop rather than guess
+                    },
+                };
+            }
+            let (sp, fp) = (regs.sp() as usize, regs.bp() as usize);
+            let matched = old.and_then(|o| {
+                j = o.seek(j, sp);
+                o.frame_is(j, snap_id(snap), pc, sp, fp).then_some(o)
+            });
+            if let Some(o) = matched {
+                // This frame was unwound last time too: take over the frames that repeat.
+                old = None;
+                let g = o.repeating(j, depth - n, &read);
+                note_reused(g);
+                let ended = j + g == o.len() && n + g < depth && o.end_holds(&read);
+                emit(out, n, o.pcs(j, g));
+                if let Some(m) = new.as_deref_mut() {
+                    m.append_from(o, j, g, ended);
+                }
+                n += g;
+                if n == depth || ended {
+                    break;
+                }
+                let (p, s, f) = o.frame(j + g - 1);
+                regs = UnwindRegsX86_64::new(p as u64, s as u64, f as u64);
+                pc = p;
+            } else {
+                if let Some(m) = new.as_deref_mut() {
+                    m.push_frame(pc, sp, fp);
+                }
+                out[n].write(pc);
+                n += 1;
+                if n == depth {
+                    break;
+                }
+            }
+        }
+        emitted = false;
+        let prev_sp = regs.sp();
+        let stepped = FrameAddress::from_return_address(pc as u64).and_then(|addr| {
+            let mut logged = |a: u64| {
+                let r = read(a);
+                if let Some(m) = new.as_deref_mut() {
+                    m.log(a, r);
+                }
+                r
             };
-        }
-        out[n].write(pc);
-        n += 1;
-        if n == out.len() {
-            break;
-        }
-        let Some(addr) = FrameAddress::from_return_address(pc as u64) else {
-            break;
-        };
-        let sp = regs.sp();
-        match snap
-            .unwinder
-            .unwind_frame(addr, &mut regs, cache, &mut read)
-        {
+            snap.unwinder
+                .unwind_frame(addr, &mut regs, cache, &mut logged)
+                .ok()
+                .flatten()
+        });
+        match stepped {
             // The stack grows down: a caller's sp must be above its callee's, or we would loop.
-            Ok(Some(ra)) if ra != 0 && regs.sp() > sp => pc = ra as usize,
-            _ => break,
+            Some(ra) if ra != 0 && regs.sp() > prev_sp => pc = ra as usize,
+            _ => {
+                if let Some(m) = new.as_deref_mut() {
+                    m.push_end();
+                }
+                break;
+            }
+        }
+    }
+    if !in_place {
+        if let Some(m) = memos {
+            m.swap();
         }
     }
     n
+}
+
+/// Writes `pcs` to `out[at..]`.
+#[inline]
+fn emit(out: &mut [MaybeUninit<usize>], at: usize, pcs: &[usize]) {
+    for (o, &p) in out[at..at + pcs.len()].iter_mut().zip(pcs) {
+        o.write(p);
+    }
 }
 
 /// The opt-in walk along saved rbp values; loses frames in code without frame pointers.
