@@ -355,38 +355,39 @@ fn dwarf_walk(
     let mut n = 0;
     // Consecutive frames are mostly in the same module: check its range before searching.
     let mut known = 0..0;
-    // `new`: the memo this walk writes; `old`: the previous walk, to splice from (once).
+    // `new`: the memo this walk writes; `old`: the previous walk, to splice from.
     let mut new: Option<&mut Memo> = None;
     let mut old: Option<&Memo> = None;
     // The frame at `regs` was already emitted; go straight to its step.
     let mut emitted = false;
-    let mut in_place = false;
+    let mut j = 0; // memo frames below `j` lie below the current sp: they can't match any more
     if let Some(m) = memos.as_deref_mut() {
         let (front, back) = m.pair();
+        back.reset(snap_id(snap));
         if front.frame_is(0, snap_id(snap), start.pc, start.sp, start.fp) {
-            // Same start as the last walk: verify its frames in place and keep, cut or extend it.
-            in_place = true;
+            // Same start as the last walk: the usual case at a hot allocation site.
             let g = front.repeating(0, depth, &read);
             note_reused(g);
             let ended = g == front.len() && g < depth && front.end_holds(&read);
-            front.truncate(g, ended);
             emit(out, 0, front.pcs(0, g));
+            if g == front.len() && (g == depth || ended) {
+                return g; // all of it repeats: the memo stays as it is, id included
+            }
+            back.append_from(front, 0, g, ended);
             n = g;
+            j = g;
             if n == depth || ended {
+                m.swap();
                 return n;
             }
             let (p, s, f) = front.frame(g - 1);
             regs = UnwindRegsX86_64::new(p as u64, s as u64, f as u64);
             pc = p;
             emitted = true;
-            new = Some(front);
-        } else {
-            back.reset(snap_id(snap));
-            new = Some(back);
-            old = Some(front);
         }
+        new = Some(back);
+        old = Some(front);
     }
-    let mut j = 0; // memo frames below `j` lie below the current sp: they can't match any more
     loop {
         if !emitted {
             if !known.contains(&pc) {
@@ -416,7 +417,6 @@ fn dwarf_walk(
             });
             if let Some(o) = matched {
                 // This frame was unwound last time too: take over the frames that repeat.
-                old = None;
                 let g = o.repeating(j, depth - n, &read);
                 note_reused(g);
                 let ended = j + g == o.len() && n + g < depth && o.end_holds(&read);
@@ -428,7 +428,10 @@ fn dwarf_walk(
                 if n == depth || ended {
                     break;
                 }
-                let (p, s, f) = o.frame(j + g - 1);
+                // A step failed to verify (a saved register changed, say); later frames may
+                // match again once the walk is past the difference.
+                j += g;
+                let (p, s, f) = o.frame(j - 1);
                 regs = UnwindRegsX86_64::new(p as u64, s as u64, f as u64);
                 pc = p;
             } else {
@@ -468,10 +471,8 @@ fn dwarf_walk(
             }
         }
     }
-    if !in_place {
-        if let Some(m) = memos {
-            m.swap();
-        }
+    if let Some(m) = memos {
+        m.swap();
     }
     n
 }

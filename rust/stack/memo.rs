@@ -162,23 +162,6 @@ impl Memo {
         self.ends && self.step_holds(self.len - 1, read)
     }
 
-    /// Keeps frames `0..g` and the steps between them; `ended`: keep the failed last step too
-    /// (only when `g == len` and [`Memo::end_holds`]).
-    #[inline]
-    pub(super) fn truncate(&mut self, g: usize, ended: bool) {
-        if g == self.len && ended == self.ends {
-            return; // unchanged: the id stays valid
-        }
-        self.len = g;
-        self.ends = ended;
-        self.reads = if ended {
-            self.step_end[g - 1] as usize
-        } else {
-            self.step_start(g - 1)
-        };
-        self.id = 0;
-    }
-
     /// Appends frames `j..j+g` of `src` and the `g - 1` steps between them (all verified),
     /// plus `src`'s failed last step when `ended`.
     pub(super) fn append_from(&mut self, src: &Memo, j: usize, g: usize, ended: bool) {
@@ -192,6 +175,10 @@ impl Memo {
             return;
         }
         let (n, base) = (self.len, self.reads);
+        if n > 0 {
+            // Close the step from our last frame, which led to `src`'s frame `j`.
+            self.step_end[n - 1] = base as u16;
+        }
         self.pc[n..n + g].copy_from_slice(&src.pc[j..j + g]);
         self.sp[n..n + g].copy_from_slice(&src.sp[j..j + g]);
         self.fp[n..n + g].copy_from_slice(&src.fp[j..j + g]);

@@ -653,7 +653,7 @@ fn memo_agrees_with_plain_unwinding_on_random_paths() {
         let r = next();
         // Mostly the same number of levels (equal stack depth, only return addresses differ),
         // sometimes more or fewer (the memo must be spliced at a different frame index).
-        let levels = if i % 4 == 0 {
+        let levels = if i % 2 == 0 {
             4 + (r >> 40) as u32 % 5
         } else {
             6
