@@ -1,11 +1,12 @@
 //! Unwinding into a fixed buffer: DWARF CFI through a pool of rule caches, or the opt-in rbp walk.
 //!
 //! Per-thread state is one `const`-initialised, `Drop`-free thread-local (stack bounds, a
-//! cache-slot hint, a reentrancy flag): C++ `thread_local` destructors run `delete` after Rust
-//! TLS destructors would have run, so nothing here may need one.
+//! cache-slot hint, a reentrancy flag, and the 4 KiB [`Memo`] of the thread's last walk, so
+//! that a capture repeating it takes no slot at all): C++ `thread_local` destructors run
+//! `delete` after Rust TLS destructors would have run, so nothing here may need one.
 //!
-//! Unwinder caches (a framehop rule cache plus gimli's fixed-size CFI evaluation context, tens of KiB
-//! each, and the [`Memos`] of the slot's last walk, about 10 KiB) live in a static pool of [`POOL`] slots, each behind a try-lock. A thread starts at its own
+//! Unwinder caches (a framehop rule cache plus gimli's fixed-size CFI evaluation context, tens of KiB each)
+//! live in a static pool of [`POOL`] slots, each behind a try-lock. A thread starts at its own
 //! slot (by a per-thread hint) and takes the first free one; it never waits. Rules are keyed
 //! by address, so threads running the same code share warm caches, and the number of caches
 //! follows the number of *simultaneous* captures, not the number of threads ever created
@@ -13,7 +14,7 @@
 //! created only when every existing one is busy (cold path); if the pool is exhausted the
 //! capture falls back to the frame-pointer walk.
 
-use core::cell::Cell;
+use core::cell::{Cell, UnsafeCell};
 use core::mem::MaybeUninit;
 use core::ptr;
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
@@ -22,7 +23,7 @@ use std::sync::Mutex;
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64};
 use framehop::{FrameAddress, MustNotAllocateDuringUnwind, Unwinder};
 
-use super::memo::{Memo, Memos};
+use super::memo::{Memo, Splice};
 use super::modules::{self, Snapshot};
 use super::{depot, StackId, StartFrame, UnwindMode};
 
@@ -31,16 +32,10 @@ pub const POOL: usize = 64;
 
 type Cache = CacheX86_64<MustNotAllocateDuringUnwind>;
 
-/// What a slot's holder uses exclusively: the rule cache and the memo of the slot's last walk.
-struct SlotState {
-    cache: Cache,
-    memos: Memos,
-}
-
 #[repr(align(64))] // one slot per cache line: the try-locks of different threads don't share
 struct Slot {
     busy: AtomicBool,
-    cache: AtomicPtr<SlotState>,
+    cache: AtomicPtr<Cache>,
 }
 
 static SLOTS: [Slot; POOL] = [const {
@@ -68,8 +63,10 @@ struct ThreadState {
     /// Set while this thread is inside `unwind_into`: a nested capture (an allocation made by a
     /// slow path, a signal handler) returns an empty stack instead of deadlocking on a rescan.
     busy: Cell<bool>,
-    /// Set by [`set_thread_memo`]`(false)`: walks neither use nor update the memos.
+    /// Set by [`set_thread_memo`]`(false)`: walks neither use nor update the memo.
     memo_off: Cell<bool>,
+    /// The thread's last DWARF walk; only touched while `busy` is set.
+    memo: UnsafeCell<Memo>,
 }
 
 thread_local! {
@@ -82,6 +79,7 @@ thread_local! {
             hint: Cell::new(0),
             busy: Cell::new(false),
             memo_off: Cell::new(false),
+            memo: UnsafeCell::new(Memo::EMPTY),
         }
     };
 }
@@ -90,6 +88,17 @@ thread_local! {
 thread_local! {
     /// Frames this thread's walks took over from a memo instead of unwinding (tests only).
     pub(super) static REUSED: Cell<usize> = const { Cell::new(0) };
+}
+
+/// A DWARF walk with a brand-new rule cache and no memo (tests only): framehop's cache is not
+/// quite transparent (a failed DWARF evaluation caches the frame-pointer rule for that address),
+/// so this is the reference that depends on nothing but the stack.
+#[cfg(test)]
+pub(super) fn unwind_uncached(start: StartFrame, out: &mut [MaybeUninit<usize>]) -> usize {
+    let hi = THREAD.with(|t| stack_bounds(t).map_or(0, |b| b.1));
+    let snap = modules::current_or_scan().expect("modules");
+    let mut cache = Box::new(Cache::new_in());
+    dwarf_walk(start, start.sp, hi, snap, &mut cache, None, out)
 }
 
 /// Counts frames taken from a memo, so tests can tell that the memo path really ran.
@@ -188,7 +197,9 @@ fn walk(start: StartFrame, out: &mut [MaybeUninit<usize>], intern: bool) -> (usi
             let r = match stack_bounds(t) {
                 // Caller frames all lie above the start sp, so reads below it are refused too.
                 Some((lo, hi)) if start.pc != 0 && start.sp >= lo && start.sp < hi => {
-                    let memo = !t.memo_off.get();
+                    // SAFETY: `busy` is set, so nothing else on this thread (a nested capture
+                    // returns above) uses the memo until it is cleared below.
+                    let memo = (!t.memo_off.get()).then(|| unsafe { &mut *t.memo.get() });
                     unwind_checked(start, start.sp, hi, t.hint.get(), memo, intern, out)
                 }
                 _ => (0, StackId(0)),
@@ -210,62 +221,66 @@ fn unwind_checked(
     lo: usize,
     hi: usize,
     hint: usize,
-    memo: bool,
+    mut memo: Option<&mut Memo>,
     intern: bool,
     out: &mut [MaybeUninit<usize>],
 ) -> (usize, StackId) {
     if out.is_empty() {
         return (0, StackId(0));
     }
-    let dwarf = match super::unwind_mode() {
+    let snap = match super::unwind_mode() {
         UnwindMode::FramePointer => None,
-        UnwindMode::Dwarf => modules::current_or_scan().and_then(|s| Some((s, acquire(hint)?))),
+        UnwindMode::Dwarf => modules::current_or_scan(),
     };
-    let (n, remembered) = match dwarf {
-        None => (fp_walk(start, lo, hi, out), None),
-        Some((snap, slot)) => {
-            // SAFETY: the slot's try-lock is held, so this thread has exclusive use of its
-            // state, which was fully built before READY published it and is never freed.
-            let state = unsafe { &mut *SLOTS[slot].cache.load(Ordering::Acquire) };
-            let r = if memo {
-                let n = dwarf_walk(
-                    start,
-                    lo,
-                    hi,
-                    snap,
-                    &mut state.cache,
-                    Some(&mut state.memos),
-                    out,
-                );
-                let front = state.memos.pair().0;
-                // Interning here, with the slot held, lets the id be remembered with the memo.
-                let id = if !intern || !front.describes(n) {
-                    None
-                } else if front.id != 0 {
-                    // The walk verified the memo without changing it: same frames, same id.
-                    Some(StackId(front.id))
-                } else {
-                    let id = intern_frames(out, n);
-                    front.id = id.0;
-                    Some(id)
-                };
-                (n, id)
-            } else {
-                (
-                    dwarf_walk(start, lo, hi, snap, &mut state.cache, None, out),
-                    None,
-                )
-            };
-            SLOTS[slot].busy.store(false, Ordering::Release);
-            r
+    let n = match snap {
+        None => {
+            memo = None;
+            fp_walk(start, lo, hi, out)
+        }
+        Some(snap) => {
+            let read = |a: u64| read_word(a, lo, hi);
+            // A walk that repeats the last one in full needs no unwinder cache: no slot to take.
+            let again = memo
+                .as_deref_mut()
+                .and_then(|m| Splice::new(m, snap_id(snap)).repeat_all(start, &read, out));
+            match (again, again.is_none().then(|| acquire(hint)).flatten()) {
+                (Some(n), _) => {
+                    note_reused(n);
+                    n
+                }
+                (None, Some(slot)) => {
+                    // SAFETY: the slot's try-lock is held, so this thread has exclusive use of
+                    // its cache, which was fully built before READY published it and is never
+                    // freed.
+                    let cache = unsafe { &mut *SLOTS[slot].cache.load(Ordering::Acquire) };
+                    let n = dwarf_walk(start, lo, hi, snap, cache, memo.as_deref_mut(), out);
+                    SLOTS[slot].busy.store(false, Ordering::Release);
+                    n
+                }
+                (None, None) => {
+                    memo = None;
+                    fp_walk(start, lo, hi, out)
+                }
+            }
         }
     };
-    let id = match remembered {
-        Some(id) => id,
-        None if intern => intern_frames(out, n),
-        None => StackId(0),
+    let id = match memo {
+        _ if !intern => StackId(0),
+        // The walk ended with the memo's frames (verified or unwound): same id.
+        Some(m) if m.describes(n) && m.id != 0 => StackId(m.id),
+        Some(m) if m.describes(n) => {
+            let id = intern_frames(out, n);
+            m.id = id.0;
+            id
+        }
+        _ => intern_frames(out, n),
     };
     (n, id)
+}
+
+/// Snapshots are never freed, so their addresses name them.
+fn snap_id(s: &'static Snapshot) -> usize {
+    ptr::from_ref(s) as usize
 }
 
 /// Takes a free cache slot, starting at the thread's hint; creates a cache if all are busy.
@@ -302,10 +317,7 @@ fn grow(seen: usize) -> bool {
         return false;
     }
     // Allocated through the Rust global allocator (framehop boxes its tables); never freed.
-    let cache = Box::into_raw(Box::new(SlotState {
-        cache: Cache::new_in(),
-        memos: Memos::EMPTY,
-    }));
+    let cache = Box::into_raw(Box::new(Cache::new_in()));
     SLOTS[ready].cache.store(cache, Ordering::Release);
     READY.store(ready + 1, Ordering::Release);
     true
@@ -336,107 +348,68 @@ fn read_word(addr: u64, lo: usize, hi: usize) -> Result<u64, ()> {
     }
 }
 
-/// The DWARF walk. With `memos`, it reuses the part of the slot's previous walk that provably
-/// repeats (see memo.rs) and leaves a memo of this walk in front.
+/// The DWARF walk. With `memo`, it takes over the frames of the slot's previous walk that
+/// provably repeat (see memo.rs) and leaves a memo of this walk.
 fn dwarf_walk(
     start: StartFrame,
     lo: usize,
     hi: usize,
     mut snap: &'static Snapshot,
     cache: &mut Cache,
-    mut memos: Option<&mut Memos>,
+    memo: Option<&mut Memo>,
     out: &mut [MaybeUninit<usize>],
 ) -> usize {
     let read = |a: u64| read_word(a, lo, hi);
-    let snap_id = |s: &'static Snapshot| ptr::from_ref(s) as usize;
     let depth = out.len();
     let mut regs = UnwindRegsX86_64::new(start.pc as u64, start.sp as u64, start.fp as u64);
     let mut pc = start.pc;
     let mut n = 0;
+    let mut ended = false;
+    let mut splice = memo.map(|m| Splice::new(m, snap_id(snap)));
     // Consecutive frames are mostly in the same module: check its range before searching.
     let mut known = 0..0;
-    // `new`: the memo this walk writes; `old`: the previous walk, to splice from.
-    let mut new: Option<&mut Memo> = None;
-    let mut old: Option<&Memo> = None;
-    // The frame at `regs` was already emitted; go straight to its step.
-    let mut emitted = false;
-    let mut j = 0; // memo frames below `j` lie below the current sp: they can't match any more
-    if let Some(m) = memos.as_deref_mut() {
-        let (front, back) = m.pair();
-        back.reset(snap_id(snap));
-        if front.frame_is(0, snap_id(snap), start.pc, start.sp, start.fp) {
-            // Same start as the last walk: the usual case at a hot allocation site.
-            let g = front.repeating(0, depth, &read);
-            note_reused(g);
-            let ended = g == front.len() && g < depth && front.end_holds(&read);
-            emit(out, 0, front.pcs(0, g));
-            if g == front.len() && (g == depth || ended) {
-                return g; // all of it repeats: the memo stays as it is, id included
-            }
-            back.append_from(front, 0, g, ended);
-            n = g;
-            j = g;
-            if n == depth || ended {
-                m.swap();
-                return n;
-            }
-            let (p, s, f) = front.frame(g - 1);
-            regs = UnwindRegsX86_64::new(p as u64, s as u64, f as u64);
-            pc = p;
-            emitted = true;
-        }
-        new = Some(back);
-        old = Some(front);
-    }
     loop {
-        if !emitted {
-            if !known.contains(&pc) {
-                known = match snap.module_of(pc) {
-                    Some(r) => r,
-                    // Not in any known module: maybe a library loaded since the scan (slow path).
-                    None => match modules::refresh().and_then(|s| Some((s, s.module_of(pc)?))) {
-                        Some((s, r)) => {
-                            if !ptr::eq(s, snap) {
-                                // Frames so far were checked against the old module list.
-                                if let Some(m) = new.as_deref_mut() {
-                                    m.invalidate();
-                                }
-                                old = None;
-                            }
-                            snap = s;
-                            r
+        if !known.contains(&pc) {
+            known = match snap.module_of(pc) {
+                Some(r) => r,
+                // Not in any known module: maybe a library loaded since the scan (slow path).
+                None => match modules::refresh().and_then(|s| Some((s, s.module_of(pc)?))) {
+                    Some((s, r)) => {
+                        if let Some(sp) = splice.as_mut().filter(|_| !ptr::eq(s, snap)) {
+                            sp.invalidate();
                         }
-                        None => break, // JIT code or garbage: stop rather than guess
-                    },
-                };
-            }
-            let (sp, fp) = (regs.sp() as usize, regs.bp() as usize);
-            let matched = old.and_then(|o| {
-                j = o.seek(j, sp);
-                o.frame_is(j, snap_id(snap), pc, sp, fp).then_some(o)
-            });
-            if let Some(o) = matched {
-                // This frame was unwound last time too: take over the frames that repeat.
-                let g = o.repeating(j, depth - n, &read);
+                        snap = s;
+                        r
+                    }
+                    None => break, // JIT code or garbage: stop rather than guess
+                },
+            };
+        }
+        let here = (pc, regs.sp() as usize, regs.bp() as usize);
+        match splice
+            .as_mut()
+            .and_then(|s| s.take_over(n, here, depth, &read, out))
+        {
+            Some((g, end)) => {
+                // The last walk had this frame: its frames that provably repeat are in `out`.
                 note_reused(g);
-                let ended = j + g == o.len() && n + g < depth && o.end_holds(&read);
-                emit(out, n, o.pcs(j, g));
-                if let Some(m) = new.as_deref_mut() {
-                    m.append_from(o, j, g, ended);
-                }
                 n += g;
-                if n == depth || ended {
+                if n == depth || end {
+                    ended = end;
                     break;
                 }
-                // A step failed to verify (a saved register changed, say); later frames may
-                // match again once the walk is past the difference.
-                j += g;
-                let (p, s, f) = o.frame(j - 1);
-                regs = UnwindRegsX86_64::new(p as u64, s as u64, f as u64);
+                // A step failed to verify (a saved register changed, say): step afresh from
+                // the last frame that repeated; later frames may match again.
+                // Other registers framehop keeps are never read by its x86-64 steps.
+                let (p, s, f) = splice.as_ref().map_or(here, |s| s.frame(n - 1));
+                regs.set_ip(p as u64);
+                regs.set_sp(s as u64);
+                regs.set_bp(f as u64);
                 pc = p;
-            } else {
-                if let Some(m) = new.as_deref_mut() {
-                    m.push_frame(pc, sp, fp);
+            }
+            None => {
+                if let Some(s) = splice.as_mut() {
+                    s.push_frame(n, here.0, here.1, here.2);
                 }
                 out[n].write(pc);
                 n += 1;
@@ -445,13 +418,15 @@ fn dwarf_walk(
                 }
             }
         }
-        emitted = false;
+        if let Some(s) = splice.as_mut() {
+            s.begin_step(n - 1);
+        }
         let prev_sp = regs.sp();
         let stepped = FrameAddress::from_return_address(pc as u64).and_then(|addr| {
             let mut logged = |a: u64| {
                 let r = read(a);
-                if let Some(m) = new.as_deref_mut() {
-                    m.log(a, r);
+                if let Some(s) = splice.as_mut() {
+                    s.log(n - 1, a, r);
                 }
                 r
             };
@@ -462,27 +437,22 @@ fn dwarf_walk(
         });
         match stepped {
             // The stack grows down: a caller's sp must be above its callee's, or we would loop.
-            Some(ra) if ra != 0 && regs.sp() > prev_sp => pc = ra as usize,
-            _ => {
-                if let Some(m) = new.as_deref_mut() {
-                    m.push_end();
+            Some(ra) if ra != 0 && regs.sp() > prev_sp => {
+                if let Some(s) = splice.as_mut() {
+                    s.end_step(n - 1);
                 }
+                pc = ra as usize;
+            }
+            _ => {
+                ended = true;
                 break;
             }
         }
     }
-    if let Some(m) = memos {
-        m.swap();
+    if let Some(s) = splice {
+        s.finish(n, ended);
     }
     n
-}
-
-/// Writes `pcs` to `out[at..]`.
-#[inline]
-fn emit(out: &mut [MaybeUninit<usize>], at: usize, pcs: &[usize]) {
-    for (o, &p) in out[at..at + pcs.len()].iter_mut().zip(pcs) {
-        o.write(p);
-    }
 }
 
 /// The opt-in walk along saved rbp values; loses frames in code without frame pointers.
