@@ -1,5 +1,7 @@
 //! Stack-capture cost: ns per capture of 10 and 30 frames, warm, on 1 and 2 threads, for the
-//! DWARF unwinder (with and without the depot), the frame-pointer walk and `_Unwind_Backtrace`.
+//! DWARF unwinder (with and without the depot, with and without the memo of the previous walk:
+//! every capture here repeats the same site, the memo's best case), the frame-pointer walk and
+//! `_Unwind_Backtrace`.
 //! Prints numbers; asserts only that the warm DWARF path makes no heap allocation.
 //!
 //! Run: `nice -n 10 cargo bench --bench stack_capture`
@@ -36,7 +38,9 @@ const ITERS: u32 = 200_000;
 #[derive(Clone, Copy, PartialEq)]
 enum Method {
     DwarfDepot,
+    DwarfDepotNoMemo,
     Dwarf,
+    DwarfNoMemo,
     FramePointer,
     UnwindBacktrace,
 }
@@ -47,8 +51,10 @@ fn measure(method: Method, depth: usize) -> (f64, usize, u64) {
     let mut buf = [MaybeUninit::<usize>::uninit(); MAX_DEPTH];
     let mut frames = 0;
     let mut once = || match method {
-        Method::DwarfDepot => stack::frames(stack::capture(StartFrame::here(), depth)).len(),
-        Method::Dwarf | Method::FramePointer => {
+        Method::DwarfDepot | Method::DwarfDepotNoMemo => {
+            stack::frames(stack::capture(StartFrame::here(), depth)).len()
+        }
+        Method::Dwarf | Method::DwarfNoMemo | Method::FramePointer => {
             capture::unwind_into(StartFrame::here(), &mut buf[..depth])
         }
         Method::UnwindBacktrace => {
@@ -64,6 +70,10 @@ fn measure(method: Method, depth: usize) -> (f64, usize, u64) {
             n
         }
     };
+    capture::set_thread_memo(!matches!(
+        method,
+        Method::DwarfDepotNoMemo | Method::DwarfNoMemo
+    ));
     for _ in 0..1000 {
         frames = once(); // warm caches and the depot entry
     }
@@ -111,8 +121,10 @@ fn frames_through_qsort(levels: usize) -> usize {
 
 fn name(m: Method) -> &'static str {
     match m {
-        Method::DwarfDepot => "dwarf (framehop) + depot",
-        Method::Dwarf => "dwarf (framehop) unwind only",
+        Method::DwarfDepot => "dwarf + depot, memo",
+        Method::DwarfDepotNoMemo => "dwarf + depot, no memo",
+        Method::Dwarf => "dwarf unwind only, memo",
+        Method::DwarfNoMemo => "dwarf unwind only, no memo",
         Method::FramePointer => "frame-pointer walk",
         Method::UnwindBacktrace => "_Unwind_Backtrace",
     }
@@ -127,7 +139,9 @@ fn main() {
     );
     for method in [
         Method::DwarfDepot,
+        Method::DwarfDepotNoMemo,
         Method::Dwarf,
+        Method::DwarfNoMemo,
         Method::FramePointer,
         Method::UnwindBacktrace,
     ] {

@@ -1,8 +1,9 @@
 //! Unwinding into a fixed buffer: DWARF CFI through a pool of rule caches, or the opt-in rbp walk.
 //!
 //! Per-thread state is one `const`-initialised, `Drop`-free thread-local (stack bounds, a
-//! cache-slot hint, a reentrancy flag): C++ `thread_local` destructors run `delete` after Rust
-//! TLS destructors would have run, so nothing here may need one.
+//! cache-slot hint, a reentrancy flag, and the 4 KiB [`Memo`] of the thread's last walk, so
+//! that a capture repeating it takes no slot at all): C++ `thread_local` destructors run
+//! `delete` after Rust TLS destructors would have run, so nothing here may need one.
 //!
 //! Unwinder caches (a framehop rule cache plus gimli's fixed-size CFI evaluation context, tens of KiB each)
 //! live in a static pool of [`POOL`] slots, each behind a try-lock. A thread starts at its own
@@ -13,7 +14,7 @@
 //! created only when every existing one is busy (cold path); if the pool is exhausted the
 //! capture falls back to the frame-pointer walk.
 
-use core::cell::Cell;
+use core::cell::{Cell, UnsafeCell};
 use core::mem::MaybeUninit;
 use core::ptr;
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
@@ -22,8 +23,9 @@ use std::sync::Mutex;
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64};
 use framehop::{FrameAddress, MustNotAllocateDuringUnwind, Unwinder};
 
+use super::memo::{Memo, Splice};
 use super::modules::{self, Snapshot};
-use super::{StartFrame, UnwindMode};
+use super::{depot, StackId, StartFrame, UnwindMode};
 
 /// Number of unwinder-cache slots; more simultaneous captures than this use the rbp walk.
 pub const POOL: usize = 64;
@@ -61,6 +63,10 @@ struct ThreadState {
     /// Set while this thread is inside `unwind_into`: a nested capture (an allocation made by a
     /// slow path, a signal handler) returns an empty stack instead of deadlocking on a rescan.
     busy: Cell<bool>,
+    /// Set by [`set_thread_memo`]`(false)`: walks neither use nor update the memo.
+    memo_off: Cell<bool>,
+    /// The thread's last DWARF walk; only touched while `busy` is set.
+    memo: UnsafeCell<Memo>,
 }
 
 thread_local! {
@@ -72,8 +78,34 @@ thread_local! {
             bounds: Cell::new(BOUNDS_UNKNOWN),
             hint: Cell::new(0),
             busy: Cell::new(false),
+            memo_off: Cell::new(false),
+            memo: UnsafeCell::new(Memo::EMPTY),
         }
     };
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Frames this thread's walks took over from a memo instead of unwinding (tests only).
+    pub(super) static REUSED: Cell<usize> = const { Cell::new(0) };
+}
+
+/// A DWARF walk with a brand-new rule cache and no memo (tests only): framehop's cache is not
+/// quite transparent (a failed DWARF evaluation caches the frame-pointer rule for that address),
+/// so this is the reference that depends on nothing but the stack.
+#[cfg(test)]
+pub(super) fn unwind_uncached(start: StartFrame, out: &mut [MaybeUninit<usize>]) -> usize {
+    let hi = THREAD.with(|t| stack_bounds(t).map_or(0, |b| b.1));
+    let snap = modules::current_or_scan().expect("modules");
+    let mut cache = Box::new(Cache::new_in());
+    dwarf_walk(start, start.sp, hi, snap, &mut cache, None, out)
+}
+
+/// Counts frames taken from a memo, so tests can tell that the memo path really ran.
+#[inline(always)]
+fn note_reused(_frames: usize) {
+    #[cfg(test)]
+    REUSED.with(|r| r.set(r.get() + _frames));
 }
 
 /// Reads the calling thread's stack range once (slow path: `pthread_getattr_np` parses
@@ -132,22 +164,19 @@ pub(super) fn caller_of_checked(fp: usize) -> StartFrame {
 /// Unwinds from `start` into `out` (at most `out.len()` frames, `out[0] = start.pc`) and
 /// returns how many were written. 0 when the stack cannot be read safely or on reentry.
 pub fn unwind_into(start: StartFrame, out: &mut [MaybeUninit<usize>]) -> usize {
-    THREAD
-        .try_with(|t| {
-            if t.busy.replace(true) {
-                return 0;
-            }
-            let n = match stack_bounds(t) {
-                // Caller frames all lie above the start sp, so reads below it are refused too.
-                Some((lo, hi)) if start.pc != 0 && start.sp >= lo && start.sp < hi => {
-                    unwind_checked(start, start.sp, hi, t.hint.get(), out)
-                }
-                _ => 0,
-            };
-            t.busy.set(false);
-            n
-        })
-        .unwrap_or(0)
+    walk(start, out, false).0
+}
+
+/// Unwinds like [`unwind_into`] and interns the frames; a walk that provably repeats the
+/// previous one of its cache slot returns the remembered id without unwinding or hashing.
+pub(super) fn capture_interned(start: StartFrame, out: &mut [MaybeUninit<usize>]) -> StackId {
+    walk(start, out, true).1
+}
+
+/// Whether captures on the calling thread may reuse earlier walks (default: yes). Results are
+/// the same either way; turning it off is for measuring and for testing that claim.
+pub fn set_thread_memo(enabled: bool) {
+    let _ = THREAD.try_with(|t| t.memo_off.set(!enabled));
 }
 
 /// Convenience over [`unwind_into`] for callers holding an initialised buffer.
@@ -158,31 +187,100 @@ pub fn unwind_into_slice(start: StartFrame, out: &mut [usize]) -> usize {
     unwind_into(start, out)
 }
 
+/// The frames written and, if `intern`, their depot id.
+fn walk(start: StartFrame, out: &mut [MaybeUninit<usize>], intern: bool) -> (usize, StackId) {
+    THREAD
+        .try_with(|t| {
+            if t.busy.replace(true) {
+                return (0, StackId(0));
+            }
+            let r = match stack_bounds(t) {
+                // Caller frames all lie above the start sp, so reads below it are refused too.
+                Some((lo, hi)) if start.pc != 0 && start.sp >= lo && start.sp < hi => {
+                    // SAFETY: `busy` is set, so nothing else on this thread (a nested capture
+                    // returns above) uses the memo until it is cleared below.
+                    let memo = (!t.memo_off.get()).then(|| unsafe { &mut *t.memo.get() });
+                    unwind_checked(start, start.sp, hi, t.hint.get(), memo, intern, out)
+                }
+                _ => (0, StackId(0)),
+            };
+            t.busy.set(false);
+            r
+        })
+        .unwrap_or((0, StackId(0)))
+}
+
+/// The depot id of `out[..n]`.
+fn intern_frames(out: &[MaybeUninit<usize>], n: usize) -> StackId {
+    // SAFETY: the walk initialised exactly the first `n` elements.
+    depot::intern(unsafe { core::slice::from_raw_parts(out.as_ptr().cast::<usize>(), n) })
+}
+
 fn unwind_checked(
     start: StartFrame,
     lo: usize,
     hi: usize,
     hint: usize,
+    mut memo: Option<&mut Memo>,
+    intern: bool,
     out: &mut [MaybeUninit<usize>],
-) -> usize {
+) -> (usize, StackId) {
     if out.is_empty() {
-        return 0;
+        return (0, StackId(0));
     }
-    if super::unwind_mode() == UnwindMode::FramePointer {
-        return fp_walk(start, lo, hi, out);
-    }
-    let Some(snap) = modules::current_or_scan() else {
-        return fp_walk(start, lo, hi, out);
+    let snap = match super::unwind_mode() {
+        UnwindMode::FramePointer => None,
+        UnwindMode::Dwarf => modules::current_or_scan(),
     };
-    let Some(slot) = acquire(hint) else {
-        return fp_walk(start, lo, hi, out);
+    let n = match snap {
+        None => {
+            memo = None;
+            fp_walk(start, lo, hi, out)
+        }
+        Some(snap) => {
+            let read = |a: u64| read_word(a, lo, hi);
+            // A walk that repeats the last one in full needs no unwinder cache: no slot to take.
+            let again = memo
+                .as_deref_mut()
+                .and_then(|m| Splice::new(m, snap_id(snap)).repeat_all(start, &read, out));
+            match (again, again.is_none().then(|| acquire(hint)).flatten()) {
+                (Some(n), _) => {
+                    note_reused(n);
+                    n
+                }
+                (None, Some(slot)) => {
+                    // SAFETY: the slot's try-lock is held, so this thread has exclusive use of
+                    // its cache, which was fully built before READY published it and is never
+                    // freed.
+                    let cache = unsafe { &mut *SLOTS[slot].cache.load(Ordering::Acquire) };
+                    let n = dwarf_walk(start, lo, hi, snap, cache, memo.as_deref_mut(), out);
+                    SLOTS[slot].busy.store(false, Ordering::Release);
+                    n
+                }
+                (None, None) => {
+                    memo = None;
+                    fp_walk(start, lo, hi, out)
+                }
+            }
+        }
     };
-    // SAFETY: the slot's try-lock is held, so this thread has exclusive use of its cache,
-    // which was fully built before READY published it and is never freed.
-    let cache = unsafe { &mut *SLOTS[slot].cache.load(Ordering::Acquire) };
-    let n = dwarf_walk(start, lo, hi, snap, cache, out);
-    SLOTS[slot].busy.store(false, Ordering::Release);
-    n
+    let id = match memo {
+        _ if !intern => StackId(0),
+        // The walk ended with the memo's frames (verified or unwound): same id.
+        Some(m) if m.describes(n) && m.id != 0 => StackId(m.id),
+        Some(m) if m.describes(n) => {
+            let id = intern_frames(out, n);
+            m.id = id.0;
+            id
+        }
+        _ => intern_frames(out, n),
+    };
+    (n, id)
+}
+
+/// Snapshots are never freed, so their addresses name them.
+fn snap_id(s: &'static Snapshot) -> usize {
+    ptr::from_ref(s) as usize
 }
 
 /// Takes a free cache slot, starting at the thread's hint; creates a cache if all are busy.
@@ -250,18 +348,24 @@ fn read_word(addr: u64, lo: usize, hi: usize) -> Result<u64, ()> {
     }
 }
 
+/// The DWARF walk. With `memo`, it takes over the frames of the slot's previous walk that
+/// provably repeat (see memo.rs) and leaves a memo of this walk.
 fn dwarf_walk(
     start: StartFrame,
     lo: usize,
     hi: usize,
     mut snap: &'static Snapshot,
     cache: &mut Cache,
+    memo: Option<&mut Memo>,
     out: &mut [MaybeUninit<usize>],
 ) -> usize {
-    let mut read = |a: u64| read_word(a, lo, hi);
+    let read = |a: u64| read_word(a, lo, hi);
+    let depth = out.len();
     let mut regs = UnwindRegsX86_64::new(start.pc as u64, start.sp as u64, start.fp as u64);
     let mut pc = start.pc;
     let mut n = 0;
+    let mut ended = false;
+    let mut splice = memo.map(|m| Splice::new(m, snap_id(snap)));
     // Consecutive frames are mostly in the same module: check its range before searching.
     let mut known = 0..0;
     loop {
@@ -271,6 +375,9 @@ fn dwarf_walk(
                 // Not in any known module: maybe a library loaded since the scan (slow path).
                 None => match modules::refresh().and_then(|s| Some((s, s.module_of(pc)?))) {
                     Some((s, r)) => {
+                        if let Some(sp) = splice.as_mut().filter(|_| !ptr::eq(s, snap)) {
+                            sp.invalidate();
+                        }
                         snap = s;
                         r
                     }
@@ -278,23 +385,72 @@ fn dwarf_walk(
                 },
             };
         }
-        out[n].write(pc);
-        n += 1;
-        if n == out.len() {
-            break;
-        }
-        let Some(addr) = FrameAddress::from_return_address(pc as u64) else {
-            break;
-        };
-        let sp = regs.sp();
-        match snap
-            .unwinder
-            .unwind_frame(addr, &mut regs, cache, &mut read)
+        let here = (pc, regs.sp() as usize, regs.bp() as usize);
+        match splice
+            .as_mut()
+            .and_then(|s| s.take_over(n, here, depth, &read, out))
         {
-            // The stack grows down: a caller's sp must be above its callee's, or we would loop.
-            Ok(Some(ra)) if ra != 0 && regs.sp() > sp => pc = ra as usize,
-            _ => break,
+            Some((g, end)) => {
+                // The last walk had this frame: its frames that provably repeat are in `out`.
+                note_reused(g);
+                n += g;
+                if n == depth || end {
+                    ended = end;
+                    break;
+                }
+                // A step failed to verify (a saved register changed, say): step afresh from
+                // the last frame that repeated; later frames may match again.
+                // Other registers framehop keeps are never read by its x86-64 steps.
+                let (p, s, f) = splice.as_ref().map_or(here, |s| s.frame(n - 1));
+                regs.set_ip(p as u64);
+                regs.set_sp(s as u64);
+                regs.set_bp(f as u64);
+                pc = p;
+            }
+            None => {
+                if let Some(s) = splice.as_mut() {
+                    s.push_frame(n, here.0, here.1, here.2);
+                }
+                out[n].write(pc);
+                n += 1;
+                if n == depth {
+                    break;
+                }
+            }
         }
+        if let Some(s) = splice.as_mut() {
+            s.begin_step(n - 1);
+        }
+        let prev_sp = regs.sp();
+        let stepped = FrameAddress::from_return_address(pc as u64).and_then(|addr| {
+            let mut logged = |a: u64| {
+                let r = read(a);
+                if let Some(s) = splice.as_mut() {
+                    s.log(n - 1, a, r);
+                }
+                r
+            };
+            snap.unwinder
+                .unwind_frame(addr, &mut regs, cache, &mut logged)
+                .ok()
+                .flatten()
+        });
+        match stepped {
+            // The stack grows down: a caller's sp must be above its callee's, or we would loop.
+            Some(ra) if ra != 0 && regs.sp() > prev_sp => {
+                if let Some(s) = splice.as_mut() {
+                    s.end_step(n - 1);
+                }
+                pc = ra as usize;
+            }
+            _ => {
+                ended = true;
+                break;
+            }
+        }
+    }
+    if let Some(s) = splice {
+        s.finish(n, ended);
     }
     n
 }

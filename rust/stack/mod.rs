@@ -14,6 +14,7 @@
 
 pub mod capture;
 pub mod depot;
+mod memo;
 mod modules;
 
 #[cfg(test)]
@@ -116,10 +117,7 @@ pub fn capture(start: StartFrame, depth: usize) -> StackId {
         return StackId(0);
     }
     let mut buf = [core::mem::MaybeUninit::<usize>::uninit(); MAX_DEPTH];
-    let n = capture::unwind_into(start, &mut buf[..depth]);
-    // SAFETY: `unwind_into` initialised exactly the first `n` elements.
-    let frames = unsafe { core::slice::from_raw_parts(buf.as_ptr().cast::<usize>(), n) };
-    depot::intern(frames)
+    capture::capture_interned(start, &mut buf[..depth])
 }
 
 /// The return addresses of a stack, innermost first; empty for `StackId(0)` or an unknown id.

@@ -522,3 +522,161 @@ fn captures_before_main_without_warm_up() {
     assert!(names(f[0]).contains("level_b"));
     assert!(names(f[2]).contains("capture_before_main"));
 }
+
+/// Captures from `start` with and without the memo (interned and raw) and checks they agree.
+fn check_memo_agrees(start: StartFrame, depth: usize) -> StackId {
+    let with = capture::capture_interned(
+        start,
+        &mut [core::mem::MaybeUninit::uninit(); MAX_DEPTH][..depth],
+    );
+    let mut raw_with = [0usize; MAX_DEPTH];
+    let n_with = capture::unwind_into_slice(start, &mut raw_with[..depth]);
+    capture::set_thread_memo(false);
+    let without = capture(start, depth);
+    let mut raw_without = [0usize; MAX_DEPTH];
+    let n_without = capture::unwind_into_slice(start, &mut raw_without[..depth]);
+    capture::set_thread_memo(true);
+    if frames(with) != frames(without) || raw_with[..n_with] != raw_without[..n_without] {
+        // The memo replays what the unwinder answered when it was recorded; the plain walk may
+        // since have changed its answer through framehop's cache (see `unwind_uncached`). A
+        // stale memo would disagree with a walk that depends on nothing but the stack.
+        let mut clean = [core::mem::MaybeUninit::uninit(); MAX_DEPTH];
+        let n = capture::unwind_uncached(start, &mut clean[..depth]);
+        // SAFETY: `unwind_uncached` initialised the first `n` elements.
+        let clean = unsafe { core::slice::from_raw_parts(clean.as_ptr().cast::<usize>(), n) };
+        assert_eq!(frames(with), clean, "memo gave a different stack");
+        assert_eq!(&raw_with[..n_with], clean, "memo gave a different stack");
+    } else {
+        assert_eq!(with, without);
+    }
+    assert_eq!(frames(without), &raw_without[..n_without]);
+    with
+}
+
+thread_local! {
+    static MEMO_STARTS: std::cell::RefCell<Vec<(usize, usize, usize)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Captures with the start frame in `memo_mid`: identical for both paths below, so only the
+/// return address into `memo_path_a`/`memo_path_b` (one stack word) tells them apart.
+#[inline(never)]
+fn memo_leaf(depth: usize) -> StackId {
+    let start = StartFrame::here();
+    MEMO_STARTS.with(|s| s.borrow_mut().push((start.pc, start.sp, start.fp)));
+    black_box(check_memo_agrees(start, depth))
+}
+
+#[inline(never)]
+fn memo_mid(depth: usize) -> StackId {
+    black_box(memo_leaf(black_box(depth)))
+}
+
+#[inline(never)]
+fn memo_path_a(depth: usize) -> StackId {
+    black_box(memo_mid(black_box(depth)))
+}
+
+#[inline(never)]
+fn memo_path_b(depth: usize) -> StackId {
+    // A different constant keeps the two paths from being merged into one function.
+    black_box(memo_mid(black_box(depth) + black_box(0)))
+}
+
+#[test]
+fn memo_detects_a_changed_outer_return_address() {
+    capture::REUSED.with(|r| r.set(0));
+    MEMO_STARTS.with(|s| s.borrow_mut().clear());
+    let mut ids = [StackId(0); 2];
+    for i in 0..200 {
+        let b = black_box(i % 3 == 1);
+        let id = if b { memo_path_b(16) } else { memo_path_a(16) };
+        if ids[b as usize] == StackId(0) {
+            ids[b as usize] = id;
+        }
+        assert_eq!(ids[b as usize], id, "a path's stack changed between calls");
+    }
+    assert_ne!(ids[0], ids[1]);
+    assert!(
+        names(frames(ids[0])[1]).contains("memo_path_a"),
+        "{}",
+        names(frames(ids[0])[1])
+    );
+    assert!(
+        names(frames(ids[1])[1]).contains("memo_path_b"),
+        "{}",
+        names(frames(ids[1])[1])
+    );
+    // The case worth testing: equal start registers, so the memo's start check passes and only
+    // the recorded reads can catch the difference.
+    MEMO_STARTS.with(|s| {
+        let s = s.borrow();
+        assert!(
+            s.iter().all(|&x| x == s[0]),
+            "start frames differ: {:x?}",
+            &s[..3]
+        );
+    });
+    assert!(
+        capture::REUSED.with(|r| r.get()) > 200 * 8,
+        "the memo was hardly used"
+    );
+}
+
+/// One of two frame-pointer-less-looking paths per level, chosen by the bits of `path`.
+#[inline(never)]
+fn memo_rnd_a(path: u64, levels: u32, depth: usize) -> StackId {
+    black_box(memo_rnd(black_box(path >> 1), levels - 1, depth))
+}
+
+#[inline(never)]
+fn memo_rnd_b(path: u64, levels: u32, depth: usize) -> StackId {
+    black_box(memo_rnd(
+        black_box(path >> 1) + black_box(0),
+        levels - 1,
+        depth,
+    ))
+}
+
+#[inline(never)]
+fn memo_rnd(path: u64, levels: u32, depth: usize) -> StackId {
+    if levels == 0 {
+        black_box(check_memo_agrees(StartFrame::here(), depth))
+    } else if path & 1 == 0 {
+        black_box(memo_rnd_a(path, levels, depth))
+    } else {
+        black_box(memo_rnd_b(path, levels, depth))
+    }
+}
+
+#[test]
+fn memo_agrees_with_plain_unwinding_on_random_paths() {
+    capture::REUSED.with(|r| r.set(0));
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    for i in 0..3000 {
+        let r = next();
+        // Mostly the same number of levels (equal stack depth, only return addresses differ),
+        // sometimes more or fewer (the memo must be spliced at a different frame index).
+        let levels = if i % 2 == 0 {
+            4 + (r >> 40) as u32 % 5
+        } else {
+            6
+        };
+        let depth = if i % 5 == 0 {
+            1 + (r >> 48) as usize % MAX_DEPTH
+        } else {
+            32
+        };
+        black_box(memo_rnd(r & 0x3f, levels, depth));
+    }
+    assert!(
+        capture::REUSED.with(|r| r.get()) > 3000 * 4,
+        "the memo was hardly used"
+    );
+}
