@@ -32,7 +32,7 @@ fn compile(
     let exe = dir.join(name);
     let mut cmd = Command::new(compiler);
     cmd.current_dir(support::repo())
-        .args(["-std=c++17", "-g", "-O2", "-I", "include"])
+        .args(["-std=c++17", "-g", "-I", "include"])
         .args(flags);
     cmd.arg("benches/programs/churn.cpp");
     if tracked {
@@ -106,23 +106,24 @@ fn measure(v: &Variant, threads: u32, dir: &Path) -> Option<f64> {
     Some(best)
 }
 
-fn main() {
-    let dir = support::scratch("bench_new_delete");
+/// The workload under every allocator, built at one optimisation level.
+fn variants(dir: &Path, opt: &'static str, with_slow_peers: bool) -> Vec<Variant> {
+    let name = |base: &str| format!("churn_{base}{opt}");
     let plain =
-        compile(&dir, "churn_plain", "g++", &[], false).expect("g++ builds the plain workload");
+        compile(dir, &name("plain"), "g++", &[opt], false).expect("g++ builds the plain workload");
     let tracked =
-        compile(&dir, "churn_k15", "g++", &[], true).expect("the tracked workload builds");
-    let tracker = |name, options: &str| Variant {
-        name,
+        compile(dir, &name("k15"), "g++", &[opt], true).expect("the tracked workload builds");
+    let tracker = |label, options: &str| Variant {
+        name: label,
         wrapper: vec![],
         exe: tracked.clone(),
         env: vec![("K15_MEMORY_OPTIONS", format!("report=0:{options}"))],
         pairs_divisor: 1,
     };
     let peer =
-        |name, wrapper: &[&str], exe: &Path, env: Vec<(&'static str, String)>, pairs_divisor| {
+        |label, wrapper: &[&str], exe: &Path, env: Vec<(&'static str, String)>, pairs_divisor| {
             Variant {
-                name,
+                name: label,
                 wrapper: wrapper.iter().map(|s| s.to_string()).collect(),
                 exe: exe.to_owned(),
                 env,
@@ -148,10 +149,10 @@ fn main() {
         "stack_depth=32:unwinder=frame_pointer",
     ));
     if let Some(lsan) = compile(
-        &dir,
-        "churn_lsan",
+        dir,
+        &name("lsan"),
         "clang++-14",
-        &["-fsanitize=leak"],
+        &[opt, "-fsanitize=leak"],
         false,
     ) {
         variants.push(peer(
@@ -161,6 +162,9 @@ fn main() {
             vec![],
             1,
         ));
+    }
+    if !with_slow_peers {
+        return variants;
     }
     if on_path("heaptrack") {
         let out = dir.join("heaptrack.out").display().to_string();
@@ -183,21 +187,29 @@ fn main() {
             40,
         ));
     }
+    variants
+}
 
-    for threads in [1, 2] {
-        println!("\nchurn, {threads} thread(s), {PAIRS} new/delete pairs per thread (best of {RUNS}; slow peers on fewer pairs, once):");
-        println!(
-            "  {:<42} {:>12} {:>10}",
-            "allocator", "ns per pair", "vs glibc"
-        );
-        let mut baseline = None;
-        for v in &variants {
-            match measure(v, threads, &dir) {
-                Some(ns) => {
-                    let base = *baseline.get_or_insert(ns);
-                    println!("  {:<42} {:>12.1} {:>9.2}x", v.name, ns, ns / base);
+fn main() {
+    let dir = support::scratch("bench_new_delete");
+    // -O2: the allocator cost stands out; -O0: a debug build, where the tracker is meant to live.
+    for (opt, with_slow_peers) in [("-O2", true), ("-O0", false)] {
+        let variants = variants(&dir, opt, with_slow_peers);
+        for threads in [1, 2] {
+            println!("\nchurn built {opt}, {threads} thread(s), {PAIRS} new/delete pairs per thread (best of {RUNS}; slow peers on fewer pairs, once):");
+            println!(
+                "  {:<42} {:>12} {:>10}",
+                "allocator", "ns per pair", "vs glibc"
+            );
+            let mut baseline = None;
+            for v in &variants {
+                match measure(v, threads, &dir) {
+                    Some(ns) => {
+                        let base = *baseline.get_or_insert(ns);
+                        println!("  {:<42} {:>12.1} {:>9.2}x", v.name, ns, ns / base);
+                    }
+                    None => println!("  {:<42} {:>12}", v.name, "failed"),
                 }
-                None => println!("  {:<42} {:>12}", v.name, "failed"),
             }
         }
     }
