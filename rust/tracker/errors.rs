@@ -46,6 +46,31 @@ pub struct MemoryError {
     pub free_stack: StackId,
 }
 
+impl MemoryError {
+    /// A bad free of `ptr` through `freed_with`, of which nothing else is known yet.
+    pub fn at_free(
+        kind: ErrorKind,
+        ptr: *mut u8,
+        freed_with: BlockKind,
+        free_stack: StackId,
+    ) -> MemoryError {
+        MemoryError {
+            kind,
+            address: ptr as usize,
+            size: 0,
+            file: None,
+            line: 0,
+            thread: 0,
+            allocated_with: None,
+            freed_with,
+            allocator: None,
+            detail: None,
+            alloc_stack: StackId(0),
+            free_stack,
+        }
+    }
+}
+
 static ERRORS: Mutex<Vec<MemoryError>> = Mutex::new(Vec::new());
 
 /// Records the error, prints it on stderr, and aborts if `halt_on_error` is set.

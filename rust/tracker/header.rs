@@ -51,7 +51,7 @@ pub struct BlockHeader {
     pub file: *const c_char,
     pub size: usize,
     pub alloc_stack: StackId,
-    raw_offset_or_free_stack: u32,
+    raw_offset: u32,
     cookie: usize,
 }
 
@@ -64,11 +64,7 @@ pub enum Lookup {
     /// A live block allocated while the tracker was busy (its own memory): freed without lists.
     Untracked(*mut BlockHeader),
     /// A block that was freed before; what its header still tells.
-    Freed {
-        size: usize,
-        alloc_stack: StackId,
-        first_free_stack: StackId,
-    },
+    Freed { size: usize, alloc_stack: StackId },
     /// Not from us at all.
     Foreign,
 }
@@ -84,7 +80,7 @@ impl BlockHeader {
     }
 
     pub fn raw_offset(&self) -> usize {
-        self.raw_offset_or_free_stack as usize
+        self.raw_offset as usize
     }
 
     /// Writes a complete header for a new block.
@@ -117,7 +113,7 @@ impl BlockHeader {
                 file,
                 size,
                 alloc_stack: StackId(0),
-                raw_offset_or_free_stack: raw_offset as u32,
+                raw_offset: raw_offset as u32,
                 cookie: if tracked {
                     LIVE ^ user
                 } else {
@@ -127,19 +123,13 @@ impl BlockHeader {
         };
     }
 
-    /// The stack of the free that released this block (valid once freed).
-    pub fn free_stack(&self) -> StackId {
-        StackId(self.raw_offset_or_free_stack)
-    }
-
     pub fn is_live(&self) -> bool {
         self.cookie == LIVE ^ Self::user_ptr(self as *const _ as *mut _) as usize
     }
 
-    /// Marks the block freed, keeping the free's stack where the raw offset was.
-    pub fn mark_freed(&mut self, free_stack: StackId) {
+    /// Marks the block freed: a later free of the same pointer finds `FREED`.
+    pub fn mark_freed(&mut self) {
         self.cookie = FREED ^ Self::user_ptr(self as *mut _) as usize;
-        self.raw_offset_or_free_stack = free_stack.0;
     }
 
     /// Classifies `user`. Reads memory only where it is known to be mapped: the cookie lies in
@@ -175,7 +165,6 @@ impl BlockHeader {
                 Some(freed) => Lookup::Freed {
                     size: freed.size,
                     alloc_stack: freed.alloc_stack,
-                    first_free_stack: freed.free_stack,
                 },
                 None => Lookup::Foreign,
             };
@@ -195,7 +184,6 @@ impl BlockHeader {
             Lookup::Freed {
                 size: h.size,
                 alloc_stack: h.alloc_stack,
-                first_free_stack: h.free_stack(),
             }
         } else {
             Lookup::Foreign

@@ -39,8 +39,8 @@ pub unsafe fn allocate(
     };
     let options = init::options();
     let Some(block) = raw::acquire(size, align) else {
-        if let Some(budget) = budget::active() {
-            report_budget_exceeded(budget.bytes, size, file, line, start);
+        if budget::active().is_some() {
+            report_budget_exceeded(size, file, line, start);
         }
         return core::ptr::null_mut();
     };
@@ -108,42 +108,21 @@ pub fn deallocate(ptr: *mut u8, kind: BlockKind, start: StartFrame) {
             // SAFETY: an untracked header is ours, on no list, and freed only here.
             unsafe {
                 let raw_offset = (*header).raw_offset();
-                (*header).mark_freed(StackId(0));
+                (*header).mark_freed();
                 raw::release(header, raw_offset);
             }
         }
-        Lookup::Freed {
+        Lookup::Freed { size, alloc_stack } => bad_free(MemoryError {
             size,
             alloc_stack,
-            first_free_stack: _,
-        } => bad_free(MemoryError {
-            kind: ErrorKind::DoubleFree,
-            address: ptr as usize,
-            size,
-            file: None,
-            line: 0,
-            thread: 0,
-            allocated_with: None,
-            freed_with: kind,
-            allocator: None,
-            detail: None,
-            alloc_stack,
-            free_stack: capture_free_stack(start),
+            ..MemoryError::at_free(ErrorKind::DoubleFree, ptr, kind, capture_free_stack(start))
         }),
-        Lookup::Foreign => bad_free(MemoryError {
-            kind: ErrorKind::InvalidFree,
-            address: ptr as usize,
-            size: 0,
-            file: None,
-            line: 0,
-            thread: 0,
-            allocated_with: None,
-            freed_with: kind,
-            allocator: None,
-            detail: None,
-            alloc_stack: StackId(0),
-            free_stack: capture_free_stack(start),
-        }),
+        Lookup::Foreign => bad_free(MemoryError::at_free(
+            ErrorKind::InvalidFree,
+            ptr,
+            kind,
+            capture_free_stack(start),
+        )),
     }
 }
 
@@ -168,7 +147,7 @@ fn free_live(header: *mut BlockHeader, kind: BlockKind, start: StartFrame, track
             }
             locked.unlink(header, h.size);
             raw_offset = h.raw_offset();
-            h.mark_freed(StackId(0));
+            h.mark_freed();
         }
     }
     // SAFETY: the block is off its list and marked freed; this thread owns its memory now.
@@ -187,50 +166,45 @@ fn report_mismatch(header: *mut BlockHeader, kind: BlockKind, start: StartFrame)
     // SAFETY: the block is live (LIVE cookie seen by lookup) and stays so until this thread
     // frees it after this report.
     let h = unsafe { &*header };
+    let user = BlockHeader::user_ptr(header);
     bad_free(MemoryError {
-        kind: ErrorKind::MismatchedDelete,
-        address: BlockHeader::user_ptr(header) as usize,
         size: h.size,
         // SAFETY: `file` of a live block is null or a `__FILE__` literal of the program.
         file: unsafe { crate::sys::c_str(h.file) }.map(str::to_owned),
         line: h.line,
         thread: h.thread,
         allocated_with: Some(h.kind),
-        freed_with: kind,
-        allocator: None,
-        detail: None,
         alloc_stack: h.alloc_stack,
-        free_stack: capture_free_stack(start),
+        ..MemoryError::at_free(
+            ErrorKind::MismatchedDelete,
+            user,
+            kind,
+            capture_free_stack(start),
+        )
     });
 }
 
 #[cold]
 #[inline(never)]
-fn report_budget_exceeded(
-    budget: usize,
-    size: usize,
-    file: *const c_char,
-    line: u32,
-    start: StartFrame,
-) {
-    let _ = budget;
+fn report_budget_exceeded(size: usize, file: *const c_char, line: u32, start: StartFrame) {
     bad_free(MemoryError {
-        kind: ErrorKind::BudgetExceeded,
-        address: 0,
         size,
         // SAFETY: `file` is null or a `__FILE__` literal (allocate's contract).
         file: unsafe { crate::sys::c_str(file) }.map(str::to_owned),
         line,
-        thread: 0,
-        allocated_with: None,
-        freed_with: BlockKind::New,
         allocator: Some(budget::POOL_NAME),
         detail: Some("the memory budget is spent"),
         alloc_stack: capture_free_stack(start),
-        free_stack: StackId(0),
+        ..MemoryError::at_free(
+            ErrorKind::BudgetExceeded,
+            core::ptr::null_mut(),
+            BlockKind::New,
+            StackId(0),
+        )
     });
 }
 
+/// The stack of the call being reported (a bad free, a refused allocation).
 fn capture_free_stack(start: StartFrame) -> StackId {
     stack::capture(start, init::options().stack_depth)
 }

@@ -130,9 +130,9 @@ pub unsafe fn release(header: *mut BlockHeader, raw_offset: usize) {
     let user = BlockHeader::user_ptr(header);
     let raw = user.wrapping_sub(raw_offset);
     // SAFETY: guaranteed by the caller; the header stays readable until the memory goes.
-    let (placement, size, alloc_stack, free_stack) = unsafe {
+    let (placement, size, alloc_stack) = unsafe {
         let h = &*header;
-        (h.placement, h.size, h.alloc_stack, h.free_stack())
+        (h.placement, h.size, h.alloc_stack)
     };
     match placement {
         // SAFETY: raw is the pointer raw_alloc returned for this block.
@@ -147,7 +147,6 @@ pub unsafe fn release(header: *mut BlockHeader, raw_offset: usize) {
                 user: user as usize,
                 size,
                 alloc_stack,
-                free_stack,
             });
             // SAFETY: the kept range of acquire_mapped for this block, no longer referenced.
             unsafe { sys::unmap_pages(raw, (raw_offset + size).next_multiple_of(PAGE_SIZE)) };
@@ -161,7 +160,6 @@ pub struct UnmappedBlock {
     pub user: usize,
     pub size: usize,
     pub alloc_stack: StackId,
-    pub free_stack: StackId,
 }
 
 const UNMAPPED_HISTORY: usize = 1024;
