@@ -26,7 +26,7 @@ pub use pool::{Pool, PoolConfig};
 pub use registry::{allocator_of, memstats, type_of, MemStats};
 pub use size_class::ClassSpec;
 pub use stack::{StackAllocator, StackMarker, StackScope};
-pub use typed_pool::{PoolBox, TypedPool};
+pub use typed_pool::{ObjectPool, PoolBox, TypedPool};
 
 /// Which kind of engine allocator served a block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -263,7 +263,11 @@ fn align_up(value: usize, align: usize) -> Option<usize> {
     Some(value.checked_add(align - 1)? & !(align - 1))
 }
 
-/// An allocator's lock-free statistics view, read by the registry for [`memstats`].
+/// What the registry reads of an allocator: its counters (lock-free, for [`memstats`]) and its live blocks
+/// (for the leak report and [`leaks_since`]).
 trait StatsSource: Sync {
     fn stats(&self) -> AllocatorStats;
+
+    /// As [`EngineAllocator::for_each_live_block`].
+    fn for_each_live_block(&self, visit: &mut dyn FnMut(LiveBlock));
 }
