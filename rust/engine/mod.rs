@@ -16,6 +16,7 @@ mod system_memory;
 #[cfg(test)]
 mod test_support;
 mod thread_slot;
+pub mod tracked;
 pub mod typed_pool;
 
 use std::fmt;
@@ -23,9 +24,12 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
 pub use block::{BlockAllocator, FreeSpace};
 pub use pool::{Pool, PoolConfig};
-pub use registry::{allocator_of, memstats, type_of, MemStats};
+pub use registry::{
+    allocator_of, for_each_live_block, leaks_since, memstats, type_of, AllocatorLeaks, MemStats,
+};
 pub use size_class::ClassSpec;
 pub use stack::{StackAllocator, StackMarker, StackScope};
+pub use tracked::TrackedAllocator;
 pub use typed_pool::{ObjectPool, PoolBox, TypedPool};
 
 /// Which kind of engine allocator served a block.
@@ -78,14 +82,21 @@ pub enum FreeError {
     OutOfOrder,
 }
 
-impl fmt::Display for FreeError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+impl FreeError {
+    /// What was wrong, in words (the report's `detail`).
+    pub fn describe(self) -> &'static str {
+        match self {
             FreeError::Foreign => "pointer not owned by this allocator",
             FreeError::Interior => "pointer inside a block, not at its start",
             FreeError::DoubleFree => "block already freed",
             FreeError::OutOfOrder => "stack block freed out of LIFO order",
-        })
+        }
+    }
+}
+
+impl fmt::Display for FreeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.describe())
     }
 }
 
