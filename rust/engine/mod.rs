@@ -7,6 +7,7 @@
 //! or an index into the tracker's own records).
 
 pub mod block;
+mod names;
 pub mod pool;
 mod registry;
 pub mod size_class;
@@ -23,6 +24,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
 pub use block::{BlockAllocator, FreeSpace};
+pub use names::{c_name, static_name};
 pub use pool::{Pool, PoolConfig};
 pub use registry::{
     allocator_of, for_each_live_block, leaks_since, memstats, type_of, AllocatorLeaks, MemStats,
@@ -146,6 +148,15 @@ pub struct Checkpoint(u32);
 impl Checkpoint {
     /// Before the first allocation of the process.
     pub const ORIGIN: Checkpoint = Checkpoint(0);
+
+    /// The epoch number, to hand a checkpoint across the C++ bridge and back ([`Checkpoint::from_epoch`]).
+    pub fn epoch(self) -> u32 {
+        self.0
+    }
+
+    pub fn from_epoch(epoch: u32) -> Checkpoint {
+        Checkpoint(epoch)
+    }
 }
 
 /// Bumped by each checkpoint; allocations only read it (no read-modify-write on the fast path).
