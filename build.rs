@@ -3,7 +3,12 @@
 //! rustc's link order, libstdc++'s operators would otherwise win silently).
 
 fn main() {
-    let sources = ["cpp/new_delete.cpp", "cpp/api.cpp", "cpp/bullet_hooks.cpp"];
+    let sources = [
+        "cpp/new_delete.cpp",
+        "cpp/api.cpp",
+        "cpp/bullet_hooks.cpp",
+        "cpp/engine.cpp",
+    ];
     cxx_build::bridge("rust/ffi.rs")
         .files(sources)
         .include("include")
@@ -22,6 +27,7 @@ fn main() {
         "rust/ffi.rs",
         "include/k15/memory.h",
         "include/k15/bullet.h",
+        "include/k15/engine.h",
     ]) {
         println!("cargo:rerun-if-changed={path}");
     }

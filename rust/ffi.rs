@@ -3,9 +3,10 @@
 //! The public header `include/k15/memory.h` never includes the generated header; `cpp/api.cpp`
 //! converts these types to the public ones.
 
+use crate::engine::{self, AllocatorKind, ClassSpec, PoolConfig, StackMarker, TrackedAllocator};
 use crate::stack::StartFrame;
 use crate::tracker;
-use core::ffi::c_char;
+use core::ffi::{c_char, CStr};
 
 #[cxx::bridge(namespace = "k15::memory::detail")]
 pub mod bridge {
@@ -29,7 +30,108 @@ pub mod bridge {
         Bullet,
     }
 
+    /// An engine allocator's counters (`k15::memory::AllocatorStats`); bytes as requested.
+    pub struct EngineStats {
+        pub name: *const c_char,
+        pub capacity: u64,
+        pub live_blocks: u64,
+        pub live_bytes: u64,
+        pub peak_bytes: u64,
+        pub allocations: u64,
+        pub frees: u64,
+        pub failures: u64,
+    }
+
+    /// One size class of a pool: `block_count` blocks of `block_size` bytes.
+    pub struct EngineClassSpec {
+        pub block_size: usize,
+        pub block_count: usize,
+    }
+
+    /// A stack allocator's position (`StackMarker`).
+    pub struct EngineMarker {
+        pub allocator: u32,
+        pub top_allocation: u32,
+        pub top_serial: u32,
+    }
+
+    /// `allocator_of`: `kind` 0 when no engine allocator holds the pointer, then 1 pool, 2 stack, 3 block,
+    /// 4 typed pool; `element_type` null unless a typed pool.
+    pub struct EngineIdentity {
+        pub name: *const c_char,
+        pub kind: u8,
+        pub element_type: *const c_char,
+    }
+
+    /// Blocks one allocator still holds from after a checkpoint.
+    pub struct EngineLeaks {
+        pub name: *const c_char,
+        pub blocks: u64,
+        pub bytes: u64,
+    }
+
+    /// `memstats`: events since the last reset, and what is live.
+    pub struct EngineMemStats {
+        pub allocations: u64,
+        pub frees: u64,
+        pub failures: u64,
+        pub live_blocks: u64,
+        pub live_bytes: u64,
+    }
+
     extern "Rust" {
+        /// An engine allocator behind the tracker (`include/k15/engine.h` holds one per object).
+        type TrackedAllocator;
+
+        /// The constructors: names are NUL-terminated and copied. An empty class table means
+        /// the default one. Errors (bad configuration, no memory) throw.
+        unsafe fn engine_new_pool(
+            name: *const c_char,
+            classes: &[EngineClassSpec],
+        ) -> Result<Box<TrackedAllocator>>;
+        unsafe fn engine_new_stack(
+            name: *const c_char,
+            capacity: usize,
+        ) -> Result<Box<TrackedAllocator>>;
+        unsafe fn engine_new_block(
+            name: *const c_char,
+            capacity: usize,
+        ) -> Result<Box<TrackedAllocator>>;
+        unsafe fn engine_new_typed_pool(
+            name: *const c_char,
+            element_type: *const c_char,
+            size: usize,
+            align: usize,
+            first_batch: usize,
+        ) -> Result<Box<TrackedAllocator>>;
+        /// A block, or null when the allocator cannot serve it; `frame_address` as for `allocate`.
+        unsafe fn engine_allocate(
+            allocator: &TrackedAllocator,
+            size: usize,
+            align: usize,
+            frame_address: usize,
+        ) -> *mut u8;
+        /// Bad frees are reported and change nothing.
+        unsafe fn engine_deallocate(
+            allocator: &TrackedAllocator,
+            ptr: *mut u8,
+            frame_address: usize,
+        );
+        fn engine_holds_live_object(allocator: &TrackedAllocator, address: usize) -> bool;
+        fn engine_stats(allocator: &TrackedAllocator) -> EngineStats;
+        /// The stack allocator's top (zeros for other kinds, which `engine_rewind` refuses).
+        fn engine_marker(allocator: &TrackedAllocator) -> EngineMarker;
+        unsafe fn engine_rewind(
+            allocator: &TrackedAllocator,
+            marker: EngineMarker,
+            frame_address: usize,
+        );
+        /// By address, so no pointer needs to be valid.
+        fn engine_allocator_of(address: usize) -> EngineIdentity;
+        fn engine_checkpoint() -> u32;
+        fn engine_leaks_since(checkpoint: u32) -> Vec<EngineLeaks>;
+        fn engine_memstats(reset: bool) -> EngineMemStats;
+
         /// A tracked block, or null when memory is exhausted. `frame_address` is the frame of
         /// the calling `operator new`; the call stack starts at its caller.
         unsafe fn allocate(
@@ -51,6 +153,9 @@ pub mod bridge {
 }
 
 pub use bridge::{BlockKind, Stats};
+use bridge::{
+    EngineClassSpec, EngineIdentity, EngineLeaks, EngineMarker, EngineMemStats, EngineStats,
+};
 
 /// # Safety
 /// `file` is null or a NUL-terminated string that lives as long as the block (a `__FILE__`
@@ -92,4 +197,201 @@ unsafe fn write_leak_report(path: *const c_char) -> bool {
 
 fn report_at_exit() {
     crate::report::at_exit::run();
+}
+
+/// # Safety
+/// `name` is null or a NUL-terminated string.
+unsafe fn engine_name(name: *const c_char) -> &'static str {
+    // SAFETY: guaranteed by the caller.
+    match unsafe { name.as_ref() } {
+        // SAFETY: non-null and NUL-terminated, as the caller guarantees.
+        Some(_) => engine::static_name(unsafe { CStr::from_ptr(name) }),
+        None => "unnamed",
+    }
+}
+
+fn engine_created(
+    made: Result<TrackedAllocator, engine::CreateError>,
+) -> Result<Box<TrackedAllocator>, engine::CreateError> {
+    made.map(Box::new)
+}
+
+/// # Safety
+/// `name` is null or a NUL-terminated string.
+unsafe fn engine_new_pool(
+    name: *const c_char,
+    classes: &[EngineClassSpec],
+) -> Result<Box<TrackedAllocator>, engine::CreateError> {
+    let specs: Vec<ClassSpec> = classes
+        .iter()
+        .map(|class| ClassSpec {
+            block_size: class.block_size,
+            block_count: class.block_count,
+        })
+        .collect();
+    let config = match specs.is_empty() {
+        true => PoolConfig::default(),
+        false => PoolConfig { classes: &specs },
+    };
+    // SAFETY: as the caller guarantees.
+    engine_created(TrackedAllocator::pool(unsafe { engine_name(name) }, config))
+}
+
+/// # Safety
+/// `name` is null or a NUL-terminated string.
+unsafe fn engine_new_stack(
+    name: *const c_char,
+    capacity: usize,
+) -> Result<Box<TrackedAllocator>, engine::CreateError> {
+    // SAFETY: as the caller guarantees.
+    engine_created(TrackedAllocator::stack(
+        unsafe { engine_name(name) },
+        capacity,
+    ))
+}
+
+/// # Safety
+/// `name` is null or a NUL-terminated string.
+unsafe fn engine_new_block(
+    name: *const c_char,
+    capacity: usize,
+) -> Result<Box<TrackedAllocator>, engine::CreateError> {
+    // SAFETY: as the caller guarantees.
+    engine_created(TrackedAllocator::block(
+        unsafe { engine_name(name) },
+        capacity,
+    ))
+}
+
+/// # Safety
+/// `name` and `element_type` are null or NUL-terminated strings.
+unsafe fn engine_new_typed_pool(
+    name: *const c_char,
+    element_type: *const c_char,
+    size: usize,
+    align: usize,
+    first_batch: usize,
+) -> Result<Box<TrackedAllocator>, engine::CreateError> {
+    // SAFETY: as the caller guarantees.
+    let (name, element_type) = unsafe { (engine_name(name), engine_name(element_type)) };
+    engine_created(TrackedAllocator::objects(
+        name,
+        element_type,
+        size,
+        align,
+        first_batch,
+    ))
+}
+
+/// # Safety
+/// `frame_address` is the frame of a live function compiled with frame pointers.
+unsafe fn engine_allocate(
+    allocator: &TrackedAllocator,
+    size: usize,
+    align: usize,
+    frame_address: usize,
+) -> *mut u8 {
+    // SAFETY: forwarded from the caller's guarantee.
+    let start = unsafe { StartFrame::caller_of(frame_address) };
+    allocator
+        .alloc(size, align, start)
+        .map_or(core::ptr::null_mut(), |block| block.as_ptr())
+}
+
+/// # Safety
+/// As for [`engine_allocate`]; `ptr` may be anything (bad pointers are reported).
+unsafe fn engine_deallocate(allocator: &TrackedAllocator, ptr: *mut u8, frame_address: usize) {
+    // SAFETY: forwarded from the caller's guarantee.
+    let start = unsafe { StartFrame::caller_of(frame_address) };
+    let _ = allocator.free(ptr, start);
+}
+
+fn engine_holds_live_object(allocator: &TrackedAllocator, address: usize) -> bool {
+    allocator.holds_live_object(address as *const u8)
+}
+
+fn engine_stats(allocator: &TrackedAllocator) -> EngineStats {
+    let stats = allocator.stats();
+    EngineStats {
+        name: engine::c_name(stats.name).as_ptr(),
+        capacity: stats.capacity,
+        live_blocks: stats.live_blocks,
+        live_bytes: stats.live_bytes,
+        peak_bytes: stats.peak_bytes,
+        allocations: stats.allocations,
+        frees: stats.frees,
+        failures: stats.failures,
+    }
+}
+
+fn engine_marker(allocator: &TrackedAllocator) -> EngineMarker {
+    let marker = allocator.marker().unwrap_or(StackMarker {
+        allocator: 0,
+        top_allocation: 0,
+        top_serial: 0,
+    });
+    EngineMarker {
+        allocator: marker.allocator,
+        top_allocation: marker.top_allocation,
+        top_serial: marker.top_serial,
+    }
+}
+
+/// # Safety
+/// As for [`engine_allocate`].
+unsafe fn engine_rewind(allocator: &TrackedAllocator, marker: EngineMarker, frame_address: usize) {
+    // SAFETY: forwarded from the caller's guarantee.
+    let start = unsafe { StartFrame::caller_of(frame_address) };
+    let marker = StackMarker {
+        allocator: marker.allocator,
+        top_allocation: marker.top_allocation,
+        top_serial: marker.top_serial,
+    };
+    let _ = allocator.rewind(marker, start);
+}
+
+fn engine_allocator_of(address: usize) -> EngineIdentity {
+    let unknown = EngineIdentity {
+        name: c"unknown".as_ptr(),
+        kind: 0,
+        element_type: core::ptr::null(),
+    };
+    engine::allocator_of(address as *const u8).map_or(unknown, |info| EngineIdentity {
+        name: engine::c_name(info.name).as_ptr(),
+        kind: match info.kind {
+            AllocatorKind::Pool => 1,
+            AllocatorKind::Stack => 2,
+            AllocatorKind::Block => 3,
+            AllocatorKind::TypedPool => 4,
+        },
+        element_type: info
+            .element_type
+            .map_or(core::ptr::null(), |name| engine::c_name(name).as_ptr()),
+    })
+}
+
+fn engine_checkpoint() -> u32 {
+    engine::checkpoint().epoch()
+}
+
+fn engine_leaks_since(checkpoint: u32) -> Vec<EngineLeaks> {
+    engine::leaks_since(engine::Checkpoint::from_epoch(checkpoint))
+        .iter()
+        .map(|leaks| EngineLeaks {
+            name: engine::c_name(leaks.info.name).as_ptr(),
+            blocks: leaks.blocks,
+            bytes: leaks.bytes,
+        })
+        .collect()
+}
+
+fn engine_memstats(reset: bool) -> EngineMemStats {
+    let stats = engine::memstats(reset);
+    EngineMemStats {
+        allocations: stats.allocations,
+        frees: stats.frees,
+        failures: stats.failures,
+        live_blocks: stats.live_blocks,
+        live_bytes: stats.live_bytes,
+    }
 }

@@ -89,6 +89,22 @@ impl StatsSource for BlockShared {
         stats.peak_bytes = self.counters.peak_bytes();
         stats
     }
+
+    fn for_each_live_block(&self, visit: &mut dyn FnMut(LiveBlock)) {
+        let arena = self.arena();
+        let base = arena.chunk.base() as usize;
+        arena.walk(&mut |offset, header| {
+            if header.cookie == LIVE ^ offset as u32 {
+                visit(header.meta.live_block(base + offset + HEADER));
+            }
+        });
+    }
+}
+
+impl BlockShared {
+    fn arena(&self) -> MutexGuard<'_, Arena> {
+        self.arena.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 /// A general-purpose allocator for one preallocated arena (design note 002). Thread-safe (one lock).
@@ -390,10 +406,7 @@ impl BlockAllocator {
     }
 
     fn arena(&self) -> MutexGuard<'_, Arena> {
-        self.shared
-            .arena
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.shared.arena()
     }
 
     /// `size` bytes aligned to `align` (a power of two), or `None` when no free block is large enough.
@@ -455,13 +468,7 @@ impl EngineAllocator for BlockAllocator {
     }
 
     fn for_each_live_block(&self, visit: &mut dyn FnMut(LiveBlock)) {
-        let arena = self.arena();
-        let base = arena.chunk.base() as usize;
-        arena.walk(&mut |offset, header| {
-            if header.cookie == LIVE ^ offset as u32 {
-                visit(header.meta.live_block(base + offset + HEADER));
-            }
-        });
+        self.shared.for_each_live_block(visit)
     }
 }
 

@@ -7,6 +7,7 @@
 //! or an index into the tracker's own records).
 
 pub mod block;
+mod names;
 pub mod pool;
 mod registry;
 pub mod size_class;
@@ -16,17 +17,22 @@ mod system_memory;
 #[cfg(test)]
 mod test_support;
 mod thread_slot;
+pub mod tracked;
 pub mod typed_pool;
 
 use std::fmt;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
 pub use block::{BlockAllocator, FreeSpace};
+pub use names::{c_name, static_name};
 pub use pool::{Pool, PoolConfig};
-pub use registry::{allocator_of, memstats, type_of, MemStats};
+pub use registry::{
+    allocator_of, for_each_live_block, leaks_since, memstats, type_of, AllocatorLeaks, MemStats,
+};
 pub use size_class::ClassSpec;
 pub use stack::{StackAllocator, StackMarker, StackScope};
-pub use typed_pool::{PoolBox, TypedPool};
+pub use tracked::TrackedAllocator;
+pub use typed_pool::{ObjectPool, PoolBox, TypedPool};
 
 /// Which kind of engine allocator served a block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -78,14 +84,21 @@ pub enum FreeError {
     OutOfOrder,
 }
 
-impl fmt::Display for FreeError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+impl FreeError {
+    /// What was wrong, in words (the report's `detail`).
+    pub fn describe(self) -> &'static str {
+        match self {
             FreeError::Foreign => "pointer not owned by this allocator",
             FreeError::Interior => "pointer inside a block, not at its start",
             FreeError::DoubleFree => "block already freed",
             FreeError::OutOfOrder => "stack block freed out of LIFO order",
-        })
+        }
+    }
+}
+
+impl fmt::Display for FreeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.describe())
     }
 }
 
@@ -135,6 +148,15 @@ pub struct Checkpoint(u32);
 impl Checkpoint {
     /// Before the first allocation of the process.
     pub const ORIGIN: Checkpoint = Checkpoint(0);
+
+    /// The epoch number, to hand a checkpoint across the C++ bridge and back ([`Checkpoint::from_epoch`]).
+    pub fn epoch(self) -> u32 {
+        self.0
+    }
+
+    pub fn from_epoch(epoch: u32) -> Checkpoint {
+        Checkpoint(epoch)
+    }
 }
 
 /// Bumped by each checkpoint; allocations only read it (no read-modify-write on the fast path).
@@ -263,7 +285,11 @@ fn align_up(value: usize, align: usize) -> Option<usize> {
     Some(value.checked_add(align - 1)? & !(align - 1))
 }
 
-/// An allocator's lock-free statistics view, read by the registry for [`memstats`].
+/// What the registry reads of an allocator: its counters (lock-free, for [`memstats`]) and its live blocks
+/// (for the leak report and [`leaks_since`]).
 trait StatsSource: Sync {
     fn stats(&self) -> AllocatorStats;
+
+    /// As [`EngineAllocator::for_each_live_block`].
+    fn for_each_live_block(&self, visit: &mut dyn FnMut(LiveBlock));
 }

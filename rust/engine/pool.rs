@@ -249,6 +249,12 @@ impl StatsSource for PoolState {
         stats.failures += self.unserved.load(Relaxed);
         stats
     }
+
+    fn for_each_live_block(&self, visit: &mut dyn FnMut(LiveBlock)) {
+        for class in self.classes.iter() {
+            class.slots.for_each_live(visit);
+        }
+    }
 }
 
 /// A pool of fixed size classes in one preallocated chunk (design note 000). Thread-safe.
@@ -452,9 +458,7 @@ impl EngineAllocator for Pool {
     }
 
     fn for_each_live_block(&self, visit: &mut dyn FnMut(LiveBlock)) {
-        for class in self.state.classes.iter() {
-            class.slots.for_each_live(visit);
-        }
+        self.state.for_each_live_block(visit)
     }
 }
 

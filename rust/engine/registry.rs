@@ -1,8 +1,11 @@
-//! Registry of live engine allocators: pointer-to-allocator lookups by address range, and process-wide memstats.
+//! Registry of engine allocators: pointer lookups by address range, process-wide memstats, and every live or
+//! retired (dropped while live) block for the leak report.
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use super::{AllocatorInfo, AllocatorKind, AllocatorStats, CreateError, StatsSource};
+use super::{
+    AllocatorInfo, AllocatorKind, AllocatorStats, Checkpoint, CreateError, LiveBlock, StatsSource,
+};
 
 const MAX_ALLOCATORS: usize = 256;
 const MAX_RANGES: usize = 1024;
@@ -22,22 +25,37 @@ struct Registered {
     source: *const dyn StatsSource,
 }
 
+/// Blocks still live in one allocator (or left live when it was dropped), from [`leaks_since`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllocatorLeaks {
+    pub info: AllocatorInfo,
+    pub blocks: u64,
+    pub bytes: u64,
+}
+
 #[derive(Clone, Copy)]
 struct AddressRange {
     start: usize,
     end: usize,
-    slot: u16,
+    info: AllocatorInfo,
 }
 
 struct Registry {
     slots: [Option<Registered>; MAX_ALLOCATORS],
-    ranges: [AddressRange; MAX_RANGES],
-    range_count: usize,
     next_id: u32,
     /// Events of allocators already dropped, so totals never go backwards.
     retired: MemStats,
     /// Totals at the last reset.
     baseline: MemStats,
+    /// Blocks that were live when their allocator was dropped: leaks, although the memory is gone.
+    retired_leaks: Vec<(AllocatorInfo, LiveBlock)>,
+}
+
+/// Address ranges sorted by start, under a lock of their own: a typed pool adds one while holding its batch
+/// lock, and the report lists a typed pool's blocks (taking that lock) while holding the registry lock.
+struct Ranges {
+    ranges: [AddressRange; MAX_RANGES],
+    count: usize,
 }
 
 // SAFETY: `source` pointers are dereferenced only under the registry lock, and `Registration::drop`
@@ -46,12 +64,6 @@ unsafe impl Send for Registry {}
 
 static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
     slots: [const { None }; MAX_ALLOCATORS],
-    ranges: [AddressRange {
-        start: 0,
-        end: 0,
-        slot: 0,
-    }; MAX_RANGES],
-    range_count: 0,
     next_id: 1,
     retired: MemStats {
         allocations: 0,
@@ -67,10 +79,29 @@ static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
         live_blocks: 0,
         live_bytes: 0,
     },
+    retired_leaks: Vec::new(),
+});
+
+static RANGES: Mutex<Ranges> = Mutex::new(Ranges {
+    ranges: [AddressRange {
+        start: 0,
+        end: 0,
+        info: AllocatorInfo {
+            id: 0,
+            name: "",
+            kind: AllocatorKind::Pool,
+            element_type: None,
+        },
+    }; MAX_RANGES],
+    count: 0,
 });
 
 fn registry() -> MutexGuard<'static, Registry> {
     REGISTRY.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn ranges() -> MutexGuard<'static, Ranges> {
+    RANGES.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl MemStats {
@@ -83,13 +114,15 @@ impl MemStats {
     }
 }
 
-impl Registry {
-    fn range_containing(&self, addr: usize) -> Option<&AddressRange> {
-        let ranges = &self.ranges[..self.range_count];
+impl Ranges {
+    fn containing(&self, addr: usize) -> Option<&AddressRange> {
+        let ranges = &self.ranges[..self.count];
         let after = ranges.partition_point(|range| range.start <= addr);
         ranges[..after].last().filter(|range| addr < range.end)
     }
+}
 
+impl Registry {
     fn totals(&self) -> MemStats {
         let mut totals = self.retired;
         totals.live_blocks = 0;
@@ -99,6 +132,18 @@ impl Registry {
             totals.add(&unsafe { &*registered.source }.stats());
         }
         totals
+    }
+
+    /// Every live block of the registered allocators, then the retired ones.
+    fn for_each_live_block(&self, visit: &mut dyn FnMut(&AllocatorInfo, LiveBlock)) {
+        for registered in self.slots.iter().flatten() {
+            // SAFETY: registered sources are alive while in the registry (see `unsafe impl Send`).
+            let source = unsafe { &*registered.source };
+            source.for_each_live_block(&mut |block| visit(&registered.info, block));
+        }
+        for (info, block) in &self.retired_leaks {
+            visit(info, *block);
+        }
     }
 }
 
@@ -143,50 +188,52 @@ impl Registration {
 
     /// Makes `allocator_of` answer for `[start, start + len)`, memory this allocator owns.
     pub(crate) fn add_range(&self, start: usize, len: usize) -> Result<(), CreateError> {
-        let mut registry = registry();
-        let count = registry.range_count;
+        let mut ranges = ranges();
+        let count = ranges.count;
         if count == MAX_RANGES {
             return Err(CreateError::RegistryFull);
         }
-        let at = registry.ranges[..count].partition_point(|range| range.start < start);
-        registry.ranges.copy_within(at..count, at + 1);
-        registry.ranges[at] = AddressRange {
+        let at = ranges.ranges[..count].partition_point(|range| range.start < start);
+        ranges.ranges.copy_within(at..count, at + 1);
+        ranges.ranges[at] = AddressRange {
             start,
             end: start + len,
-            slot: self.slot,
+            info: self.info,
         };
-        registry.range_count += 1;
+        ranges.count += 1;
         Ok(())
     }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        let mut registry = registry();
-        if let Some(registered) = registry.slots[self.slot as usize].take() {
-            // SAFETY: the source is still alive: the allocator drops its registration first.
-            let last = unsafe { &*registered.source }.stats();
-            registry.retired.add(&last);
+        {
+            let mut registry = registry();
+            if let Some(registered) = registry.slots[self.slot as usize].take() {
+                // SAFETY: the source is still alive: the allocator drops its registration first.
+                let source = unsafe { &*registered.source };
+                registry.retired.add(&source.stats());
+                let mut left = Vec::new();
+                source.for_each_live_block(&mut |block| left.push((self.info, block)));
+                registry.retired_leaks.extend(left);
+            }
         }
-        let count = registry.range_count;
+        let mut ranges = ranges();
+        let count = ranges.count;
         let mut kept = 0;
         for index in 0..count {
-            if registry.ranges[index].slot != self.slot {
-                registry.ranges[kept] = registry.ranges[index];
+            if ranges.ranges[index].info.id != self.info.id {
+                ranges.ranges[kept] = ranges.ranges[index];
                 kept += 1;
             }
         }
-        registry.range_count = kept;
+        ranges.count = kept;
     }
 }
 
 /// The live engine allocator whose memory holds `ptr` (any address inside a block counts).
 pub fn allocator_of(ptr: *const u8) -> Option<AllocatorInfo> {
-    let registry = registry();
-    let range = registry.range_containing(ptr as usize)?;
-    registry.slots[range.slot as usize]
-        .as_ref()
-        .map(|registered| registered.info)
+    ranges().containing(ptr as usize).map(|range| range.info)
 }
 
 /// The element type name of the typed pool holding `ptr` (the design note's `p3dc_get_type`).
@@ -210,4 +257,35 @@ pub fn memstats(reset: bool) -> MemStats {
         live_blocks: totals.live_blocks,
         live_bytes: totals.live_bytes,
     }
+}
+
+/// Calls `visit` for every live block of every engine allocator, then for every block left live by an
+/// allocator already dropped. `visit` must not use the engine allocators or the registry.
+pub fn for_each_live_block(visit: &mut dyn FnMut(&AllocatorInfo, LiveBlock)) {
+    registry().for_each_live_block(visit)
+}
+
+/// Blocks allocated since `since` and still live (or left live by a dropped allocator), per allocator in
+/// order of creation; allocators without such blocks are left out.
+pub fn leaks_since(since: Checkpoint) -> Vec<AllocatorLeaks> {
+    let mut all: Vec<AllocatorLeaks> = Vec::new();
+    for_each_live_block(&mut |info, block| {
+        if block.epoch < since.0 {
+            return;
+        }
+        let at = all.partition_point(|leaks| leaks.info.id < info.id);
+        if all.get(at).is_none_or(|leaks| leaks.info.id != info.id) {
+            all.insert(
+                at,
+                AllocatorLeaks {
+                    info: *info,
+                    blocks: 0,
+                    bytes: 0,
+                },
+            );
+        }
+        all[at].blocks += 1;
+        all[at].bytes += block.size as u64;
+    });
+    all
 }

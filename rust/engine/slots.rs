@@ -157,6 +157,10 @@ impl Slots {
         Ok(record.size.load(Relaxed) as usize)
     }
 
+    pub(crate) fn is_live(&self, index: u32) -> bool {
+        self.records[index as usize].state.load(Relaxed) == LIVE
+    }
+
     pub(crate) fn has_free(&self, list: &FreeList) -> bool {
         list.single.len > 0 || list.batches.chains > 0 || list.untouched < self.count
     }
@@ -246,9 +250,7 @@ impl Slots {
     }
 
     pub(crate) fn for_each_live(&self, visit: &mut dyn FnMut(LiveBlock)) {
-        for index in (0..self.count)
-            .filter(|&index| self.records[index as usize].state.load(Relaxed) == LIVE)
-        {
+        for index in (0..self.count).filter(|&index| self.is_live(index)) {
             let meta = &self.records[index as usize];
             let record = BlockMeta {
                 epoch: meta.epoch.load(Relaxed),

@@ -5,6 +5,7 @@
 
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
 use super::registry::Registration;
 use super::system_memory::{SystemBox, SystemChunk};
@@ -31,70 +32,20 @@ struct Header {
     serial: u32,
 }
 
+/// What the registry reads: counters, and the chunk with its top for listing live blocks. Written only
+/// through `&mut StackAllocator`; a report taken while another thread uses the stack may list a block being
+/// pushed or popped.
 struct StackShared {
     name: &'static str,
-    capacity: usize,
     counters: Counters,
-}
-
-impl StatsSource for StackShared {
-    fn stats(&self) -> AllocatorStats {
-        let mut stats = AllocatorStats {
-            name: self.name,
-            capacity: self.capacity as u64,
-            ..Default::default()
-        };
-        self.counters.add_to(&mut stats);
-        stats.peak_bytes = self.counters.peak_bytes();
-        stats
-    }
-}
-
-/// A position of a [`StackAllocator`] to rewind to: its topmost allocation, named by offset and serial number.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StackMarker {
-    allocator: u32,
-    top_allocation: u32,
-    top_serial: u32,
-}
-
-/// A linear allocator for frame-scoped data (design note 002). Single-threaded: methods take `&mut self`.
-pub struct StackAllocator {
-    registration: Registration,
-    shared: SystemBox<StackShared>,
     chunk: SystemChunk,
     /// Offset of the topmost live allocation, 0 when empty.
-    top_allocation: u32,
-    /// First free byte.
-    top: usize,
-    allocations: u32,
+    top_allocation: AtomicU32,
 }
 
-impl StackAllocator {
-    /// Acquires `capacity` bytes (at most 4 GiB) from `System`.
-    pub fn new(name: &'static str, capacity: usize) -> Result<Self, CreateError> {
-        if capacity > u32::MAX as usize {
-            return Err(CreateError::InvalidConfig("stack capacity above 4 GiB"));
-        }
-        let chunk = SystemChunk::zeroed(capacity, 64).ok_or(CreateError::OutOfMemory)?;
-        let shared = SystemBox::new(StackShared {
-            name,
-            capacity,
-            counters: Counters::default(),
-        })
-        .ok_or(CreateError::OutOfMemory)?;
-        let source: &dyn StatsSource = &*shared;
-        // SAFETY: `shared` lives in `System` memory at a stable address and is dropped after `registration`.
-        let registration = unsafe { Registration::new(name, AllocatorKind::Stack, None, source) }?;
-        registration.add_range(chunk.base() as usize, chunk.len())?;
-        Ok(Self {
-            registration,
-            shared,
-            chunk,
-            top_allocation: 0,
-            top: 0,
-            allocations: 0,
-        })
+impl StackShared {
+    fn top_allocation(&self) -> u32 {
+        self.top_allocation.load(Relaxed)
     }
 
     fn read_header(&self, offset: usize) -> Header {
@@ -108,11 +59,99 @@ impl StackAllocator {
                 .read_unaligned()
         }
     }
+}
+
+impl StatsSource for StackShared {
+    fn stats(&self) -> AllocatorStats {
+        let mut stats = AllocatorStats {
+            name: self.name,
+            capacity: self.chunk.len() as u64,
+            ..Default::default()
+        };
+        self.counters.add_to(&mut stats);
+        stats.peak_bytes = self.counters.peak_bytes();
+        stats
+    }
+
+    fn for_each_live_block(&self, visit: &mut dyn FnMut(LiveBlock)) {
+        let mut allocation = self.top_allocation();
+        while allocation != 0 {
+            let header = self.read_header(allocation as usize);
+            visit(
+                header
+                    .meta
+                    .live_block(self.chunk.base() as usize + allocation as usize),
+            );
+            allocation = header.below;
+        }
+    }
+}
+
+/// A position of a [`StackAllocator`] to rewind to: its topmost allocation, named by offset and serial number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StackMarker {
+    pub(crate) allocator: u32,
+    pub(crate) top_allocation: u32,
+    pub(crate) top_serial: u32,
+}
+
+/// A linear allocator for frame-scoped data (design note 002). Single-threaded: methods take `&mut self`.
+pub struct StackAllocator {
+    registration: Registration,
+    shared: SystemBox<StackShared>,
+    /// First free byte.
+    top: usize,
+    allocations: u32,
+}
+
+impl StackAllocator {
+    /// Acquires `capacity` bytes (at most 4 GiB) from `System`.
+    pub fn new(name: &'static str, capacity: usize) -> Result<Self, CreateError> {
+        if capacity > u32::MAX as usize {
+            return Err(CreateError::InvalidConfig("stack capacity above 4 GiB"));
+        }
+        let chunk = SystemChunk::zeroed(capacity, 64).ok_or(CreateError::OutOfMemory)?;
+        let (base, len) = (chunk.base() as usize, chunk.len());
+        let shared = SystemBox::new(StackShared {
+            name,
+            counters: Counters::default(),
+            chunk,
+            top_allocation: AtomicU32::new(0),
+        })
+        .ok_or(CreateError::OutOfMemory)?;
+        let source: &dyn StatsSource = &*shared;
+        // SAFETY: `shared` lives in `System` memory at a stable address and is dropped after `registration`.
+        let registration = unsafe { Registration::new(name, AllocatorKind::Stack, None, source) }?;
+        registration.add_range(base, len)?;
+        Ok(Self {
+            registration,
+            shared,
+            top: 0,
+            allocations: 0,
+        })
+    }
+
+    fn read_header(&self, offset: usize) -> Header {
+        self.shared.read_header(offset)
+    }
+
+    fn top_allocation(&self) -> u32 {
+        self.shared.top_allocation()
+    }
+
+    fn set_top_allocation(&mut self, offset: u32) {
+        self.shared.top_allocation.store(offset, Relaxed);
+    }
+
+    fn chunk(&self) -> &SystemChunk {
+        &self.shared.chunk
+    }
 
     fn write_header(&mut self, offset: usize, header: Header) {
-        // SAFETY: as in `read_header`; `&mut self` makes the write exclusive.
+        debug_assert!(offset >= HEADER && offset <= self.chunk().len());
+        // SAFETY: as in `StackShared::read_header`; `&mut self` makes the write exclusive.
         unsafe {
-            self.chunk
+            self.chunk()
                 .base()
                 .add(offset - HEADER)
                 .cast::<Header>()
@@ -134,15 +173,15 @@ impl StackAllocator {
         self.allocations = self.allocations.wrapping_add(1);
         let header = Header {
             meta: BlockMeta::new(size, tag),
-            below: self.top_allocation,
+            below: self.top_allocation(),
             cookie: LIVE ^ offset as u32,
             serial: self.allocations,
         };
         self.write_header(offset, header);
-        self.top_allocation = offset as u32;
+        self.set_top_allocation(offset as u32);
         self.top = offset + size;
         self.shared.counters.record_alloc(size);
-        NonNull::new(self.chunk.base().wrapping_add(offset))
+        NonNull::new(self.chunk().base().wrapping_add(offset))
     }
 
     /// Offset for a new allocation, if it fits.
@@ -150,17 +189,17 @@ impl StackAllocator {
         if !align.is_power_of_two() || size > u32::MAX as usize {
             return None;
         }
-        let base = self.chunk.base() as usize;
+        let base = self.chunk().base() as usize;
         let start = align_up(base + self.top + HEADER, align.max(MIN_ALIGN))? - base;
         // A zero-size block still needs its start inside the chunk, so that `free` recognises it.
-        (start.checked_add(size.max(1))? <= self.chunk.len()).then_some(start)
+        (start.checked_add(size.max(1))? <= self.chunk().len()).then_some(start)
     }
 
     /// Frees the topmost allocation. Refuses foreign and interior pointers, blocks already freed or rewound
     /// (`DoubleFree`) and any live block that is not on top (`OutOfOrder`), changing nothing.
     pub fn free(&mut self, ptr: *mut u8) -> Result<(), FreeError> {
         let offset = self
-            .chunk
+            .chunk()
             .offset_of(ptr as usize)
             .ok_or(FreeError::Foreign)?;
         if offset < HEADER || offset % MIN_ALIGN != 0 {
@@ -175,7 +214,7 @@ impl StackAllocator {
         if freed || offset > self.top {
             return Err(FreeError::DoubleFree);
         }
-        if offset != self.top_allocation as usize {
+        if offset != self.top_allocation() as usize {
             return Err(FreeError::OutOfOrder);
         }
         self.pop_top();
@@ -184,14 +223,14 @@ impl StackAllocator {
 
     /// Frees the topmost allocation, which must exist.
     fn pop_top(&mut self) {
-        let offset = self.top_allocation as usize;
+        let offset = self.top_allocation() as usize;
         let mut header = self.read_header(offset);
         header.cookie = FREED ^ offset as u32;
         self.write_header(offset, header);
         self.shared
             .counters
             .record_frees(1, header.meta.size as u64);
-        self.top_allocation = header.below;
+        self.set_top_allocation(header.below);
         self.top = self.end_of(header.below);
     }
 
@@ -213,8 +252,8 @@ impl StackAllocator {
     pub fn marker(&self) -> StackMarker {
         StackMarker {
             allocator: self.registration.info().id,
-            top_allocation: self.top_allocation,
-            top_serial: self.serial_of(self.top_allocation),
+            top_allocation: self.top_allocation(),
+            top_serial: self.serial_of(self.top_allocation()),
         }
     }
 
@@ -224,14 +263,14 @@ impl StackAllocator {
         if marker.allocator != self.registration.info().id {
             return Err(FreeError::Foreign);
         }
-        let mut allocation = self.top_allocation;
+        let mut allocation = self.top_allocation();
         while allocation > marker.top_allocation {
             allocation = self.read_header(allocation as usize).below;
         }
         if allocation != marker.top_allocation || self.serial_of(allocation) != marker.top_serial {
             return Err(FreeError::OutOfOrder);
         }
-        while self.top_allocation != marker.top_allocation {
+        while self.top_allocation() != marker.top_allocation {
             self.pop_top();
         }
         Ok(())
@@ -257,16 +296,7 @@ impl EngineAllocator for StackAllocator {
     }
 
     fn for_each_live_block(&self, visit: &mut dyn FnMut(LiveBlock)) {
-        let mut allocation = self.top_allocation;
-        while allocation != 0 {
-            let header = self.read_header(allocation as usize);
-            visit(
-                header
-                    .meta
-                    .live_block(self.chunk.base() as usize + allocation as usize),
-            );
-            allocation = header.below;
-        }
+        self.shared.for_each_live_block(visit)
     }
 }
 

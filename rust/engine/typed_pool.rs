@@ -1,5 +1,6 @@
-//! `TypedPool<T>`: objects of one type recycled through free lists, growing in doubling batches from `System`
-//! (design note 003); `type_of(ptr)` names the type of any object it holds.
+//! Typed pools (design note 003): objects of one type recycled through free lists, growing in doubling batches
+//! from `System`; `type_of(ptr)` names the type of any object they hold. [`ObjectPool`] takes the size,
+//! alignment and type name at run time (the C++ `TypedPool<T>`); [`TypedPool<T>`] is the Rust face on top.
 
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
@@ -22,7 +23,8 @@ const MAX_BATCHES: usize = 32;
 struct Batch {
     slots: Slots,
     free: FreeList,
-    chunk: SystemChunk,
+    /// Owns the slots' memory.
+    _chunk: SystemChunk,
 }
 
 struct Batches {
@@ -34,13 +36,27 @@ struct Batches {
     last_freed: usize,
 }
 
+impl Batches {
+    fn live(&self) -> impl Iterator<Item = &Batch> {
+        self.list[..self.count].iter().flatten()
+    }
+}
+
 struct TypedShared {
     name: &'static str,
+    /// The size of one object, as callers asked for it.
+    object_size: usize,
     slot_size: usize,
     slot_align: usize,
     capacity: AtomicU64,
     counters: Counters,
     batches: Mutex<Batches>,
+}
+
+impl TypedShared {
+    fn batches(&self) -> MutexGuard<'_, Batches> {
+        self.batches.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 impl StatsSource for TypedShared {
@@ -54,34 +70,46 @@ impl StatsSource for TypedShared {
         stats.peak_bytes = self.counters.peak_bytes();
         stats
     }
+
+    fn for_each_live_block(&self, visit: &mut dyn FnMut(LiveBlock)) {
+        for batch in self.batches().live() {
+            batch.slots.for_each_live(visit);
+        }
+    }
 }
 
-/// A free-list pool for objects of type `T`. Thread-safe when `T: Send`. Objects still live when the pool
-/// is dropped are not dropped (they are leaks; list them with [`EngineAllocator::leaks`] first).
-pub struct TypedPool<T: 'static> {
+/// A free-list pool for objects of one size and alignment, named by a type name given at run time.
+/// Thread-safe. It hands out uninitialised slots; constructing and destroying objects is the caller's part.
+pub struct ObjectPool {
     registration: Registration,
     shared: SystemBox<TypedShared>,
-    _objects: PhantomData<*mut T>,
 }
 
-// SAFETY: the pool owns `T` values and hands them between threads by value (`take`), which `T: Send` allows;
-// all shared state is behind the batch lock or atomics.
-unsafe impl<T: Send> Send for TypedPool<T> {}
-// SAFETY: as above.
-unsafe impl<T: Send> Sync for TypedPool<T> {}
-
-impl<T: 'static> TypedPool<T> {
-    /// An empty pool whose first batch (allocated on first use) holds `first_batch` objects.
-    pub fn new(name: &'static str, first_batch: usize) -> Result<Self, CreateError> {
+impl ObjectPool {
+    /// An empty pool for objects of `size` bytes aligned to `align` (a power of two), whose first batch
+    /// (allocated on first use) holds `first_batch` objects.
+    pub fn new(
+        name: &'static str,
+        element_type: &'static str,
+        size: usize,
+        align: usize,
+        first_batch: usize,
+    ) -> Result<Self, CreateError> {
         if first_batch == 0 {
             return Err(CreateError::InvalidConfig(
                 "the first batch needs at least one object",
             ));
         }
+        if !align.is_power_of_two() || size > u32::MAX as usize {
+            return Err(CreateError::InvalidConfig(
+                "objects need a power-of-two alignment and at most 4 GiB",
+            ));
+        }
         let shared = TypedShared {
             name,
-            slot_size: slot_size(size_of::<T>(), align_of::<T>()),
-            slot_align: align_of::<T>().max(8),
+            object_size: size,
+            slot_size: slot_size(size, align),
+            slot_align: align.max(8),
             capacity: AtomicU64::new(0),
             counters: Counters::default(),
             batches: Mutex::new(Batches {
@@ -93,46 +121,29 @@ impl<T: 'static> TypedPool<T> {
         };
         let shared = SystemBox::new(shared).ok_or(CreateError::OutOfMemory)?;
         let source: &dyn StatsSource = &*shared;
-        let element_type = Some(std::any::type_name::<T>());
         // SAFETY: `shared` lives in `System` memory at a stable address and is dropped after `registration`.
-        let registration =
-            unsafe { Registration::new(name, AllocatorKind::TypedPool, element_type, source) }?;
+        let registration = unsafe {
+            Registration::new(name, AllocatorKind::TypedPool, Some(element_type), source)
+        }?;
         Ok(Self {
             registration,
             shared,
-            _objects: PhantomData,
         })
     }
 
-    fn batches(&self) -> MutexGuard<'_, Batches> {
-        self.shared
-            .batches
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Moves `value` into a recycled slot (or a new batch); `None` when `System` cannot grow the pool.
-    pub fn alloc(&self, value: T) -> Option<NonNull<T>> {
-        self.alloc_tagged(value, 0)
-    }
-
-    /// [`TypedPool::alloc`] that records `tag` (the tracker's stack id) with the object.
-    pub fn alloc_tagged(&self, value: T, tag: u32) -> Option<NonNull<T>> {
-        let slot = {
-            let mut batches = self.batches();
-            let slot = self.free_batch(&mut batches).and_then(|batch| {
-                let index = batch.slots.pop(&mut batch.free)?;
-                Some(batch.slots.claim(index, size_of::<T>(), tag))
-            });
-            match slot {
-                Some(_) => self.shared.counters.record_alloc(size_of::<T>()),
-                None => self.shared.counters.record_failure(),
-            }
-            NonNull::new(slot?.cast::<T>())?
-        };
-        // SAFETY: the slot is ours alone now, sized and aligned for `T` (`slot_size`, `slot_align`).
-        unsafe { slot.as_ptr().write(value) };
-        Some(slot)
+    /// An uninitialised slot for one object, recorded as live with `tag` (the tracker's stack id); `None`
+    /// when `System` cannot grow the pool.
+    pub fn alloc_tagged(&self, tag: u32) -> Option<NonNull<u8>> {
+        let mut batches = self.shared.batches();
+        let slot = self.free_batch(&mut batches).and_then(|batch| {
+            let index = batch.slots.pop(&mut batch.free)?;
+            Some(batch.slots.claim(index, self.shared.object_size, tag))
+        });
+        match slot {
+            Some(_) => self.shared.counters.record_alloc(self.shared.object_size),
+            None => self.shared.counters.record_failure(),
+        }
+        NonNull::new(slot?)
     }
 
     /// The batch of the last free if it has a free slot, else the newest batch with one, else a new batch.
@@ -169,9 +180,106 @@ impl<T: 'static> TypedPool<T> {
                 slots,
                 // Typed pools move single slots only, never whole chains.
                 free: FreeList::new(1),
-                chunk,
+                _chunk: chunk,
             })
             .into()
+    }
+
+    /// Recycles the slot of the object at `ptr`, first passing the object to `take` (under the pool lock,
+    /// before another thread can get the slot). Refuses pointers outside the pool (`Foreign`), off an
+    /// object start (`Interior`) and objects already freed (`DoubleFree`) without calling `take`.
+    pub fn free_with(&self, ptr: *mut u8, take: impl FnOnce(*mut u8)) -> Result<(), FreeError> {
+        let addr = ptr as usize;
+        let mut batches = self.shared.batches();
+        let count = batches.count;
+        for (batch_index, batch) in batches.list[..count].iter_mut().flatten().enumerate() {
+            let index = match batch.slots.index_of(addr) {
+                Err(FreeError::Foreign) => continue,
+                found => found?,
+            };
+            batch.slots.release(index)?;
+            take(ptr);
+            batch.slots.push(&mut batch.free, index);
+            self.shared
+                .counters
+                .record_frees(1, self.shared.object_size as u64);
+            batches.last_freed = batch_index;
+            return Ok(());
+        }
+        Err(FreeError::Foreign)
+    }
+
+    /// Whether `ptr` is the start of a live object of this pool.
+    pub fn holds_live(&self, ptr: *const u8) -> bool {
+        let addr = ptr as usize;
+        self.shared.batches().live().any(|batch| {
+            batch
+                .slots
+                .index_of(addr)
+                .is_ok_and(|index| batch.slots.is_live(index))
+        })
+    }
+}
+
+fn add_capacity(capacity: &AtomicU64, bytes: usize) {
+    // Written only under the batch lock.
+    capacity.store(capacity.load(Relaxed) + bytes as u64, Relaxed);
+}
+
+impl EngineAllocator for ObjectPool {
+    fn info(&self) -> AllocatorInfo {
+        self.registration.info()
+    }
+
+    fn stats(&self) -> AllocatorStats {
+        self.shared.stats()
+    }
+
+    fn for_each_live_block(&self, visit: &mut dyn FnMut(LiveBlock)) {
+        self.shared.for_each_live_block(visit)
+    }
+}
+
+/// A free-list pool for objects of type `T`. Thread-safe when `T: Send`. Objects still live when the pool
+/// is dropped are not dropped (they are leaks; list them with [`EngineAllocator::leaks`] first).
+pub struct TypedPool<T: 'static> {
+    objects: ObjectPool,
+    _objects: PhantomData<*mut T>,
+}
+
+// SAFETY: the pool owns `T` values and hands them between threads by value (`take`), which `T: Send` allows;
+// all shared state is behind the batch lock or atomics.
+unsafe impl<T: Send> Send for TypedPool<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send> Sync for TypedPool<T> {}
+
+impl<T: 'static> TypedPool<T> {
+    /// An empty pool whose first batch (allocated on first use) holds `first_batch` objects.
+    pub fn new(name: &'static str, first_batch: usize) -> Result<Self, CreateError> {
+        let objects = ObjectPool::new(
+            name,
+            std::any::type_name::<T>(),
+            size_of::<T>(),
+            align_of::<T>(),
+            first_batch,
+        )?;
+        Ok(Self {
+            objects,
+            _objects: PhantomData,
+        })
+    }
+
+    /// Moves `value` into a recycled slot (or a new batch); `None` when `System` cannot grow the pool.
+    pub fn alloc(&self, value: T) -> Option<NonNull<T>> {
+        self.alloc_tagged(value, 0)
+    }
+
+    /// [`TypedPool::alloc`] that records `tag` (the tracker's stack id) with the object.
+    pub fn alloc_tagged(&self, value: T, tag: u32) -> Option<NonNull<T>> {
+        let slot = self.objects.alloc_tagged(tag)?.cast::<T>();
+        // SAFETY: the slot is ours alone now, sized and aligned for `T` (`ObjectPool::new`).
+        unsafe { slot.as_ptr().write(value) };
+        Some(slot)
     }
 
     /// Moves the object out of the pool and recycles its slot. Refuses pointers outside the pool
@@ -181,29 +289,13 @@ impl<T: 'static> TypedPool<T> {
     /// No reference to the object (such as a [`PoolBox`] owning it) may be used after this call. The pool
     /// checks the pointer itself, but cannot see references.
     pub unsafe fn take(&self, ptr: *mut T) -> Result<T, FreeError> {
-        let addr = ptr as usize;
-        let mut batches = self.batches();
-        let count = batches.count;
-        for (batch_index, batch) in batches.list[..count].iter_mut().flatten().enumerate() {
-            let index = match batch.slots.index_of(addr) {
-                Err(FreeError::Foreign) => continue,
-                found => found?,
-            };
-            batch.slots.release(index)?;
-            let object = batch
-                .chunk
-                .base()
-                .wrapping_add(addr - batch.chunk.base() as usize)
-                .cast::<T>();
+        let mut value = None;
+        self.objects.free_with(ptr.cast(), |object| {
             // SAFETY: the slot was live, so it holds a `T` written by `alloc`; it is released (no other free
-            // can succeed) and recycled below without dropping, so the value is moved out exactly once.
-            let value = unsafe { object.read() };
-            batch.slots.push(&mut batch.free, index);
-            self.shared.counters.record_frees(1, size_of::<T>() as u64);
-            batches.last_freed = batch_index;
-            return Ok(value);
-        }
-        Err(FreeError::Foreign)
+            // can succeed) and recycled without dropping, so the value is moved out exactly once.
+            value = Some(unsafe { object.cast::<T>().read() });
+        })?;
+        Ok(value.expect("free_with calls take on success"))
     }
 
     /// Drops the object and recycles its slot; refuses bad pointers like [`TypedPool::take`].
@@ -223,25 +315,17 @@ impl<T: 'static> TypedPool<T> {
     }
 }
 
-fn add_capacity(capacity: &AtomicU64, bytes: usize) {
-    // Written only under the batch lock.
-    capacity.store(capacity.load(Relaxed) + bytes as u64, Relaxed);
-}
-
 impl<T: 'static> EngineAllocator for TypedPool<T> {
     fn info(&self) -> AllocatorInfo {
-        self.registration.info()
+        self.objects.info()
     }
 
     fn stats(&self) -> AllocatorStats {
-        self.shared.stats()
+        self.objects.stats()
     }
 
     fn for_each_live_block(&self, visit: &mut dyn FnMut(LiveBlock)) {
-        let batches = self.batches();
-        for batch in batches.list[..batches.count].iter().flatten() {
-            batch.slots.for_each_live(visit);
-        }
+        self.objects.for_each_live_block(visit)
     }
 }
 

@@ -15,10 +15,10 @@ pub fn run() {
     let _inside = crate::tracker::guard::Inside::enter();
     let stats = crate::tracker::stats();
     let errors = crate::tracker::errors::all().len();
-    if stats.total_allocations == 0 && errors == 0 {
+    if stats.total_allocations == 0 && errors == 0 && !crate::engine::tracked::any_created() {
         return; // nothing was ever tracked (a Rust test binary that links the library, say)
     }
-    let leaks = stats.live_blocks;
+    let leaks = super::live_block_count();
     if options.report {
         let found_something = leaks > 0 || errors > 0;
         let report = super::Report::collect();

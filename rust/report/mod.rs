@@ -58,7 +58,8 @@ pub struct Report {
 }
 
 impl Report {
-    /// Snapshots the live lists and the errors and symbolizes every stack they name.
+    /// Snapshots the live lists, the engine allocators' live and retired blocks and the errors, and
+    /// symbolizes every stack they name.
     pub fn collect() -> Report {
         let mut leaks = Vec::new();
         for shard in &SHARDS {
@@ -81,6 +82,19 @@ impl Report {
             }));
         }
         leaks.sort_by_key(|l| (l.thread, l.seq));
+        crate::engine::for_each_live_block(&mut |info, block| {
+            leaks.push(Leak {
+                address: block.address,
+                size: block.size,
+                kind: BlockKind::New,
+                file: None,
+                line: 0,
+                seq: 0,
+                thread: 0,
+                stack: StackId(block.tag),
+                allocator: Some(info.name),
+            })
+        });
         let errors = errors::all();
         let mut symbolizer = Symbolizer::new();
         let mut stacks = HashMap::new();
@@ -156,7 +170,8 @@ pub fn write_now(path: Option<&str>) -> bool {
     result.is_ok()
 }
 
-/// How many leaks are live right now (for the exit code and tests).
+/// How many leaks are live right now, tracked blocks and engine allocators' (for the exit code).
 pub fn live_block_count() -> u64 {
-    live_list::totals().live_blocks
+    let engine = crate::engine::leaks_since(crate::engine::Checkpoint::ORIGIN);
+    live_list::totals().live_blocks + engine.iter().map(|leaks| leaks.blocks).sum::<u64>()
 }

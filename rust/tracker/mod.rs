@@ -209,6 +209,13 @@ fn capture_free_stack(start: StartFrame) -> StackId {
     stack::capture(start, init::options().stack_depth)
 }
 
+/// The call stack from `start` at the configured depth, setting the tracker up on first use; for
+/// allocators built on the tracker (`rust/engine`). `_inside` proves the guard is held: the
+/// unwinder may allocate through Rust's global allocator on cold paths.
+pub fn capture_stack(_inside: &Inside, start: StartFrame) -> StackId {
+    capture_free_stack(start)
+}
+
 #[cold]
 #[inline(never)]
 fn bad_free(error: MemoryError) {
