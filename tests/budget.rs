@@ -88,3 +88,20 @@ fn a_budget_smaller_than_its_pool_classes_is_refused_with_a_warning() {
     );
     assert!(run.stdout().contains("small only"));
 }
+
+#[test]
+fn leaks_in_budget_mode_are_listed_once() {
+    let dir = support::scratch("budget_leaks");
+    let exe = support::build(&dir, "options", &["tests/cpp/options.cpp"], &[]);
+    let run = support::run(&exe, "budget=8M");
+    assert_eq!(
+        run.leak_set(),
+        [(
+            20,
+            true,
+            Some("tests/cpp/options.cpp".to_owned()),
+            support::line_of("tests/cpp/options.cpp", "K15_NEW int[5]")
+        )]
+    );
+    assert_eq!(run.leaks()[0]["language"], "c++");
+}

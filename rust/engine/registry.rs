@@ -3,6 +3,8 @@
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+use crate::tracker::budget::{BLOCKS_NAME as BUDGET_BLOCKS, POOL_NAME as BUDGET_POOL};
+
 use super::{
     AllocatorInfo, AllocatorKind, AllocatorStats, Checkpoint, CreateError, LiveBlock, StatsSource,
 };
@@ -134,9 +136,17 @@ impl Registry {
         totals
     }
 
-    /// Every live block of the registered allocators, then the retired ones.
+    /// Every live block of the registered allocators, then the retired ones. The budget's
+    /// allocators are skipped: their blocks are the tracker's own, already on its live lists.
     fn for_each_live_block(&self, visit: &mut dyn FnMut(&AllocatorInfo, LiveBlock)) {
-        for registered in self.slots.iter().flatten() {
+        let serves_the_tracker =
+            |info: &AllocatorInfo| [BUDGET_POOL, BUDGET_BLOCKS].contains(&info.name);
+        for registered in self
+            .slots
+            .iter()
+            .flatten()
+            .filter(|r| !serves_the_tracker(&r.info))
+        {
             // SAFETY: registered sources are alive while in the registry (see `unsafe impl Send`).
             let source = unsafe { &*registered.source };
             source.for_each_live_block(&mut |block| visit(&registered.info, block));
