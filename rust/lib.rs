@@ -13,6 +13,8 @@
 //! - [`engine`]: the game-engine allocators (pool, stack, block, typed pools) on top.
 //! - [`options`]: `K15_MEMORY_OPTIONS`, read once at first use; [`sys`]: the OS edge.
 
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 pub mod engine;
 pub mod ffi;
 pub mod options;

@@ -65,14 +65,15 @@ impl Report {
         for shard in &SHARDS {
             let locked = shard.lock();
             leaks.extend(locked.blocks().map(|header| {
-                // SAFETY: headers on a locked list are live and stay so while it is locked;
-                // `file` is null or a `__FILE__` literal.
+                // SAFETY: headers on a locked list are live and stay so while it is locked.
                 let h = unsafe { &*header };
+                // SAFETY: the `file` of a live block is null or a `__FILE__` literal.
+                let file = unsafe { crate::sys::c_str(h.file) };
                 Leak {
                     address: BlockHeader::user_ptr(header) as usize,
                     size: h.size,
                     kind: h.kind,
-                    file: unsafe { crate::sys::c_str(h.file) }.map(str::to_owned),
+                    file: file.map(str::to_owned),
                     line: h.line,
                     seq: h.seq,
                     thread: h.thread,
