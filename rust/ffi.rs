@@ -169,7 +169,7 @@ unsafe fn allocate(
     frame_address: usize,
 ) -> *mut u8 {
     // SAFETY: forwarded from the caller's guarantee.
-    let start = unsafe { StartFrame::caller_of(frame_address) };
+    let start = || unsafe { StartFrame::caller_of(frame_address) };
     // SAFETY: `file` is as the caller guarantees.
     unsafe { tracker::allocate(size, align, kind, file, line.max(0) as u32, start) }
 }
@@ -179,7 +179,7 @@ unsafe fn allocate(
 /// anything (bad pointers are classified and reported).
 unsafe fn deallocate(ptr: *mut u8, kind: BlockKind, frame_address: usize) {
     // SAFETY: forwarded from the caller's guarantee.
-    let start = unsafe { StartFrame::caller_of(frame_address) };
+    let start = || unsafe { StartFrame::caller_of(frame_address) };
     tracker::deallocate(ptr, kind, start)
 }
 

@@ -22,13 +22,13 @@ unsafe impl GlobalAlloc for TrackedAlloc {
                 BlockKind::Rust,
                 core::ptr::null(),
                 0,
-                StartFrame::here(),
+                StartFrame::here,
             )
         }
     }
 
     #[inline(never)]
     unsafe fn dealloc(&self, ptr: *mut u8, _layout: Layout) {
-        tracker::deallocate(ptr, BlockKind::Rust, StartFrame::here())
+        tracker::deallocate(ptr, BlockKind::Rust, StartFrame::here)
     }
 }

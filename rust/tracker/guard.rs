@@ -33,28 +33,34 @@ impl Inside {
         THREAD.with(|t| (!t.inside_tracker.replace(true)).then(|| Inside(())))
     }
 
-    /// The calling thread's number, assigned at its first tracked allocation.
+    /// The calling thread's number (assigned at its first tracked allocation: 1, 2, …) and
+    /// the sequence number of the allocation being made now (1, 2, … per thread).
     #[inline]
-    pub fn thread_number(&self) -> u32 {
-        THREAD.with(|t| match t.number.get() {
-            0 => {
-                let number = NEXT_THREAD_NUMBER.fetch_add(1, Ordering::Relaxed);
-                t.number.set(number);
-                number
-            }
-            number => number,
-        })
-    }
-
-    /// The next allocation sequence number of this thread (1, 2, …).
-    #[inline]
-    pub fn next_sequence(&self) -> u32 {
+    pub fn next_allocation(&self) -> (u32, u32) {
         THREAD.with(|t| {
             let seq = t.allocations.get().wrapping_add(1);
             t.allocations.set(seq);
-            seq
+            match t.number.get() {
+                0 => (assign_thread_number(t), seq),
+                number => (number, seq),
+            }
         })
     }
+
+    /// The calling thread's number, assigned at its first tracked allocation.
+    pub fn thread_number(&self) -> u32 {
+        THREAD.with(|t| match t.number.get() {
+            0 => assign_thread_number(t),
+            number => number,
+        })
+    }
+}
+
+#[cold]
+fn assign_thread_number(t: &ThreadState) -> u32 {
+    let number = NEXT_THREAD_NUMBER.fetch_add(1, Ordering::Relaxed);
+    t.number.set(number);
+    number
 }
 
 impl Drop for Inside {

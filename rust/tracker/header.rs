@@ -57,6 +57,25 @@ pub struct BlockHeader {
 
 const _: () = assert!(core::mem::size_of::<BlockHeader>() == HEADER_SIZE);
 
+/// What the allocation call says about a new block.
+pub struct NewBlock {
+    pub size: usize,
+    pub raw_offset: usize,
+    pub placement: Placement,
+    pub kind: BlockKind,
+    pub file: *const c_char,
+    pub line: u32,
+}
+
+/// Who allocated a tracked block (thread 0 never allocates: numbers start at 1).
+#[derive(Default, Clone, Copy)]
+pub struct Owner {
+    pub thread: u32,
+    pub seq: u32,
+    pub shard: u16,
+    pub alloc_stack: StackId,
+}
+
 /// What a pointer given to a free function turned out to be.
 pub enum Lookup {
     /// A live tracked block.
@@ -83,42 +102,37 @@ impl BlockHeader {
         self.raw_offset as usize
     }
 
-    /// Writes a complete header for a new block.
+    /// Writes a complete header for a new block: `owner` is `None` for the tracker's own
+    /// (untracked) blocks.
     ///
     /// # Safety
-    /// `header` points to `HEADER_SIZE` writable bytes right before `user`.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn init(
-        header: *mut BlockHeader,
-        tracked: bool,
-        size: usize,
-        raw_offset: usize,
-        placement: Placement,
-        kind: BlockKind,
-        file: *const c_char,
-        line: u32,
-    ) {
+    /// `header` points to `HEADER_SIZE` writable bytes right before its user pointer, and
+    /// `block.file` is null or a NUL-terminated string that outlives the block.
+    #[inline]
+    pub unsafe fn write(header: *mut BlockHeader, block: &NewBlock, owner: Option<Owner>) {
         let user = Self::user_ptr(header) as usize;
+        let owner = owner.unwrap_or_default();
+        let cookie = if owner.thread != 0 {
+            LIVE ^ user
+        } else {
+            UNTRACKED ^ user
+        };
         // SAFETY: guaranteed by the caller.
         unsafe {
             header.write(BlockHeader {
                 prev: core::ptr::null_mut(),
                 next: core::ptr::null_mut(),
-                seq: 0,
-                thread: 0,
-                line,
-                shard: 0,
-                kind,
-                placement,
-                file,
-                size,
-                alloc_stack: StackId(0),
-                raw_offset: raw_offset as u32,
-                cookie: if tracked {
-                    LIVE ^ user
-                } else {
-                    UNTRACKED ^ user
-                },
+                seq: owner.seq,
+                thread: owner.thread,
+                line: block.line,
+                shard: owner.shard,
+                kind: block.kind,
+                placement: block.placement,
+                file: block.file,
+                size: block.size,
+                alloc_stack: owner.alloc_stack,
+                raw_offset: block.raw_offset as u32,
+                cookie,
             })
         };
     }

@@ -70,7 +70,6 @@ static FLUSHED_PEAK_BYTES: AtomicU64 = AtomicU64::new(0);
 pub struct Shard {
     lock: SpinLock,
     head: UnsafeCell<*mut BlockHeader>,
-    live_blocks: AtomicU64,
     live_bytes: AtomicU64,
     peak_bytes: AtomicU64,
     allocations: AtomicU64,
@@ -85,7 +84,6 @@ unsafe impl Sync for Shard {}
 const EMPTY_SHARD: Shard = Shard {
     lock: SpinLock::new(),
     head: UnsafeCell::new(core::ptr::null_mut()),
-    live_blocks: AtomicU64::new(0),
     live_bytes: AtomicU64::new(0),
     peak_bytes: AtomicU64::new(0),
     allocations: AtomicU64::new(0),
@@ -153,7 +151,6 @@ impl LockedShard<'_> {
             *s.head.get() = header;
         }
         bump(&s.allocations, 1);
-        bump(&s.live_blocks, 1);
         let live = bump(&s.live_bytes, size as u64);
         if live > s.peak_bytes.load(Ordering::Relaxed) {
             s.peak_bytes.store(live, Ordering::Relaxed);
@@ -181,7 +178,6 @@ impl LockedShard<'_> {
             }
         }
         bump(&s.frees, 1);
-        bump(&s.live_blocks, u64::MAX);
         bump(&s.live_bytes, (size as u64).wrapping_neg());
         self.account_bytes(-(size as i64));
     }
@@ -243,9 +239,6 @@ pub fn totals() -> Totals {
         ..Totals::default()
     };
     for s in &SHARDS {
-        t.live_blocks = t
-            .live_blocks
-            .wrapping_add(s.live_blocks.load(Ordering::Relaxed));
         t.live_bytes = t
             .live_bytes
             .wrapping_add(s.live_bytes.load(Ordering::Relaxed));
@@ -253,6 +246,8 @@ pub fn totals() -> Totals {
         t.frees += s.frees.load(Ordering::Relaxed);
         t.peak_bytes = t.peak_bytes.max(s.peak_bytes.load(Ordering::Relaxed));
     }
+    // Read without locks, a free can be counted before its allocation: never below zero.
+    t.live_blocks = t.allocations.saturating_sub(t.frees);
     t.peak_bytes = t.peak_bytes.max(t.live_bytes);
     t
 }

@@ -18,10 +18,11 @@ use crate::stack::{self, StackId, StartFrame};
 use core::ffi::c_char;
 use errors::{ErrorKind, MemoryError};
 use guard::Inside;
-use header::{BlockHeader, Lookup};
+use header::{BlockHeader, Lookup, NewBlock, Owner};
 use live_list::SHARDS;
 
 /// A tracked block of `size` bytes aligned to `align` (0 = default), or null when exhausted.
+/// `start` gives where the call stack begins; it is only asked for when stacks are captured.
 ///
 /// # Safety
 /// `file` is null or a NUL-terminated string that outlives the block (a `__FILE__` literal).
@@ -32,7 +33,7 @@ pub unsafe fn allocate(
     kind: BlockKind,
     file: *const c_char,
     line: u32,
-    start: StartFrame,
+    start: impl FnOnce() -> StartFrame,
 ) -> *mut u8 {
     let Some(inside) = Inside::enter() else {
         return allocate_untracked(size, align, kind);
@@ -40,33 +41,39 @@ pub unsafe fn allocate(
     let options = init::options();
     let Some(block) = raw::acquire(size, align) else {
         if budget::active().is_some() {
-            report_budget_exceeded(size, file, line, start);
+            report_budget_exceeded(size, file, line, start());
         }
         return core::ptr::null_mut();
     };
-    let header = BlockHeader::of(block.user);
-    // SAFETY: acquire reserved HEADER_SIZE bytes in front of the user pointer.
-    unsafe {
-        BlockHeader::init(
-            header,
-            true,
-            size,
-            block.raw_offset,
-            block.placement,
-            kind,
-            file,
-            line,
-        )
-    };
-    let thread = inside.thread_number();
+    let (thread, seq) = inside.next_allocation();
     let shard = live_list::shard_of_thread(thread);
-    // SAFETY: the header was just written and is on no list yet.
+    let alloc_stack = if options.stack_depth > 0 {
+        stack::capture(start(), options.stack_depth)
+    } else {
+        StackId(0)
+    };
+    let header = BlockHeader::of(block.user);
+    let new_block = NewBlock {
+        size,
+        raw_offset: block.raw_offset,
+        placement: block.placement,
+        kind,
+        file,
+        line,
+    };
+    // SAFETY: acquire reserved HEADER_SIZE bytes in front of the user pointer; `file` is as
+    // the caller guarantees. The header is then on no list until `link`.
     unsafe {
-        let h = &mut *header;
-        h.thread = thread;
-        h.seq = inside.next_sequence();
-        h.shard = shard;
-        h.alloc_stack = stack::capture(start, options.stack_depth);
+        BlockHeader::write(
+            header,
+            &new_block,
+            Some(Owner {
+                thread,
+                seq,
+                shard,
+                alloc_stack,
+            }),
+        );
         SHARDS[shard as usize].lock().link(header, size);
     }
     block.user
@@ -79,31 +86,28 @@ fn allocate_untracked(size: usize, align: usize, kind: BlockKind) -> *mut u8 {
     let Some(block) = raw::acquire_system(size, align) else {
         return core::ptr::null_mut();
     };
-    // SAFETY: acquire reserved HEADER_SIZE bytes in front of the user pointer.
-    unsafe {
-        BlockHeader::init(
-            BlockHeader::of(block.user),
-            false,
-            size,
-            block.raw_offset,
-            block.placement,
-            kind,
-            core::ptr::null(),
-            0,
-        )
+    let new_block = NewBlock {
+        size,
+        raw_offset: block.raw_offset,
+        placement: block.placement,
+        kind,
+        file: core::ptr::null(),
+        line: 0,
     };
+    // SAFETY: acquire reserved HEADER_SIZE bytes in front of the user pointer.
+    unsafe { BlockHeader::write(BlockHeader::of(block.user), &new_block, None) };
     block.user
 }
 
-/// Frees `ptr` if it is a live block of ours; reports (and survives) anything else.
+/// Frees `ptr` if it is a live block of ours; reports (and survives) anything else. `start`
+/// gives where the call stack begins, asked for only when an error is reported.
 #[inline]
-pub fn deallocate(ptr: *mut u8, kind: BlockKind, start: StartFrame) {
+pub fn deallocate(ptr: *mut u8, kind: BlockKind, start: impl Fn() -> StartFrame + Copy) {
     if ptr.is_null() {
         return;
     }
-    let inside = Inside::enter();
     match BlockHeader::lookup(ptr) {
-        Lookup::Live(header) => free_live(header, kind, start, inside.is_some()),
+        Lookup::Live(header) => free_live(header, kind, start),
         Lookup::Untracked(header) => {
             // SAFETY: an untracked header is ours, on no list, and freed only here.
             unsafe {
@@ -112,27 +116,24 @@ pub fn deallocate(ptr: *mut u8, kind: BlockKind, start: StartFrame) {
                 raw::release(header, raw_offset);
             }
         }
-        Lookup::Freed { size, alloc_stack } => bad_free(MemoryError {
+        Lookup::Freed { size, alloc_stack } => bad_free(|| MemoryError {
             size,
             alloc_stack,
-            ..MemoryError::at_free(ErrorKind::DoubleFree, ptr, kind, capture_free_stack(start))
+            ..MemoryError::at_free(ErrorKind::DoubleFree, ptr, kind, capture_stack_of(start()))
         }),
-        Lookup::Foreign => bad_free(MemoryError::at_free(
-            ErrorKind::InvalidFree,
-            ptr,
-            kind,
-            capture_free_stack(start),
-        )),
+        Lookup::Foreign => bad_free(|| {
+            MemoryError::at_free(ErrorKind::InvalidFree, ptr, kind, capture_stack_of(start()))
+        }),
     }
 }
 
 #[inline]
-fn free_live(header: *mut BlockHeader, kind: BlockKind, start: StartFrame, tracked_context: bool) {
+fn free_live(header: *mut BlockHeader, kind: BlockKind, start: impl Fn() -> StartFrame + Copy) {
     // SAFETY: lookup saw a LIVE cookie; the fields read before locking are only used to find
     // the shard, and everything is checked again under the lock.
     let (shard, allocated_with) = unsafe { ((*header).shard, (*header).kind) };
-    if allocated_with != kind && tracked_context {
-        report_mismatch(header, kind, start);
+    if allocated_with != kind {
+        report_mismatch(header, kind, start());
     }
     let raw_offset;
     {
@@ -143,7 +144,7 @@ fn free_live(header: *mut BlockHeader, kind: BlockKind, start: StartFrame, track
             let h = &mut *header;
             if !h.is_live() || h.shard != shard {
                 drop(locked);
-                return deallocate_raced(header, kind, start);
+                return deallocate_raced(header, kind, start());
             }
             locked.unlink(header, h.size);
             raw_offset = h.raw_offset();
@@ -157,7 +158,7 @@ fn free_live(header: *mut BlockHeader, kind: BlockKind, start: StartFrame, track
 /// Another thread freed the same block between our lookup and our lock: a double free.
 #[cold]
 fn deallocate_raced(header: *mut BlockHeader, kind: BlockKind, start: StartFrame) {
-    deallocate(BlockHeader::user_ptr(header), kind, start);
+    deallocate(BlockHeader::user_ptr(header), kind, || start);
 }
 
 #[cold]
@@ -167,7 +168,7 @@ fn report_mismatch(header: *mut BlockHeader, kind: BlockKind, start: StartFrame)
     // frees it after this report.
     let h = unsafe { &*header };
     let user = BlockHeader::user_ptr(header);
-    bad_free(MemoryError {
+    bad_free(|| MemoryError {
         size: h.size,
         // SAFETY: `file` of a live block is null or a `__FILE__` literal of the program.
         file: unsafe { crate::sys::c_str(h.file) }.map(str::to_owned),
@@ -179,7 +180,7 @@ fn report_mismatch(header: *mut BlockHeader, kind: BlockKind, start: StartFrame)
             ErrorKind::MismatchedDelete,
             user,
             kind,
-            capture_free_stack(start),
+            capture_stack_of(start),
         )
     });
 }
@@ -187,14 +188,14 @@ fn report_mismatch(header: *mut BlockHeader, kind: BlockKind, start: StartFrame)
 #[cold]
 #[inline(never)]
 fn report_budget_exceeded(size: usize, file: *const c_char, line: u32, start: StartFrame) {
-    bad_free(MemoryError {
+    bad_free(|| MemoryError {
         size,
         // SAFETY: `file` is null or a `__FILE__` literal (allocate's contract).
         file: unsafe { crate::sys::c_str(file) }.map(str::to_owned),
         line,
         allocator: Some(budget::POOL_NAME),
         detail: Some("the memory budget is spent"),
-        alloc_stack: capture_free_stack(start),
+        alloc_stack: capture_stack_of(start),
         ..MemoryError::at_free(
             ErrorKind::BudgetExceeded,
             core::ptr::null_mut(),
@@ -204,8 +205,9 @@ fn report_budget_exceeded(size: usize, file: *const c_char, line: u32, start: St
     });
 }
 
-/// The stack of the call being reported (a bad free, a refused allocation).
-fn capture_free_stack(start: StartFrame) -> StackId {
+/// The stack of the call being reported (a bad free, a refused allocation). Called inside
+/// the tracker: the unwinder's cold paths allocate.
+fn capture_stack_of(start: StartFrame) -> StackId {
     stack::capture(start, init::options().stack_depth)
 }
 
@@ -213,13 +215,16 @@ fn capture_free_stack(start: StartFrame) -> StackId {
 /// allocators built on the tracker (`rust/engine`). `_inside` proves the guard is held: the
 /// unwinder may allocate through Rust's global allocator on cold paths.
 pub fn capture_stack(_inside: &Inside, start: StartFrame) -> StackId {
-    capture_free_stack(start)
+    capture_stack_of(start)
 }
 
+/// Builds and reports a memory error inside the tracker, so that what the capture and the
+/// report allocate stays out of the lists (an error inside the tracker is reported as is).
 #[cold]
 #[inline(never)]
-fn bad_free(error: MemoryError) {
-    errors::report(error);
+fn bad_free(error: impl FnOnce() -> MemoryError) {
+    let _inside = Inside::enter();
+    errors::report(error());
 }
 
 /// Counters of the whole process.
