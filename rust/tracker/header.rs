@@ -67,7 +67,7 @@ pub struct NewBlock {
     pub line: u32,
 }
 
-/// Who allocated a tracked block (thread 0 never allocates: numbers start at 1).
+/// Who allocated a tracked block.
 #[derive(Default, Clone, Copy)]
 pub struct Owner {
     pub thread: u32,
@@ -111,12 +111,12 @@ impl BlockHeader {
     #[inline]
     pub unsafe fn write(header: *mut BlockHeader, block: &NewBlock, owner: Option<Owner>) {
         let user = Self::user_ptr(header) as usize;
-        let owner = owner.unwrap_or_default();
-        let cookie = if owner.thread != 0 {
+        let cookie = if owner.is_some() {
             LIVE ^ user
         } else {
             UNTRACKED ^ user
         };
+        let owner = owner.unwrap_or_default();
         // SAFETY: guaranteed by the caller.
         unsafe {
             header.write(BlockHeader {
