@@ -62,3 +62,18 @@ fn fork_while_another_thread_allocates() {
     );
     assert_eq!(run.leaks().len(), 0, "{}", run.text);
 }
+
+#[test]
+fn signal_handlers_that_allocate_while_the_tracker_is_busy() {
+    let dir = support::scratch("threads_signals");
+    let exe = support::build(&dir, "signals", &["tests/cpp/signals.cpp"], &[]);
+    let run = support::run(&exe, "");
+    assert!(
+        run.output.status.success(),
+        "{:?}\n{}",
+        run.output.status,
+        run.stderr()
+    );
+    assert!(run.stdout().contains("done, handled 1"), "{}", run.stdout());
+    assert_eq!(run.errors().len(), 0, "{}", run.text);
+}

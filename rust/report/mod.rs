@@ -63,7 +63,7 @@ impl Report {
     pub fn collect() -> Report {
         let mut leaks = Vec::new();
         for shard in &SHARDS {
-            let locked = shard.lock();
+            let locked = shard.lock(crate::tracker::guard::thread_number());
             leaks.extend(locked.blocks().map(|header| {
                 // SAFETY: headers on a locked list are live and stay so while it is locked.
                 let h = unsafe { &*header };

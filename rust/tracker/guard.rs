@@ -23,8 +23,9 @@ thread_local! {
 
 static NEXT_THREAD_NUMBER: AtomicU32 = AtomicU32::new(1);
 
-/// Proof that this thread is inside the tracker; nested entries (the tracker's own allocations,
-/// a signal handler) get `None` and take the untracked path.
+/// Proof that this thread is inside the tracker; nested allocations (the tracker's own, a
+/// signal handler's) get `None` and take the untracked path. Frees need no guard: a shard lock
+/// knows its holder (`live_list::SpinLock`).
 pub struct Inside(());
 
 impl Inside {
@@ -49,11 +50,17 @@ impl Inside {
 
     /// The calling thread's number, assigned at its first tracked allocation.
     pub fn thread_number(&self) -> u32 {
-        THREAD.with(|t| match t.number.get() {
-            0 => assign_thread_number(t),
-            number => number,
-        })
+        thread_number()
     }
+}
+
+/// The calling thread's number, assigned now if it has none (for frees, which need no guard).
+#[inline]
+pub fn thread_number() -> u32 {
+    THREAD.with(|t| match t.number.get() {
+        0 => assign_thread_number(t),
+        number => number,
+    })
 }
 
 #[cold]

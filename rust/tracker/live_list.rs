@@ -8,35 +8,41 @@
 
 use super::header::BlockHeader;
 use core::cell::UnsafeCell;
-use core::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 
 pub const SHARD_COUNT: usize = 64;
 
-/// A test-and-set lock: uncontended it costs one atomic exchange; it never allocates.
-pub struct SpinLock(AtomicBool);
+/// A lock that knows its holder: the lock word is the holder's thread number (0 = free), so a
+/// thread that finds its own number there knows it interrupted itself (a signal handler that
+/// frees while the thread was inside the tracker) and must not wait. Uncontended it costs one
+/// compare-and-swap; it never allocates.
+pub struct SpinLock(AtomicU32);
+
+/// The holder while `fork` runs (no thread has this number).
+const FORK_HOLDER: u32 = u32::MAX;
 
 impl SpinLock {
     const fn new() -> Self {
-        SpinLock(AtomicBool::new(false))
+        SpinLock(AtomicU32::new(0))
     }
 
     #[inline]
-    fn lock(&self) {
+    fn lock(&self, holder: u32) {
         if self
             .0
-            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .compare_exchange_weak(0, holder, Ordering::Acquire, Ordering::Relaxed)
             .is_err()
         {
-            self.lock_contended();
+            self.lock_contended(holder);
         }
     }
 
     #[cold]
     #[inline(never)]
-    fn lock_contended(&self) {
+    fn lock_contended(&self, holder: u32) {
         let mut spins = 0u32;
         loop {
-            while self.0.load(Ordering::Relaxed) {
+            while self.0.load(Ordering::Relaxed) != 0 {
                 spins += 1;
                 if spins < 128 {
                     core::hint::spin_loop();
@@ -46,7 +52,7 @@ impl SpinLock {
             }
             if self
                 .0
-                .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .compare_exchange_weak(0, holder, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok()
             {
                 return;
@@ -55,8 +61,13 @@ impl SpinLock {
     }
 
     #[inline]
+    fn held_by(&self, holder: u32) -> bool {
+        self.0.load(Ordering::Relaxed) == holder
+    }
+
+    #[inline]
     fn unlock(&self) {
-        self.0.store(false, Ordering::Release);
+        self.0.store(0, Ordering::Release);
     }
 }
 
@@ -98,7 +109,7 @@ pub static SHARDS: [Shard; SHARD_COUNT] = [EMPTY_SHARD; SHARD_COUNT];
 /// for a second shard lock while holding one, so taking all of them cannot deadlock.
 pub fn register_fork_handlers() {
     extern "C" fn lock_all() {
-        SHARDS.iter().for_each(|s| s.lock.lock());
+        SHARDS.iter().for_each(|s| s.lock.lock(FORK_HOLDER));
     }
     extern "C" fn unlock_all() {
         SHARDS.iter().for_each(|s| s.lock.unlock());
@@ -125,10 +136,24 @@ pub struct LockedShard<'a> {
 }
 
 impl Shard {
+    /// Locks the shard for thread `me` (its thread number).
     #[inline]
-    pub fn lock(&self) -> LockedShard<'_> {
-        self.lock.lock();
+    pub fn lock(&self, me: u32) -> LockedShard<'_> {
+        self.lock.lock(me);
         LockedShard { shard: self }
+    }
+
+    /// Whether thread `me` holds the shard's lock (then it must not wait for it).
+    #[inline]
+    pub fn held_by(&self, me: u32) -> bool {
+        self.lock.held_by(me)
+    }
+
+    /// Locks the shard, unless thread `me` holds it already: then `me` is a signal handler
+    /// that interrupted its own thread inside the tracker, and waiting would never end.
+    #[inline]
+    pub fn lock_unless_held_by(&self, me: u32) -> Option<LockedShard<'_>> {
+        (!self.held_by(me)).then(|| self.lock(me))
     }
 }
 

@@ -38,6 +38,12 @@ pub unsafe fn allocate(
     let Some(inside) = Inside::enter() else {
         return allocate_untracked(size, align, kind);
     };
+    let (thread, seq) = inside.next_allocation();
+    let shard = live_list::shard_of_thread(thread);
+    if SHARDS[shard as usize].held_by(thread) {
+        // A signal handler allocating while its thread frees inside the tracker.
+        return allocate_untracked(size, align, kind);
+    }
     let options = init::options();
     let Some(block) = raw::acquire(size, align) else {
         if budget::active().is_some() {
@@ -45,8 +51,6 @@ pub unsafe fn allocate(
         }
         return core::ptr::null_mut();
     };
-    let (thread, seq) = inside.next_allocation();
-    let shard = live_list::shard_of_thread(thread);
     let alloc_stack = if options.stack_depth > 0 {
         stack::capture(start(), options.stack_depth)
     } else {
@@ -74,7 +78,7 @@ pub unsafe fn allocate(
                 alloc_stack,
             }),
         );
-        SHARDS[shard as usize].lock().link(header, size);
+        SHARDS[shard as usize].lock(thread).link(header, size);
     }
     block.user
 }
@@ -137,7 +141,11 @@ fn free_live(header: *mut BlockHeader, kind: BlockKind, start: impl Fn() -> Star
     }
     let raw_offset;
     {
-        let mut locked = SHARDS[shard as usize % live_list::SHARD_COUNT].lock();
+        let Some(mut locked) = SHARDS[shard as usize % live_list::SHARD_COUNT]
+            .lock_unless_held_by(guard::thread_number())
+        else {
+            return; // a signal handler freeing while its thread holds this shard: the block stays live
+        };
         // SAFETY: with the lock held, a LIVE cookie and this shard mean the block is on this
         // list; a racing second free of the same pointer sees FREED here instead.
         unsafe {

@@ -157,7 +157,10 @@ pub fn run_with(
     if !options.is_empty() {
         all_options = format!("{all_options}:{options}");
     }
-    let output = Command::new(exe)
+    // A hang (a deadlock in the tracker) fails the test instead of stalling the run.
+    let output = Command::new("timeout")
+        .args(["--signal=KILL", "300"])
+        .arg(exe)
         .args(args)
         .current_dir(dir)
         .env("K15_MEMORY_OPTIONS", all_options)
