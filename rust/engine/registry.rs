@@ -106,6 +106,15 @@ fn ranges() -> MutexGuard<'static, Ranges> {
     RANGES.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// The registry's locks, held by `fork` (see `tracker::fork`); registry before ranges, the
+/// order every other path takes them in.
+pub(crate) fn lock_for_fork() -> (
+    MutexGuard<'static, impl Sized>,
+    MutexGuard<'static, impl Sized>,
+) {
+    (registry(), ranges())
+}
+
 impl MemStats {
     fn add(&mut self, stats: &AllocatorStats) {
         self.allocations += stats.allocations;
@@ -217,6 +226,8 @@ impl Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
+        // The retired-leak records are the tracker's own memory, not the program's.
+        let _inside = crate::tracker::guard::Inside::enter();
         {
             let mut registry = registry();
             if let Some(registered) = registry.slots[self.slot as usize].take() {

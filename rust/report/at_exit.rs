@@ -14,7 +14,7 @@ pub fn run() {
     let options = crate::options::get();
     let _inside = crate::tracker::guard::Inside::enter();
     let stats = crate::tracker::stats();
-    let errors = crate::tracker::errors::all().len();
+    let errors = crate::tracker::errors::all().1;
     if stats.total_allocations == 0 && errors == 0 && !crate::engine::tracked::any_created() {
         return; // nothing was ever tracked (a Rust test binary that links the library, say)
     }
@@ -28,7 +28,7 @@ pub fn run() {
                 "k15-memory: {} leaked blocks ({} bytes), {} memory errors: see {}\n",
                 report.leaks.len(),
                 report.leaked_bytes(),
-                report.errors.len(),
+                report.error_count,
                 log_path
             ),
             Err(e) => format!("k15-memory: could not write the leak report to {log_path}: {e}\n"),

@@ -25,7 +25,7 @@ fn write_report(out: &mut String, report: &Report) -> std::fmt::Result {
         "  \"summary\": {{ \"leaked_blocks\": {}, \"leaked_bytes\": {}, \"errors\": {}, \"total_allocations\": {}, \"peak_bytes\": {} }},",
         report.leaks.len(),
         report.leaked_bytes(),
-        report.errors.len(),
+        report.error_count,
         report.stats.total_allocations,
         report.stats.peak_bytes
     )?;

@@ -52,7 +52,10 @@ pub struct Site<'a> {
 /// Everything a report shows, symbolized.
 pub struct Report {
     pub leaks: Vec<Leak>,
+    /// The first errors (`errors::MAX_KEPT_ERRORS`), in order.
     pub errors: Vec<MemoryError>,
+    /// All errors, listed or not.
+    pub error_count: usize,
     pub stats: crate::ffi::Stats,
     stacks: HashMap<StackId, Vec<Frame>>,
 }
@@ -96,7 +99,7 @@ impl Report {
                 allocator: Some(info.name),
             })
         });
-        let errors = errors::all();
+        let (errors, error_count) = errors::all();
         let mut symbolizer = Symbolizer::new();
         let mut stacks = HashMap::new();
         let ids = leaks
@@ -111,6 +114,7 @@ impl Report {
         Report {
             leaks,
             errors,
+            error_count,
             stats: crate::tracker::stats(),
             stacks,
         }

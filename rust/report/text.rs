@@ -3,9 +3,10 @@
 
 use super::Report;
 use crate::stack;
-use crate::symbolize::{Frame, Symbolizer};
+use crate::symbolize::{Frame, Symbolizer, UNKNOWN_MODULE};
 use crate::tracker::errors::{self, MemoryError};
 use std::fmt::Write;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 pub fn render(report: &Report) -> String {
     let mut out = String::new();
@@ -76,13 +77,20 @@ fn write_report(out: &mut String, report: &Report) -> std::fmt::Result {
             report.frames(error.free_stack),
         )?;
     }
+    if report.error_count > report.errors.len() {
+        writeln!(
+            out,
+            "\n... and {} more memory errors, not listed",
+            report.error_count - report.errors.len()
+        )?;
+    }
     writeln!(out)?;
     writeln!(
         out,
         "SUMMARY: k15-memory: {} bytes leaked in {} blocks; {} memory errors; {} allocations in total, peak {} bytes.",
         report.leaked_bytes(),
         report.leaks.len(),
-        report.errors.len(),
+        report.error_count,
         report.stats.total_allocations,
         report.stats.peak_bytes
     )
@@ -183,14 +191,40 @@ fn write_stack(
     write_frames(out, frames, "    ")
 }
 
+/// One symbolizer for the errors printed as they happen: building one reads debug info, too
+/// slow to repeat for every error.
+static ERROR_SYMBOLIZER: Mutex<Option<Symbolizer>> = Mutex::new(None);
+
 /// Prints one memory error on stderr at the moment it happens, symbolized.
 pub fn print_error(error: &MemoryError) {
-    let mut symbolizer = Symbolizer::new();
-    let alloc = symbolizer.symbolize_stack(stack::frames(error.alloc_stack));
-    let free = symbolizer.symbolize_stack(stack::frames(error.free_stack));
+    let mut cached = lock_symbolizer_for_fork();
+    let symbolizer = cached.get_or_insert_with(Symbolizer::new);
+    let symbolize = |symbolizer: &mut Symbolizer| {
+        let alloc = symbolizer.symbolize_stack(stack::frames(error.alloc_stack));
+        let free = symbolizer.symbolize_stack(stack::frames(error.free_stack));
+        (alloc, free)
+    };
+    let (mut alloc, mut free) = symbolize(symbolizer);
+    if alloc
+        .iter()
+        .chain(&free)
+        .any(|f| f.module == UNKNOWN_MODULE)
+    {
+        // A library loaded since the symbolizer was made: look again with a fresh one.
+        *symbolizer = Symbolizer::new();
+        (alloc, free) = symbolize(symbolizer);
+    }
+    drop(cached);
     let mut out = String::from("k15-memory: ");
     let _ = write_error(&mut out, error, &alloc, &free);
     crate::sys::write_fd(2, out.as_bytes());
+}
+
+/// The error symbolizer's lock (also held by `fork`, see `tracker::fork`).
+pub(crate) fn lock_symbolizer_for_fork() -> MutexGuard<'static, Option<Symbolizer>> {
+    ERROR_SYMBOLIZER
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
 }
 
 pub fn program_path() -> String {

@@ -21,7 +21,7 @@ use modules::ModuleMap;
 use resolver::{DebugInfo, Location};
 
 /// The module name of frames whose address lies in no loaded module.
-const UNKNOWN_MODULE: &str = "[unknown]";
+pub const UNKNOWN_MODULE: &str = "[unknown]";
 
 /// One source-level frame of a return address.
 #[derive(Clone, Debug)]

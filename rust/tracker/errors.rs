@@ -2,7 +2,7 @@
 
 use crate::ffi::BlockKind;
 use crate::stack::StackId;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ErrorKind {
@@ -71,7 +71,25 @@ impl MemoryError {
     }
 }
 
-static ERRORS: Mutex<Vec<MemoryError>> = Mutex::new(Vec::new());
+/// The errors kept for the report; past this many only the count grows, so a program that
+/// double-frees in a loop does not grow the tracker without bound.
+pub const MAX_KEPT_ERRORS: usize = 10_000;
+
+pub struct ErrorLog {
+    /// The first errors, in the order they happened.
+    pub kept: Vec<MemoryError>,
+    /// All errors, kept or not.
+    pub total: usize,
+}
+
+static ERRORS: Mutex<ErrorLog> = Mutex::new(ErrorLog {
+    kept: Vec::new(),
+    total: 0,
+});
+
+fn log() -> MutexGuard<'static, ErrorLog> {
+    ERRORS.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// Records the error, prints it on stderr, and aborts if `halt_on_error` is set.
 /// Called inside the tracker (its reentrancy guard held), never with a shard lock held.
@@ -83,12 +101,22 @@ pub fn report(error: MemoryError) {
         crate::sys::write_fd(2, b"k15-memory: halt_on_error=1, aborting\n");
         crate::sys::abort();
     }
-    ERRORS.lock().unwrap_or_else(|e| e.into_inner()).push(error);
+    let mut log = log();
+    log.total += 1;
+    if log.kept.len() < MAX_KEPT_ERRORS {
+        log.kept.push(error);
+    }
 }
 
-/// Every error so far, in the order they happened.
-pub fn all() -> Vec<MemoryError> {
-    ERRORS.lock().unwrap_or_else(|e| e.into_inner()).clone()
+/// The kept errors and the count of all of them.
+pub fn all() -> (Vec<MemoryError>, usize) {
+    let log = log();
+    (log.kept.clone(), log.total)
+}
+
+/// Held by `fork` (see `tracker::fork`).
+pub(crate) fn lock_for_fork() -> MutexGuard<'static, ErrorLog> {
+    log()
 }
 
 /// The allocation family's name as a user writes it.

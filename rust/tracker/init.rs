@@ -27,7 +27,7 @@ fn set_up() {
 
 fn set_up_once() {
     let options = options::get();
-    super::live_list::register_fork_handlers();
+    super::fork::register_handlers();
     crate::stack::set_unwind_mode(options.unwinder);
     if options.budget > 0 {
         super::budget::set_up(options.budget, options.pool_classes.as_slice());

@@ -104,18 +104,14 @@ const EMPTY_SHARD: Shard = Shard {
 
 pub static SHARDS: [Shard; SHARD_COUNT] = [EMPTY_SHARD; SHARD_COUNT];
 
-/// A fork while another thread holds a shard lock would leave that lock held forever in the
-/// child (the holder does not exist there): hold them all across `fork`. No thread ever waits
-/// for a second shard lock while holding one, so taking all of them cannot deadlock.
-pub fn register_fork_handlers() {
-    extern "C" fn lock_all() {
-        SHARDS.iter().for_each(|s| s.lock.lock(FORK_HOLDER));
-    }
-    extern "C" fn unlock_all() {
-        SHARDS.iter().for_each(|s| s.lock.unlock());
-    }
-    // SAFETY: the handlers are plain functions that live for the whole process.
-    unsafe { libc::pthread_atfork(Some(lock_all), Some(unlock_all), Some(unlock_all)) };
+/// Every shard locked by the forking thread (see `tracker::fork`). No thread ever waits for a
+/// second shard lock while holding one, so taking all of them cannot deadlock.
+pub fn lock_all_shards_for_fork() {
+    SHARDS.iter().for_each(|s| s.lock.lock(FORK_HOLDER));
+}
+
+pub fn unlock_all_shards_after_fork() {
+    SHARDS.iter().for_each(|s| s.lock.unlock());
 }
 
 pub fn shard_of_thread(thread_number: u32) -> u16 {

@@ -7,6 +7,7 @@
 
 pub mod budget;
 pub mod errors;
+mod fork;
 pub mod guard;
 pub mod header;
 mod init;

@@ -5,7 +5,7 @@
 use super::header::{BlockHeader, Placement, HEADER_SIZE};
 use crate::stack::StackId;
 use crate::sys::{self, PAGE_SIZE};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// Requests this large are mapped by us: glibc would `mmap` them itself (its threshold starts at
 /// 128 KiB) and unmap them on free, and a double free would then read unmapped memory.
@@ -175,8 +175,17 @@ static UNMAPPED: Mutex<UnmappedRing> = Mutex::new(UnmappedRing {
     next: 0,
 });
 
+fn unmapped() -> MutexGuard<'static, UnmappedRing> {
+    UNMAPPED.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Held by `fork` (see `tracker::fork`).
+pub(crate) fn lock_for_fork() -> MutexGuard<'static, impl Sized> {
+    unmapped()
+}
+
 fn remember_unmapped(block: UnmappedBlock) {
-    let mut ring = UNMAPPED.lock().unwrap_or_else(|e| e.into_inner());
+    let mut ring = unmapped();
     let slot = ring.next;
     ring.entries[slot] = Some(block);
     ring.next = (slot + 1) % UNMAPPED_HISTORY;
@@ -184,7 +193,7 @@ fn remember_unmapped(block: UnmappedBlock) {
 
 /// A recent large free at `user`, if any.
 pub fn recently_unmapped(user: usize) -> Option<UnmappedBlock> {
-    let ring = UNMAPPED.lock().unwrap_or_else(|e| e.into_inner());
+    let ring = unmapped();
     ring.entries
         .iter()
         .flatten()
