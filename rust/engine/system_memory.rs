@@ -26,11 +26,13 @@ impl SystemChunk {
         self.base.as_ptr()
     }
 
+    #[inline]
     pub(crate) fn len(&self) -> usize {
         self.layout.size()
     }
 
     /// Offset of `addr` from the start of the region, if it lies inside.
+    #[inline]
     pub(crate) fn offset_of(&self, addr: usize) -> Option<usize> {
         let offset = addr.checked_sub(self.base.as_ptr() as usize)?;
         (offset < self.len()).then_some(offset)
