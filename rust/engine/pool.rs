@@ -15,7 +15,10 @@
 
 use std::cell::Cell;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicPtr, AtomicU64,
+    Ordering::{Acquire, Relaxed, Release},
+};
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 use super::registry::Registration;
@@ -188,14 +191,14 @@ impl ClassCache {
     /// # Safety
     /// As for [`ClassCache::alloc`], and `offset` lies inside this class's sub-chunk.
     #[inline]
-    unsafe fn free(&self, class: &SizeClass, offset: usize) -> Result<(), FreeError> {
+    unsafe fn free(&self, state: &PoolState, class: usize, offset: usize) -> Result<(), FreeError> {
         let index = self.slots.index_at(offset)?;
         // SAFETY: `offset` lies inside the sub-chunk, so `index` is below the block count.
         let size = unsafe { self.slots.release(index) }?;
         let count = self.count.get();
         if count == self.capacity {
             // SAFETY: the caller owns the slot; `index` was just released.
-            unsafe { self.free_full(class, index, size) };
+            unsafe { self.free_full(&state.classes[class], index, size) };
             return Ok(());
         }
         // SAFETY: `count < capacity`; only the owner touches the array.
@@ -314,6 +317,8 @@ struct PoolState {
     class_map: SizeClassMap,
     /// Per thread slot, its magazines; made by the slot's owner on its first use of this pool.
     caches: [OnceLock<ThreadCaches>; MAX_THREADS],
+    /// Per thread slot, its first magazine once made (null before): one load on the fast path.
+    first_cache: [AtomicPtr<ClassCache>; MAX_THREADS],
     /// Requests no class can serve (too large or too aligned).
     unserved: AtomicU64,
     chunk: SystemChunk,
@@ -339,26 +344,29 @@ impl PoolState {
             MIXED_PAGE => class_scan(&self.starts, &self.by_address, offset),
             class => class as usize,
         };
-        Ok((class, offset - self.offsets[class]))
+        debug_assert!(class < self.classes.len());
+        // SAFETY: page entries and `class_scan` give class indices, below `MAX_CLASSES`.
+        Ok((class, offset - unsafe { self.offsets.get_unchecked(class) }))
     }
 
     /// This thread's magazine for `class`, if the thread has a slot (and, the first time, `System` memory
     /// for its magazines).
     #[inline]
     fn cache(&self, class: usize) -> Option<&ClassCache> {
-        let caches = &self.caches[thread_slot::current()?];
-        let caches = match caches.get() {
-            Some(caches) => caches,
-            None => self.make_caches(caches)?,
-        };
-        debug_assert!(class < caches.classes.len());
-        // SAFETY: `class` indexes `self.classes`, and there is one cache per class.
-        Some(unsafe { caches.classes.get_unchecked(class) })
+        let slot = thread_slot::current()?;
+        let mut first = self.first_cache[slot].load(Acquire);
+        if first.is_null() {
+            first = self.make_caches(slot)?;
+        }
+        debug_assert!(class < self.classes.len());
+        // SAFETY: `first` points to the first of this slot's caches, one per class, which live as long as
+        // `self`; `class` indexes `self.classes`.
+        Some(unsafe { &*first.add(class) })
     }
 
     #[cold]
     #[inline(never)]
-    fn make_caches<'a>(&self, caches: &'a OnceLock<ThreadCaches>) -> Option<&'a ThreadCaches> {
+    fn make_caches(&self, slot: usize) -> Option<*mut ClassCache> {
         let cached = |class: &SizeClass| class.spec.block_count >= MIN_CACHED_BLOCKS;
         let cached_classes = self.classes.iter().filter(|class| cached(class)).count();
         let mut items = match cached_classes {
@@ -390,10 +398,13 @@ impl PoolState {
             })
         })?;
         // Only this slot's owner sets it, so the set cannot lose a race.
-        Some(caches.get_or_init(|| ThreadCaches {
+        let caches = self.caches[slot].get_or_init(|| ThreadCaches {
             classes,
             _items: items,
-        }))
+        });
+        let first = caches.classes.as_ptr().cast_mut();
+        self.first_cache[slot].store(first, Release);
+        Some(first)
     }
 
     /// Counts of one class, over its lock-path counters and every thread's magazine.
@@ -453,6 +464,14 @@ fn validate(classes: &[ClassSpec]) -> Result<(), CreateError> {
     {
         return Err(CreateError::InvalidConfig(
             "block sizes must be non-zero multiples of 8",
+        ));
+    }
+    if classes
+        .iter()
+        .any(|class| u32::try_from(class.block_size).is_err())
+    {
+        return Err(CreateError::InvalidConfig(
+            "block sizes must be below 4 GiB",
         ));
     }
     if classes
@@ -544,6 +563,7 @@ impl Pool {
             page_shift,
             class_map: SizeClassMap::new(specs.iter().map(|spec| spec.block_size)),
             caches: [const { OnceLock::new() }; MAX_THREADS],
+            first_cache: [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_THREADS],
             unserved: AtomicU64::new(0),
             chunk,
         };
@@ -614,12 +634,12 @@ impl Pool {
     pub fn free(&self, ptr: *mut u8) -> Result<(), FreeError> {
         let state = &*self.state;
         let (class_index, offset) = state.class_at(ptr as usize)?;
-        let class = &state.classes[class_index];
         match state.cache(class_index) {
             // SAFETY: `state.cache` returned the cache of this thread's own slot; `class_at` found the
             // sub-chunk holding `offset`.
-            Some(cache) => unsafe { cache.free(class, offset) },
+            Some(cache) => unsafe { cache.free(state, class_index, offset) },
             None => {
+                let class = &state.classes[class_index];
                 let index = class.slots.view().index_at(offset)?;
                 let size = class.slots.release(index)?;
                 class.free_locked(index, size);

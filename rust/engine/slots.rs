@@ -27,9 +27,13 @@ struct SlotRecord {
 #[derive(Clone, Copy)]
 pub(crate) struct SlotsView {
     base: *mut u8,
-    slot_size: usize,
     records: *const SlotRecord,
+    slot_size: u32,
+    /// `log2(slot_size)` for a power of two, else [`NOT_POW2`]: a free then shifts instead of dividing.
+    shift: u32,
 }
+
+const NOT_POW2: u32 = u32::MAX;
 
 // SAFETY: a view addresses the slot range, which the owner of its `Slots` keeps alive and frees after it,
 // and the records, which the `Slots` owns; slot memory is written only by the thread that holds the slot
@@ -43,11 +47,11 @@ impl SlotsView {
     /// has checked that `offset` lies inside the range.
     #[inline]
     pub(crate) fn index_at(&self, offset: usize) -> Result<u32, FreeError> {
-        let (index, rest) = if self.slot_size.is_power_of_two() {
-            let shift = self.slot_size.trailing_zeros();
-            (offset >> shift, offset & (self.slot_size - 1))
+        let (index, rest) = if self.shift != NOT_POW2 {
+            (offset >> self.shift, offset & (self.slot_size as usize - 1))
         } else {
-            (offset / self.slot_size, offset % self.slot_size)
+            let slot_size = self.slot_size as usize;
+            (offset / slot_size, offset % slot_size)
         };
         if rest != 0 {
             return Err(FreeError::Interior);
@@ -58,12 +62,13 @@ impl SlotsView {
     /// The largest power of two dividing the slot size: every slot is aligned to it.
     #[inline]
     pub(crate) fn slot_align(&self) -> usize {
-        self.slot_size & self.slot_size.wrapping_neg()
+        1 << self.slot_size.trailing_zeros()
     }
 
     #[inline]
     fn slot(&self, index: u32) -> *mut u8 {
-        self.base.wrapping_add(index as usize * self.slot_size)
+        self.base
+            .wrapping_add(index as usize * self.slot_size as usize)
     }
 
     /// # Safety
@@ -179,15 +184,22 @@ impl FreeList {
 }
 
 impl Slots {
-    /// Manages `count` slots of `slot_size` bytes at `base`; `None` if the side arrays cannot be allocated.
+    /// Manages `count` slots of `slot_size` bytes at `base`; `None` if the side arrays cannot be allocated
+    /// or the slots are 4 GiB or larger.
     pub(crate) fn new(base: *mut u8, slot_size: usize, count: usize) -> Option<Self> {
         let count = u32::try_from(count).ok().filter(|&count| count < NO_SLOT)?;
+        let slot_size = u32::try_from(slot_size).ok()?;
         let records = SystemSlice::try_from_fn(count as usize, |_| Some(SlotRecord::default()))?;
         Some(Self {
             view: SlotsView {
                 base,
-                slot_size,
                 records: records.as_ptr(),
+                slot_size,
+                shift: if slot_size.is_power_of_two() {
+                    slot_size.trailing_zeros()
+                } else {
+                    NOT_POW2
+                },
             },
             count,
             records,
@@ -201,7 +213,7 @@ impl Slots {
     /// Index of the slot starting at `addr`: `Foreign` outside the range, `Interior` off a slot boundary.
     pub(crate) fn index_of(&self, addr: usize) -> Result<u32, FreeError> {
         let offset = addr.wrapping_sub(self.view.base as usize);
-        if offset >= self.view.slot_size * self.count as usize {
+        if offset >= self.view.slot_size as usize * self.count as usize {
             return Err(FreeError::Foreign);
         }
         self.view.index_at(offset)

@@ -90,6 +90,7 @@ impl<T> SystemSlice<T> {
 
 impl<T> Deref for SystemSlice<T> {
     type Target = [T];
+    #[inline]
     fn deref(&self) -> &[T] {
         // SAFETY: `len` items were initialised in `from_fn` and live until drop.
         unsafe { std::slice::from_raw_parts(self.items.as_ptr(), self.len) }
@@ -134,8 +135,10 @@ impl<T> SystemBox<T> {
 
 impl<T> Deref for SystemBox<T> {
     type Target = T;
+    #[inline]
     fn deref(&self) -> &T {
-        &self.0[0]
+        // SAFETY: a `SystemBox` holds exactly one initialised item (`new`), so no bounds check is needed.
+        unsafe { &*self.0.items.as_ptr() }
     }
 }
 
