@@ -198,8 +198,7 @@ impl ClassCache {
         let count = self.count.get();
         if count == self.capacity {
             // SAFETY: the caller owns the slot; `index` was just released.
-            unsafe { self.free_full(&state.classes[class], index, size) };
-            return Ok(());
+            return unsafe { self.free_full(&state.classes[class], index, size) };
         }
         // SAFETY: `count < capacity`; only the owner touches the array.
         unsafe { self.items.add(count as usize).write(index) };
@@ -244,10 +243,15 @@ impl ClassCache {
     /// As for [`ClassCache::alloc`].
     #[cold]
     #[inline(never)]
-    unsafe fn free_full(&self, class: &SizeClass, index: u32, size: usize) {
+    unsafe fn free_full(
+        &self,
+        class: &SizeClass,
+        index: u32,
+        size: usize,
+    ) -> Result<(), FreeError> {
         if self.capacity == 0 {
             class.free_locked(index, size);
-            return;
+            return Ok(());
         }
         let keep = self.capacity as usize - MAGAZINE;
         let mut chain = Chain::EMPTY;
@@ -267,6 +271,7 @@ impl ClassCache {
         self.count.set(keep as u32 + 1);
         add_relaxed(&self.frees, 1);
         add_relaxed(&self.live_bytes, (size as u64).wrapping_neg());
+        Ok(())
     }
 
     /// Adds this thread's counts into `stats`.
@@ -334,34 +339,46 @@ impl PoolState {
             .find(|&index| self.classes[index].slots.view().slot_align() >= align)
     }
 
-    /// The class whose sub-chunk holds `addr`, and the offset of `addr` in that sub-chunk.
+    /// The class whose sub-chunk holds chunk offset `offset`, if the page table knows it (the page holds
+    /// blocks of one class only).
     #[inline]
-    fn class_at(&self, addr: usize) -> Result<(usize, usize), FreeError> {
-        let offset = self.chunk.offset_of(addr).ok_or(FreeError::Foreign)?;
+    fn page_class(&self, offset: usize) -> Option<usize> {
         // `offset < chunk.len() <= PAGES << page_shift`, so the mask changes nothing.
         let class = self.page_classes[(offset >> self.page_shift) & (PAGES - 1)];
-        let class = match class {
-            MIXED_PAGE => class_scan(&self.starts, &self.by_address, offset),
-            class => class as usize,
-        };
+        (class != MIXED_PAGE).then_some(class as usize)
+    }
+
+    /// The offset of chunk offset `offset` in the sub-chunk of `class`, which holds it.
+    #[inline]
+    fn class_offset(&self, class: usize, offset: usize) -> usize {
         debug_assert!(class < self.classes.len());
-        // SAFETY: page entries and `class_scan` give class indices, below `MAX_CLASSES`.
-        Ok((class, offset - unsafe { self.offsets.get_unchecked(class) }))
+        // SAFETY: `class` is a class index, below `MAX_CLASSES`.
+        offset - unsafe { self.offsets.get_unchecked(class) }
     }
 
     /// This thread's magazine for `class`, if the thread has a slot (and, the first time, `System` memory
     /// for its magazines).
-    #[inline]
     fn cache(&self, class: usize) -> Option<&ClassCache> {
-        let slot = thread_slot::current()?;
-        let mut first = self.first_cache[slot].load(Acquire);
-        if first.is_null() {
-            first = self.make_caches(slot)?;
-        }
+        self.cache_if_made(class).or_else(|| {
+            let slot = thread_slot::current()?;
+            let first = match self.first_cache[slot].load(Acquire) {
+                first if first.is_null() => self.make_caches(slot)?,
+                first => first,
+            };
+            // SAFETY: as in `cache_if_made`.
+            Some(unsafe { &*first.add(class) })
+        })
+    }
+
+    /// [`PoolState::cache`] for a thread that has a slot and magazines in this pool already: the fast path,
+    /// which calls nothing, so it saves no registers.
+    #[inline]
+    fn cache_if_made(&self, class: usize) -> Option<&ClassCache> {
+        let first = self.first_cache[thread_slot::assigned()?].load(Acquire);
         debug_assert!(class < self.classes.len());
-        // SAFETY: `first` points to the first of this slot's caches, one per class, which live as long as
-        // `self`; `class` indexes `self.classes`.
-        Some(unsafe { &*first.add(class) })
+        // SAFETY: a non-null `first` points to the first of this slot's caches, one per class, which live
+        // as long as `self`; `class` indexes `self.classes`.
+        (!first.is_null()).then(|| unsafe { &*first.add(class) })
     }
 
     #[cold]
@@ -593,7 +610,7 @@ impl Pool {
         if let Some(cache) = state
             .class_map
             .small_class(size)
-            .and_then(|class| state.cache(class))
+            .and_then(|class| state.cache_if_made(class))
         {
             // SAFETY: `state.cache` returned the cache of this thread's own slot.
             if let Some(block) = unsafe { cache.alloc(size, align, tag) } {
@@ -633,10 +650,38 @@ impl Pool {
     #[inline]
     pub fn free(&self, ptr: *mut u8) -> Result<(), FreeError> {
         let state = &*self.state;
-        let (class_index, offset) = state.class_at(ptr as usize)?;
+        let offset = state
+            .chunk
+            .offset_of(ptr as usize)
+            .ok_or(FreeError::Foreign)?;
+        if let Some(class) = state.page_class(offset) {
+            if let Some(cache) = state.cache_if_made(class) {
+                // SAFETY: `state.cache_if_made` returned the cache of this thread's own slot; the class's
+                // sub-chunk holds `offset`.
+                return unsafe { cache.free(state, class, state.class_offset(class, offset)) };
+            }
+        }
+        self.free_slow(offset)
+    }
+
+    /// A free of the block at chunk offset `offset` in a page shared by two classes, or by a thread without
+    /// magazines in this pool yet, or without a slot.
+    #[cold]
+    #[inline(never)]
+    fn free_slow(&self, offset: usize) -> Result<(), FreeError> {
+        let state = &*self.state;
+        let class_index = state.page_class(offset).unwrap_or_else(|| {
+            let classes = state.classes.len();
+            class_scan(
+                &state.starts[..classes],
+                &state.by_address[..classes],
+                offset,
+            )
+        });
+        let offset = state.class_offset(class_index, offset);
         match state.cache(class_index) {
-            // SAFETY: `state.cache` returned the cache of this thread's own slot; `class_at` found the
-            // sub-chunk holding `offset`.
+            // SAFETY: `state.cache` returned the cache of this thread's own slot; the class's sub-chunk
+            // holds `offset`.
             Some(cache) => unsafe { cache.free(state, class_index, offset) },
             None => {
                 let class = &state.classes[class_index];
@@ -773,6 +818,41 @@ mod tests {
         assert!(again
             .iter()
             .all(|block| allocator_of(block.as_ptr()).unwrap().name == "small"));
+    }
+
+    #[test]
+    fn blocks_in_pages_two_classes_share_are_found() {
+        // 16-byte blocks first (larger alignment), then 24-byte ones: the 21616-byte chunk has 32-byte pages,
+        // and the page at 4800 holds the last 16-byte block and the first 24-byte one.
+        let classes = [
+            ClassSpec {
+                block_size: 16,
+                block_count: 301,
+            },
+            ClassSpec {
+                block_size: 24,
+                block_count: 700,
+            },
+        ];
+        let pool = Pool::new("shared pages", PoolConfig { classes: &classes }).unwrap();
+        let blocks: Vec<_> = (0..301)
+            .map(|_| pool.alloc(16, 16).unwrap())
+            .chain((0..700).map(|_| pool.alloc(24, 8).unwrap()))
+            .collect();
+        for &block in &blocks {
+            pool.free(block.as_ptr()).unwrap();
+        }
+        for &block in &blocks {
+            assert_eq!(pool.free(block.as_ptr()), Err(FreeError::DoubleFree));
+        }
+        let stats = pool.stats();
+        assert_eq!((stats.live_blocks, stats.frees), (0, 1001));
+        // Every block went back to its own class: all of them can be handed out again, once each.
+        let mut again: Vec<_> = (0..301)
+            .map(|_| (pool.alloc(16, 16).unwrap().as_ptr() as usize, 16))
+            .chain((0..700).map(|_| (pool.alloc(24, 8).unwrap().as_ptr() as usize, 24)))
+            .collect();
+        assert_disjoint(&mut again);
     }
 
     #[test]

@@ -35,12 +35,14 @@ impl Drop for SlotOwner {
 /// the thread is exiting.
 #[inline]
 pub(crate) fn current() -> Option<usize> {
+    assigned().or_else(assign)
+}
+
+/// This thread's slot if it already has one: a fast path that calls nothing.
+#[inline]
+pub(crate) fn assigned() -> Option<usize> {
     let slot = SLOT.get() as usize;
-    if slot < MAX_THREADS {
-        Some(slot)
-    } else {
-        assign()
-    }
+    (slot < MAX_THREADS).then_some(slot)
 }
 
 #[cold]
