@@ -207,6 +207,7 @@ struct BlockMeta {
 }
 
 impl BlockMeta {
+    #[inline]
     fn new(size: usize, tag: u32) -> Self {
         Self {
             epoch: EPOCH.load(Relaxed),
@@ -237,6 +238,7 @@ struct Counters {
     failures: AtomicU64,
 }
 
+#[inline]
 fn add_relaxed(counter: &AtomicU64, amount: u64) -> u64 {
     let value = counter.load(Relaxed).wrapping_add(amount);
     counter.store(value, Relaxed);

@@ -1,39 +1,43 @@
 //! Pool allocator: one `System` chunk carved into per-size-class sub-chunks of equal blocks on intrusive free lists.
 //!
 //! Fast path (a thread with a `thread_slot` and a class of at least [`MIN_CACHED_BLOCKS`] blocks): the
-//! thread's own magazine, an intrusive chain of free blocks, plus up to 7 full ones. Neither
-//! alloc nor free then takes a lock or does an atomic read-modify-write (on the test machine one locked
-//! instruction cost 4.5 ns, half a glibc malloc). Whole chains move between a thread and the class's shared
-//! free list in O(1) under the class lock. Other threads and classes use the class lock per call. No syscall,
-//! no formatting, no global allocator. A free finds its class by a branch-free scan of the sub-chunk starts.
+//! thread's own magazine, a plain array of up to [`THREAD_CACHE_BLOCKS`] free block indices with a count,
+//! next to a copy of where the class's blocks and records are. Neither alloc nor free then takes a lock or
+//! does an atomic read-modify-write (on the test machine one locked instruction cost 4.5 ns, half a glibc
+//! malloc); each touches the thread's magazine line, the block's 16-byte record and the array slot, and
+//! finds its class by a table lookup, by size (alloc) or by address (free). Chains of
+//! [`MAGAZINE`] blocks move between a magazine and the class's shared free list under the class lock. Other
+//! threads and classes use the class lock per call. No syscall, no formatting, no global allocator.
 //!
 //! Trade-off: a thread holds up to [`THREAD_CACHE_BLOCKS`] free blocks per cached class, which other threads
-//! cannot take, so a class can report exhaustion while another thread caches free blocks of it.
+//! cannot take, so a class can report exhaustion while another thread caches free blocks of it; and each
+//! thread that uses a pool keeps `4 * THREAD_CACHE_BLOCKS` bytes of indices per cached class.
 
-use std::cell::UnsafeCell;
+use std::cell::Cell;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicPtr, AtomicU64,
+    Ordering::{Acquire, Relaxed, Release},
+};
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 use super::registry::Registration;
 use super::size_class::{
     natural_alignment, ClassSpec, SizeClassMap, DEFAULT_CLASSES, MAX_CLASSES, MIN_SLOT,
 };
-use super::slots::{Chain, ChainStack, FreeList, Slots};
+use super::slots::{Chain, FreeList, Slots, SlotsView};
 use super::system_memory::{SystemBox, SystemChunk, SystemSlice};
 use super::thread_slot::{self, MAX_THREADS};
 use super::{
-    AllocatorInfo, AllocatorKind, AllocatorStats, Counters, CreateError, EngineAllocator,
-    FreeError, LiveBlock, StatsSource,
+    add_relaxed, AllocatorInfo, AllocatorKind, AllocatorStats, Counters, CreateError,
+    EngineAllocator, FreeError, LiveBlock, StatsSource,
 };
 
-/// Free blocks in a magazine, and in each chain moved between a thread and its class.
-const MAGAZINE: usize = 128;
-/// Full magazines a thread keeps besides its current one before it gives chains back to the class. Keeping
-/// them lets a thread reuse its own blocks, so two threads rarely write the same cache lines.
-const SPARE_CHAINS: usize = 7;
-/// Most free blocks one thread holds per class.
-pub const THREAD_CACHE_BLOCKS: usize = MAGAZINE * (1 + SPARE_CHAINS);
+/// Blocks in each chain moved between a magazine and its class.
+pub const MAGAZINE: usize = 128;
+/// Most free blocks one thread holds per class. Keeping many lets a thread reuse its own blocks, so two
+/// threads rarely write the same cache lines.
+pub const THREAD_CACHE_BLOCKS: usize = 8 * MAGAZINE;
 /// Classes with fewer blocks are not cached per thread: a few threads could otherwise hold all their blocks.
 pub const MIN_CACHED_BLOCKS: usize = 4 * THREAD_CACHE_BLOCKS;
 
@@ -69,11 +73,9 @@ struct ClassShared {
     blocks_out: u64,
 }
 
-/// Read-mostly on the fast path; the lock and the peak, written on refills and drains, are on a line of their own.
+/// Read-mostly; the lock and the peak, written on refills and drains, are on a line of their own.
 struct SizeClass {
     spec: ClassSpec,
-    /// Every block of this class is aligned to this (the chunk is laid out largest alignment first).
-    block_align: usize,
     slots: Slots,
     /// Events of threads without a magazine for this class; written under the class lock.
     counters: Counters,
@@ -101,65 +103,207 @@ impl SizeClass {
             self.locked.peak_blocks.store(shared.blocks_out, Relaxed);
         }
     }
+
+    /// One block under the class lock, for callers without a magazine; counts the allocation or failure.
+    fn alloc_locked(&self, size: usize, tag: u32) -> Option<NonNull<u8>> {
+        let mut shared = self.shared();
+        let Some(index) = self.slots.pop(&mut shared.free) else {
+            self.counters.record_failure();
+            return None;
+        };
+        self.take_out(&mut shared, 1);
+        self.counters.record_alloc(size);
+        NonNull::new(self.slots.claim(index, size, tag))
+    }
+
+    /// Returns a released block under the class lock, for callers without a magazine.
+    fn free_locked(&self, index: u32, size: usize) {
+        let mut shared = self.shared();
+        self.slots.push(&mut shared.free, index);
+        shared.blocks_out -= 1;
+        self.counters.record_frees(1, size as u64);
+    }
 }
 
-/// One thread slot's cache for one class, alone on its cache line so threads never write a shared one.
-#[repr(align(64))]
+/// One thread slot's magazine for one class: exactly one cache line, so threads never write a shared one
+/// and the fast path reads nothing else of the class.
+#[repr(C, align(64))]
 struct ClassCache {
-    /// Free blocks this thread allocates from and frees to, at most [`MAGAZINE`].
-    magazine: UnsafeCell<Chain>,
-    /// Full magazines kept for later, at most [`SPARE_CHAINS`].
-    spares: UnsafeCell<ChainStack>,
-    /// This thread's events in this class; written only by the slot's owner.
-    counters: Counters,
+    /// Free blocks held: `items[..count]`.
+    count: Cell<u32>,
+    /// Length of `items`: [`THREAD_CACHE_BLOCKS`], or 0 for a class not cached per thread (every call then
+    /// takes the slow path, which uses the class lock).
+    capacity: u32,
+    items: *mut u32,
+    slots: SlotsView,
+    /// This thread's events in this class; written only by the slot's owner. Live blocks are
+    /// `allocations - frees`.
+    allocations: AtomicU64,
+    frees: AtomicU64,
+    live_bytes: AtomicU64,
 }
 
-// SAFETY: `magazine` is touched only by the thread that owns the cache's thread slot (see `thread_slot`).
+// SAFETY: `count` and the `items` array are touched only by the thread that owns the cache's thread slot
+// (see `thread_slot`); other threads only read the atomic counters. `items` points into the `ThreadCaches`
+// that owns this cache.
 unsafe impl Sync for ClassCache {}
+// SAFETY: as above; the cache holds no thread-bound data.
+unsafe impl Send for ClassCache {}
 
 impl ClassCache {
-    /// A free block from the magazine, refilled when empty from a spare chain or, under the class lock, with
-    /// a chain from the class.
+    /// A block of `size` bytes aligned to `align` from the magazine, or `None` (changing nothing) when the
+    /// magazine is empty or the class's blocks are not aligned enough.
     ///
     /// # Safety
     /// Only the owner of this cache's thread slot may call this.
-    unsafe fn pop(&self, class: &SizeClass) -> Option<u32> {
-        // SAFETY: the caller owns the thread slot, so nobody else touches this cache.
-        let (magazine, spares) = unsafe { (&mut *self.magazine.get(), &mut *self.spares.get()) };
-        if magazine.len() == 0 {
-            *magazine = match class.slots.pop_chain(spares, MAGAZINE as u32) {
-                Some(chain) => chain,
-                None => {
-                    let mut shared = class.shared();
-                    let chain = class.slots.take_chain(&mut shared.free);
-                    class.take_out(&mut shared, chain.len() as u64);
-                    chain
-                }
-            };
+    #[inline]
+    unsafe fn alloc(&self, size: usize, align: usize, tag: u32) -> Option<NonNull<u8>> {
+        if self.count.get() == 0 || align > self.slots.slot_align() || !align.is_power_of_two() {
+            return None;
         }
-        class.slots.chain_pop(magazine)
+        // SAFETY: the caller owns the slot and the magazine is not empty.
+        Some(unsafe { self.pop_claim(size, tag) })
     }
 
-    /// Keeps a released block in the magazine; a full magazine first becomes a spare chain or, when there
-    /// are enough spares, goes back to the class under its lock.
+    /// Takes the top block of a non-empty magazine and hands it out.
     ///
     /// # Safety
-    /// As for [`ClassCache::pop`].
-    unsafe fn push(&self, class: &SizeClass, index: u32) {
-        // SAFETY: the caller owns the thread slot, so nobody else touches this cache.
-        let (magazine, spares) = unsafe { (&mut *self.magazine.get(), &mut *self.spares.get()) };
-        if magazine.len() == MAGAZINE {
-            if spares.chains() < SPARE_CHAINS {
-                class.slots.push_chain(spares, *magazine);
-            } else {
-                let mut shared = class.shared();
-                class.slots.put_chain(&mut shared.free, *magazine);
-                shared.blocks_out -= MAGAZINE as u64;
-            }
-            *magazine = Chain::EMPTY;
-        }
-        class.slots.chain_push(magazine, index);
+    /// As for [`ClassCache::alloc`], and `count > 0`.
+    #[inline]
+    unsafe fn pop_claim(&self, size: usize, tag: u32) -> NonNull<u8> {
+        let count = self.count.get() - 1;
+        self.count.set(count);
+        // SAFETY: `count < capacity`, the length of `items`; only the owner touches the array. Every index
+        // in a magazine is a free slot of this class that the magazine holds.
+        let block = unsafe {
+            let index = self.items.add(count as usize).read();
+            self.slots.claim(index, size, tag)
+        };
+        add_relaxed(&self.allocations, 1);
+        add_relaxed(&self.live_bytes, size as u64);
+        // SAFETY: slot addresses lie in the pool's chunk, never null.
+        unsafe { NonNull::new_unchecked(block) }
     }
+
+    /// Frees the block `offset` bytes into the class's sub-chunk: `Interior` off a block start, `DoubleFree`
+    /// for a free one. A full magazine first hands a chain back to the class.
+    ///
+    /// # Safety
+    /// As for [`ClassCache::alloc`], and `offset` lies inside this class's sub-chunk.
+    #[inline]
+    unsafe fn free(&self, state: &PoolState, class: usize, offset: usize) -> Result<(), FreeError> {
+        let index = self.slots.index_at(offset)?;
+        // SAFETY: `offset` lies inside the sub-chunk, so `index` is below the block count.
+        let size = unsafe { self.slots.release(index) }?;
+        let count = self.count.get();
+        if count == self.capacity {
+            // SAFETY: the caller owns the slot; `index` was just released.
+            return unsafe { self.free_full(&state.classes[class], index, size) };
+        }
+        // SAFETY: `count < capacity`; only the owner touches the array.
+        unsafe { self.items.add(count as usize).write(index) };
+        self.count.set(count + 1);
+        add_relaxed(&self.frees, 1);
+        add_relaxed(&self.live_bytes, (size as u64).wrapping_neg());
+        Ok(())
+    }
+
+    /// Refills an empty magazine with a chain from the class; false (counted as a failure) when the class has
+    /// no free block.
+    ///
+    /// # Safety
+    /// As for [`ClassCache::alloc`], and `capacity > 0`.
+    #[cold]
+    #[inline(never)]
+    unsafe fn refill(&self, class: &SizeClass) -> bool {
+        let mut chain = {
+            let mut shared = class.shared();
+            let chain = class.slots.take_chain(&mut shared.free);
+            if chain.len() == 0 {
+                class.counters.record_failure();
+                return false;
+            }
+            class.take_out(&mut shared, chain.len() as u64);
+            chain
+        };
+        let count = chain.len();
+        for at in (0..count).rev() {
+            let index = class.slots.chain_pop(&mut chain);
+            // SAFETY: `at < MAGAZINE <= capacity`; only the owner touches the array. The chain is ours.
+            unsafe { self.items.add(at).write(index.unwrap_or_default()) };
+        }
+        self.count.set(count as u32);
+        true
+    }
+
+    /// Frees released block `index` when the magazine is full (a chain goes back to the class first) or the
+    /// class is not cached (it goes back under the class lock).
+    ///
+    /// # Safety
+    /// As for [`ClassCache::alloc`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn free_full(
+        &self,
+        class: &SizeClass,
+        index: u32,
+        size: usize,
+    ) -> Result<(), FreeError> {
+        if self.capacity == 0 {
+            class.free_locked(index, size);
+            return Ok(());
+        }
+        let keep = self.capacity as usize - MAGAZINE;
+        let mut chain = Chain::EMPTY;
+        for at in keep..self.capacity as usize {
+            // SAFETY: `at < capacity`; only the owner touches the array.
+            class
+                .slots
+                .chain_push(&mut chain, unsafe { self.items.add(at).read() });
+        }
+        {
+            let mut shared = class.shared();
+            class.slots.put_chain(&mut shared.free, chain);
+            shared.blocks_out -= MAGAZINE as u64;
+        }
+        // SAFETY: `keep < capacity`; only the owner touches the array.
+        unsafe { self.items.add(keep).write(index) };
+        self.count.set(keep as u32 + 1);
+        add_relaxed(&self.frees, 1);
+        add_relaxed(&self.live_bytes, (size as u64).wrapping_neg());
+        Ok(())
+    }
+
+    /// Adds this thread's counts into `stats`.
+    fn add_to(&self, stats: &mut AllocatorStats) {
+        let (allocations, frees) = (self.allocations.load(Relaxed), self.frees.load(Relaxed));
+        // Wrapping: a thread that only frees has "negative" live counts; the sums come out right.
+        stats.live_blocks = stats
+            .live_blocks
+            .wrapping_add(allocations.wrapping_sub(frees));
+        stats.live_bytes = stats.live_bytes.wrapping_add(self.live_bytes.load(Relaxed));
+        stats.allocations += allocations;
+        stats.frees += frees;
+    }
+}
+
+/// One thread slot's magazines in one pool, one per class.
+struct ThreadCaches {
+    classes: SystemSlice<ClassCache>,
+    /// The cached classes' index arrays, [`THREAD_CACHE_BLOCKS`] each; `None` when no class is cached.
+    _items: Option<SystemSlice<u32>>,
+}
+
+/// Entries of a pool's page table.
+const PAGES: usize = 1024;
+/// A page-table entry for a page that holds blocks of two or more classes.
+const MIXED_PAGE: u8 = u8::MAX;
+
+/// The class whose sub-chunk holds chunk offset `offset`, from the sub-chunk starts in address order (the
+/// first is 0) and the class index at each.
+fn class_scan(starts: &[usize], by_address: &[u8], offset: usize) -> usize {
+    let before = starts.iter().filter(|&&start| start <= offset).count();
+    by_address[before - 1] as usize
 }
 
 struct PoolState {
@@ -167,12 +311,19 @@ struct PoolState {
     classes: SystemSlice<SizeClass>,
     /// Class indices ordered by sub-chunk address, for frees.
     by_address: [u8; MAX_CLASSES],
-    /// Chunk offset of each sub-chunk, in address order: a small contiguous array the free path scans
-    /// branch-free (a binary search over the class structs cost most of a free).
+    /// Chunk offset of each sub-chunk, in address order, scanned for addresses in pages of mixed classes.
     starts: [usize; MAX_CLASSES],
+    /// Chunk offset of each class's sub-chunk, by class index.
+    offsets: [usize; MAX_CLASSES],
+    /// Per page of `1 << page_shift` bytes of the chunk, the class of its blocks, or [`MIXED_PAGE`] for a
+    /// page two sub-chunks share: a free finds its class with one shift and one load.
+    page_classes: [u8; PAGES],
+    page_shift: u32,
     class_map: SizeClassMap,
-    /// Per thread slot, one cache per class; made by the slot's owner on its first use of this pool.
-    caches: [OnceLock<SystemSlice<ClassCache>>; MAX_THREADS],
+    /// Per thread slot, its magazines; made by the slot's owner on its first use of this pool.
+    caches: [OnceLock<ThreadCaches>; MAX_THREADS],
+    /// Per thread slot, its first magazine once made (null before): one load on the fast path.
+    first_cache: [AtomicPtr<ClassCache>; MAX_THREADS],
     /// Requests no class can serve (too large or too aligned).
     unserved: AtomicU64,
     chunk: SystemChunk,
@@ -184,52 +335,103 @@ impl PoolState {
             return None;
         }
         let first = self.class_map.class_of(size)?;
-        (first..self.classes.len()).find(|&index| self.classes[index].block_align >= align)
+        (first..self.classes.len())
+            .find(|&index| self.classes[index].slots.view().slot_align() >= align)
     }
 
-    fn class_at(&self, addr: usize) -> Result<usize, FreeError> {
-        let offset = self.chunk.offset_of(addr).ok_or(FreeError::Foreign)?;
-        let classes = self.classes.len();
-        let before = self.starts[..classes]
-            .iter()
-            .filter(|&&start| start <= offset)
-            .count();
-        Ok(self.by_address[before - 1] as usize)
+    /// The class whose sub-chunk holds chunk offset `offset`, if the page table knows it (the page holds
+    /// blocks of one class only).
+    #[inline]
+    fn page_class(&self, offset: usize) -> Option<usize> {
+        // `offset < chunk.len() <= PAGES << page_shift`, so the mask changes nothing.
+        let class = self.page_classes[(offset >> self.page_shift) & (PAGES - 1)];
+        (class != MIXED_PAGE).then_some(class as usize)
     }
 
-    /// This thread's cache for `class`, if the class is cached and the thread has a slot (and, the first
-    /// time, `System` memory for its caches).
+    /// The offset of chunk offset `offset` in the sub-chunk of `class`, which holds it.
+    #[inline]
+    fn class_offset(&self, class: usize, offset: usize) -> usize {
+        debug_assert!(class < self.classes.len());
+        // SAFETY: `class` is a class index, below `MAX_CLASSES`.
+        offset - unsafe { self.offsets.get_unchecked(class) }
+    }
+
+    /// This thread's magazine for `class`, if the thread has a slot (and, the first time, `System` memory
+    /// for its magazines).
     fn cache(&self, class: usize) -> Option<&ClassCache> {
-        if self.classes[class].spec.block_count < MIN_CACHED_BLOCKS {
-            return None;
-        }
-        let caches = &self.caches[thread_slot::current()?];
-        let caches = match caches.get() {
-            Some(caches) => caches,
-            None => {
-                let made = SystemSlice::try_from_fn(self.classes.len(), |_| {
-                    let magazine = UnsafeCell::new(Chain::EMPTY);
-                    let spares = UnsafeCell::new(ChainStack::EMPTY);
-                    Some(ClassCache {
-                        magazine,
-                        spares,
-                        counters: Counters::default(),
-                    })
-                })?;
-                // Only this slot's owner sets it, so the set cannot lose a race.
-                caches.get_or_init(|| made)
-            }
-        };
-        Some(&caches[class])
+        self.cache_if_made(class).or_else(|| {
+            let slot = thread_slot::current()?;
+            let first = match self.first_cache[slot].load(Acquire) {
+                first if first.is_null() => self.make_caches(slot)?,
+                first => first,
+            };
+            // SAFETY: as in `cache_if_made`.
+            Some(unsafe { &*first.add(class) })
+        })
     }
 
-    fn class_counters(&self, class: usize) -> impl Iterator<Item = &Counters> {
-        let cached = self
-            .caches
-            .iter()
-            .filter_map(OnceLock::get)
-            .map(move |caches| &caches[class].counters);
-        std::iter::once(&self.classes[class].counters).chain(cached)
+    /// [`PoolState::cache`] for a thread that has a slot and magazines in this pool already: the fast path,
+    /// which calls nothing, so it saves no registers.
+    #[inline]
+    fn cache_if_made(&self, class: usize) -> Option<&ClassCache> {
+        let first = self.first_cache[thread_slot::assigned()?].load(Acquire);
+        debug_assert!(class < self.classes.len());
+        // SAFETY: a non-null `first` points to the first of this slot's caches, one per class, which live
+        // as long as `self`; `class` indexes `self.classes`.
+        (!first.is_null()).then(|| unsafe { &*first.add(class) })
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn make_caches(&self, slot: usize) -> Option<*mut ClassCache> {
+        let cached = |class: &SizeClass| class.spec.block_count >= MIN_CACHED_BLOCKS;
+        let cached_classes = self.classes.iter().filter(|class| cached(class)).count();
+        let mut items = match cached_classes {
+            0 => None,
+            n => Some(SystemSlice::try_from_fn(n * THREAD_CACHE_BLOCKS, |_| {
+                Some(0u32)
+            })?),
+        };
+        let mut next_items = items
+            .as_mut()
+            .map_or(std::ptr::null_mut(), |items| items.as_mut_ptr());
+        let classes = SystemSlice::try_from_fn(self.classes.len(), |index| {
+            let class = &self.classes[index];
+            let (capacity, items) = if cached(class) {
+                let at = next_items;
+                next_items = next_items.wrapping_add(THREAD_CACHE_BLOCKS);
+                (THREAD_CACHE_BLOCKS as u32, at)
+            } else {
+                (0, std::ptr::null_mut())
+            };
+            Some(ClassCache {
+                count: Cell::new(0),
+                capacity,
+                items,
+                slots: class.slots.view(),
+                allocations: AtomicU64::new(0),
+                frees: AtomicU64::new(0),
+                live_bytes: AtomicU64::new(0),
+            })
+        })?;
+        // Only this slot's owner sets it, so the set cannot lose a race.
+        let caches = self.caches[slot].get_or_init(|| ThreadCaches {
+            classes,
+            _items: items,
+        });
+        let first = caches.classes.as_ptr().cast_mut();
+        self.first_cache[slot].store(first, Release);
+        Some(first)
+    }
+
+    /// Counts of one class, over its lock-path counters and every thread's magazine.
+    fn class_totals(&self, class: usize) -> AllocatorStats {
+        let mut stats = AllocatorStats::default();
+        self.classes[class].counters.add_to(&mut stats);
+        for caches in self.caches.iter().filter_map(OnceLock::get) {
+            caches.classes[class].add_to(&mut stats);
+        }
+        stats
     }
 }
 
@@ -241,8 +443,12 @@ impl StatsSource for PoolState {
             ..Default::default()
         };
         for (index, class) in self.classes.iter().enumerate() {
-            self.class_counters(index)
-                .for_each(|counters| counters.add_to(&mut stats));
+            let totals = self.class_totals(index);
+            stats.live_blocks = stats.live_blocks.wrapping_add(totals.live_blocks);
+            stats.live_bytes = stats.live_bytes.wrapping_add(totals.live_bytes);
+            stats.allocations += totals.allocations;
+            stats.frees += totals.frees;
+            stats.failures += totals.failures;
             stats.peak_bytes +=
                 class.locked.peak_blocks.load(Relaxed) * class.spec.block_size as u64;
         }
@@ -275,6 +481,14 @@ fn validate(classes: &[ClassSpec]) -> Result<(), CreateError> {
     {
         return Err(CreateError::InvalidConfig(
             "block sizes must be non-zero multiples of 8",
+        ));
+    }
+    if classes
+        .iter()
+        .any(|class| u32::try_from(class.block_size).is_err())
+    {
+        return Err(CreateError::InvalidConfig(
+            "block sizes must be below 4 GiB",
         ));
     }
     if classes
@@ -320,6 +534,23 @@ impl Pool {
                 .and_then(|bytes| total.checked_add(bytes))
                 .ok_or(CreateError::InvalidConfig("pool too large"))?;
         }
+        let (starts_used, by_address_used) = (&starts[..specs.len()], &by_address[..specs.len()]);
+        let mut page_shift = 0;
+        while total.div_ceil(1 << page_shift) > PAGES {
+            page_shift += 1;
+        }
+        let mut page_classes = [MIXED_PAGE; PAGES];
+        for (page, entry) in page_classes.iter_mut().enumerate() {
+            let first = page << page_shift;
+            if first >= total {
+                break;
+            }
+            let last = (first + (1 << page_shift)).min(total) - 1;
+            let class = class_scan(starts_used, by_address_used, first);
+            if class == class_scan(starts_used, by_address_used, last) {
+                *entry = class as u8;
+            }
+        }
         let chunk_align = natural_alignment(specs[by_address[0] as usize].block_size);
         let chunk = SystemChunk::zeroed(total, chunk_align).ok_or(CreateError::OutOfMemory)?;
         let classes = SystemSlice::try_from_fn(specs.len(), |index| {
@@ -327,7 +558,6 @@ impl Pool {
             let base = chunk.base().wrapping_add(offsets[index]);
             Some(SizeClass {
                 spec,
-                block_align: natural_alignment(spec.block_size),
                 slots: Slots::new(base, spec.block_size, spec.block_count)?,
                 counters: Counters::default(),
                 locked: ClassLocked {
@@ -345,8 +575,12 @@ impl Pool {
             classes,
             by_address,
             starts,
+            offsets,
+            page_classes,
+            page_shift,
             class_map: SizeClassMap::new(specs.iter().map(|spec| spec.block_size)),
             caches: [const { OnceLock::new() }; MAX_THREADS],
+            first_cache: [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_THREADS],
             unserved: AtomicU64::new(0),
             chunk,
         };
@@ -364,58 +598,99 @@ impl Pool {
 
     /// A block of at least `size` bytes aligned to `align` (a power of two) from the smallest class that
     /// fits, or `None` when no class fits or the class is exhausted (counted as a failure).
+    #[inline]
     pub fn alloc(&self, size: usize, align: usize) -> Option<NonNull<u8>> {
         self.alloc_tagged(size, align, 0)
     }
 
     /// [`Pool::alloc`] that records `tag` (the tracker's) with the block.
+    #[inline]
     pub fn alloc_tagged(&self, size: usize, align: usize, tag: u32) -> Option<NonNull<u8>> {
+        let state = &*self.state;
+        if let Some(cache) = state
+            .class_map
+            .small_class(size)
+            .and_then(|class| state.cache_if_made(class))
+        {
+            // SAFETY: `state.cache` returned the cache of this thread's own slot.
+            if let Some(block) = unsafe { cache.alloc(size, align, tag) } {
+                return Some(block);
+            }
+        }
+        self.alloc_slow(size, align, tag)
+    }
+
+    /// Everything but a hit in a non-empty magazine: large or over-aligned requests, refills, classes or
+    /// threads without a magazine.
+    #[cold]
+    #[inline(never)]
+    fn alloc_slow(&self, size: usize, align: usize, tag: u32) -> Option<NonNull<u8>> {
         let state = &*self.state;
         let Some(class_index) = state.class_for(size, align) else {
             state.unserved.fetch_add(1, Relaxed);
             return None;
         };
         let class = &state.classes[class_index];
-        let index = match state.cache(class_index) {
-            Some(cache) => {
-                // SAFETY: `state.cache` returned the cache of this thread's own slot.
-                let index = unsafe { cache.pop(class) };
-                record_alloc(&cache.counters, index, size)?
-            }
-            None => {
-                let mut shared = class.shared();
-                let index = class.slots.pop(&mut shared.free);
-                if index.is_some() {
-                    class.take_out(&mut shared, 1);
+        match state.cache(class_index) {
+            Some(cache) if cache.capacity > 0 => {
+                // SAFETY: `state.cache` returned the cache of this thread's own slot; it is cached.
+                unsafe {
+                    if cache.count.get() == 0 && !cache.refill(class) {
+                        return None;
+                    }
+                    Some(cache.pop_claim(size, tag))
                 }
-                record_alloc(&class.counters, index, size)?
             }
-        };
-        NonNull::new(class.slots.claim(index, size, tag))
+            _ => class.alloc_locked(size, tag),
+        }
     }
 
     /// Returns a block to its class. Refuses pointers outside the pool (`Foreign`), off a block start
     /// (`Interior`) and blocks already free (`DoubleFree`), changing nothing.
+    #[inline]
     pub fn free(&self, ptr: *mut u8) -> Result<(), FreeError> {
         let state = &*self.state;
-        let class_index = state.class_at(ptr as usize)?;
-        let class = &state.classes[class_index];
-        let index = class.slots.index_of(ptr as usize)?;
-        let size = class.slots.release(index)? as u64;
-        match state.cache(class_index) {
-            Some(cache) => {
-                // SAFETY: `state.cache` returned the cache of this thread's own slot.
-                unsafe { cache.push(class, index) };
-                cache.counters.record_frees(1, size);
-            }
-            None => {
-                let mut shared = class.shared();
-                class.slots.push(&mut shared.free, index);
-                shared.blocks_out -= 1;
-                class.counters.record_frees(1, size);
+        let offset = state
+            .chunk
+            .offset_of(ptr as usize)
+            .ok_or(FreeError::Foreign)?;
+        if let Some(class) = state.page_class(offset) {
+            if let Some(cache) = state.cache_if_made(class) {
+                // SAFETY: `state.cache_if_made` returned the cache of this thread's own slot; the class's
+                // sub-chunk holds `offset`.
+                return unsafe { cache.free(state, class, state.class_offset(class, offset)) };
             }
         }
-        Ok(())
+        self.free_slow(offset)
+    }
+
+    /// A free of the block at chunk offset `offset` in a page shared by two classes, or by a thread without
+    /// magazines in this pool yet, or without a slot.
+    #[cold]
+    #[inline(never)]
+    fn free_slow(&self, offset: usize) -> Result<(), FreeError> {
+        let state = &*self.state;
+        let class_index = state.page_class(offset).unwrap_or_else(|| {
+            let classes = state.classes.len();
+            class_scan(
+                &state.starts[..classes],
+                &state.by_address[..classes],
+                offset,
+            )
+        });
+        let offset = state.class_offset(class_index, offset);
+        match state.cache(class_index) {
+            // SAFETY: `state.cache` returned the cache of this thread's own slot; the class's sub-chunk
+            // holds `offset`.
+            Some(cache) => unsafe { cache.free(state, class_index, offset) },
+            None => {
+                let class = &state.classes[class_index];
+                let index = class.slots.view().index_at(offset)?;
+                let size = class.slots.release(index)?;
+                class.free_locked(index, size);
+                Ok(())
+            }
+        }
     }
 
     /// Per-class counters, in ascending block size.
@@ -423,10 +698,7 @@ impl Pool {
         let state = &*self.state;
         let mut all = Vec::with_capacity(state.classes.len());
         for (index, class) in state.classes.iter().enumerate() {
-            let mut stats = AllocatorStats::default();
-            state
-                .class_counters(index)
-                .for_each(|counters| counters.add_to(&mut stats));
+            let stats = state.class_totals(index);
             all.push(ClassStats {
                 block_size: class.spec.block_size,
                 block_count: class.spec.block_count,
@@ -437,15 +709,6 @@ impl Pool {
         }
         all
     }
-}
-
-/// Counts an allocation (or its failure) in the counters of whoever served it; passes the block through.
-fn record_alloc(counters: &Counters, index: Option<u32>, size: usize) -> Option<u32> {
-    match index {
-        Some(_) => counters.record_alloc(size),
-        None => counters.record_failure(),
-    }
-    index
 }
 
 impl EngineAllocator for Pool {
@@ -555,6 +818,41 @@ mod tests {
         assert!(again
             .iter()
             .all(|block| allocator_of(block.as_ptr()).unwrap().name == "small"));
+    }
+
+    #[test]
+    fn blocks_in_pages_two_classes_share_are_found() {
+        // 16-byte blocks first (larger alignment), then 24-byte ones: the 21616-byte chunk has 32-byte pages,
+        // and the page at 4800 holds the last 16-byte block and the first 24-byte one.
+        let classes = [
+            ClassSpec {
+                block_size: 16,
+                block_count: 301,
+            },
+            ClassSpec {
+                block_size: 24,
+                block_count: 700,
+            },
+        ];
+        let pool = Pool::new("shared pages", PoolConfig { classes: &classes }).unwrap();
+        let blocks: Vec<_> = (0..301)
+            .map(|_| pool.alloc(16, 16).unwrap())
+            .chain((0..700).map(|_| pool.alloc(24, 8).unwrap()))
+            .collect();
+        for &block in &blocks {
+            pool.free(block.as_ptr()).unwrap();
+        }
+        for &block in &blocks {
+            assert_eq!(pool.free(block.as_ptr()), Err(FreeError::DoubleFree));
+        }
+        let stats = pool.stats();
+        assert_eq!((stats.live_blocks, stats.frees), (0, 1001));
+        // Every block went back to its own class: all of them can be handed out again, once each.
+        let mut again: Vec<_> = (0..301)
+            .map(|_| (pool.alloc(16, 16).unwrap().as_ptr() as usize, 16))
+            .chain((0..700).map(|_| (pool.alloc(24, 8).unwrap().as_ptr() as usize, 24)))
+            .collect();
+        assert_disjoint(&mut again);
     }
 
     #[test]

@@ -79,10 +79,17 @@ impl SizeClassMap {
         (index < self.len).then_some(index)
     }
 
+    /// The smallest class that holds `size`, from the table; `None` above [`SMALL_LIMIT`] or when no class
+    /// holds it.
+    #[inline]
+    pub(crate) fn small_class(&self, size: usize) -> Option<usize> {
+        let class = *self.small.get(size.div_ceil(MIN_SLOT))?;
+        (class != NO_CLASS).then_some(class as usize)
+    }
+
     pub(crate) fn class_of(&self, size: usize) -> Option<usize> {
         if size <= SMALL_LIMIT {
-            let class = self.small[size.div_ceil(MIN_SLOT)];
-            (class != NO_CLASS).then_some(class as usize)
+            self.small_class(size)
         } else {
             self.search(size)
         }

@@ -26,11 +26,13 @@ impl SystemChunk {
         self.base.as_ptr()
     }
 
+    #[inline]
     pub(crate) fn len(&self) -> usize {
         self.layout.size()
     }
 
     /// Offset of `addr` from the start of the region, if it lies inside.
+    #[inline]
     pub(crate) fn offset_of(&self, addr: usize) -> Option<usize> {
         let offset = addr.checked_sub(self.base.as_ptr() as usize)?;
         (offset < self.len()).then_some(offset)
@@ -88,6 +90,7 @@ impl<T> SystemSlice<T> {
 
 impl<T> Deref for SystemSlice<T> {
     type Target = [T];
+    #[inline]
     fn deref(&self) -> &[T] {
         // SAFETY: `len` items were initialised in `from_fn` and live until drop.
         unsafe { std::slice::from_raw_parts(self.items.as_ptr(), self.len) }
@@ -132,8 +135,10 @@ impl<T> SystemBox<T> {
 
 impl<T> Deref for SystemBox<T> {
     type Target = T;
+    #[inline]
     fn deref(&self) -> &T {
-        &self.0[0]
+        // SAFETY: a `SystemBox` holds exactly one initialised item (`new`), so no bounds check is needed.
+        unsafe { &*self.0.items.as_ptr() }
     }
 }
 

@@ -6,35 +6,61 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 pub(crate) const MAX_THREADS: usize = 64;
 const UNASSIGNED: u8 = u8::MAX;
+/// The thread gave its slot back on exit; it gets no other.
+const EXITED: u8 = u8::MAX - 1;
 
 static TAKEN: AtomicU64 = AtomicU64::new(0);
 
-struct ThreadSlot(Cell<u8>);
+thread_local! {
+    /// This thread's slot number, or [`UNASSIGNED`] / [`EXITED`]. No destructor, so reading it is one load.
+    static SLOT: Cell<u8> = const { Cell::new(UNASSIGNED) };
+    /// Gives the slot back when the thread exits; set up only when the slot is claimed.
+    static OWNER: SlotOwner = const { SlotOwner(Cell::new(UNASSIGNED)) };
+}
 
-impl Drop for ThreadSlot {
+struct SlotOwner(Cell<u8>);
+
+impl Drop for SlotOwner {
     fn drop(&mut self) {
         let slot = self.0.get();
         if slot != UNASSIGNED {
+            SLOT.set(EXITED);
             // Release: the next owner of the slot sees this thread's cache writes.
             TAKEN.fetch_and(!(1 << slot), Ordering::Release);
         }
     }
 }
 
-thread_local! {
-    static SLOT: ThreadSlot = const { ThreadSlot(Cell::new(UNASSIGNED)) };
+/// This thread's slot (below [`MAX_THREADS`]), claimed on first use; `None` while all 64 are taken or once
+/// the thread is exiting.
+#[inline]
+pub(crate) fn current() -> Option<usize> {
+    assigned().or_else(assign)
 }
 
-/// This thread's slot, claimed on first use; `None` while all 64 are taken or once the thread is exiting.
-pub(crate) fn current() -> Option<usize> {
-    SLOT.try_with(|slot| {
-        if slot.0.get() == UNASSIGNED {
-            slot.0.set(claim()?);
-        }
-        Some(slot.0.get() as usize)
-    })
-    .ok()
-    .flatten()
+/// This thread's slot if it already has one: a fast path that calls nothing.
+#[inline]
+pub(crate) fn assigned() -> Option<usize> {
+    let slot = SLOT.get() as usize;
+    (slot < MAX_THREADS).then_some(slot)
+}
+
+#[cold]
+#[inline(never)]
+fn assign() -> Option<usize> {
+    if SLOT.get() == EXITED {
+        return None;
+    }
+    // Fails once the owner is destroyed (the thread is exiting), before `SLOT` says so.
+    OWNER
+        .try_with(|owner| {
+            let slot = claim()?;
+            owner.0.set(slot);
+            SLOT.set(slot);
+            Some(slot as usize)
+        })
+        .ok()
+        .flatten()
 }
 
 fn claim() -> Option<u8> {
