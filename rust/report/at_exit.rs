@@ -18,26 +18,31 @@ pub fn run() {
     if stats.total_allocations == 0 && errors == 0 && !crate::engine::tracked::any_created() {
         return; // nothing was ever tracked (a Rust test binary that links the library, say)
     }
-    let leaks = super::live_block_count();
+    // Collected even with report=0: the exit code depends on what it finds.
+    let report = super::Report::collect();
+    let found_something = !report.leaks.is_empty() || report.error_count > 0;
     if options.report {
-        let found_something = leaks > 0 || errors > 0;
-        let report = super::Report::collect();
         let log_path = options.log_path.as_str();
-        let outcome = match super::write(&report, log_path, &options.json_path()) {
-            Ok(()) => format!(
-                "k15-memory: {} leaked blocks ({} bytes), {} memory errors: see {}\n",
-                report.leaks.len(),
-                report.leaked_bytes(),
-                report.error_count,
-                log_path
-            ),
-            Err(e) => format!("k15-memory: could not write the leak report to {log_path}: {e}\n"),
-        };
-        if found_something || !outcome.contains(" leaked blocks ") {
-            crate::sys::write_fd(2, outcome.as_bytes());
+        match super::write(&report, log_path, &options.json_path()) {
+            Ok(()) if found_something => {
+                let line = format!(
+                    "k15-memory: {} leaked blocks ({} bytes), {} memory errors: see {}\n",
+                    report.leaks.len(),
+                    report.leaked_bytes(),
+                    report.error_count,
+                    log_path
+                );
+                crate::sys::write_fd(2, line.as_bytes());
+            }
+            Ok(()) => {}
+            Err(e) => {
+                let line =
+                    format!("k15-memory: could not write the leak report to {log_path}: {e}\n");
+                crate::sys::write_fd(2, line.as_bytes());
+            }
         }
     }
-    if options.exitcode != 0 && (leaks > 0 || errors > 0) {
+    if options.exitcode != 0 && found_something {
         crate::sys::exit_now(options.exitcode);
     }
 }

@@ -22,12 +22,13 @@ fn write_report(out: &mut String, report: &Report) -> std::fmt::Result {
     writeln!(out, "  \"pid\": {},", std::process::id())?;
     writeln!(
         out,
-        "  \"summary\": {{ \"leaked_blocks\": {}, \"leaked_bytes\": {}, \"errors\": {}, \"total_allocations\": {}, \"peak_bytes\": {} }},",
+        "  \"summary\": {{ \"leaked_blocks\": {}, \"leaked_bytes\": {}, \"errors\": {}, \"total_allocations\": {}, \"peak_bytes\": {}, \"runtime_blocks\": {} }},",
         report.leaks.len(),
         report.leaked_bytes(),
         report.error_count,
         report.stats.total_allocations,
-        report.stats.peak_bytes
+        report.stats.peak_bytes,
+        report.runtime_blocks
     )?;
     writeln!(out, "  \"leaks\": [")?;
     let mut leaks = report

@@ -11,7 +11,7 @@ use crate::symbolize::{Frame, Symbolizer};
 use crate::tracker::errors::{self, MemoryError};
 use crate::tracker::guard::Inside;
 use crate::tracker::header::BlockHeader;
-use crate::tracker::live_list::{self, SHARDS};
+use crate::tracker::live_list::SHARDS;
 use std::collections::HashMap;
 
 /// One block still live when the snapshot was taken.
@@ -56,6 +56,9 @@ pub struct Report {
     pub errors: Vec<MemoryError>,
     /// All errors, listed or not.
     pub error_count: usize,
+    /// Blocks the Rust runtime allocates once for itself before `main` and keeps (see
+    /// [`is_rust_runtime_setup`]): live at exit, but no leak of the program's.
+    pub runtime_blocks: usize,
     pub stats: crate::ffi::Stats,
     stacks: HashMap<StackId, Vec<Frame>>,
 }
@@ -111,10 +114,14 @@ impl Report {
                 .entry(id)
                 .or_insert_with(|| symbolizer.symbolize_stack(stack::frames(id)));
         }
+        let before = leaks.len();
+        leaks.retain(|leak| !is_rust_runtime_setup(&stacks[&leak.stack]));
+        let runtime_blocks = before - leaks.len();
         Report {
             leaks,
             errors,
             error_count,
+            runtime_blocks,
             stats: crate::tracker::stats(),
             stacks,
         }
@@ -157,6 +164,29 @@ impl Report {
     }
 }
 
+/// A stack made only by the Rust runtime's start-up (`std::rt::init` and what it calls, before
+/// `main`), such as the main thread's stack-overflow guard info: LeakSanitizer suppresses the
+/// same kind of blocks of its own runtime.
+fn is_rust_runtime_setup(stack: &[Frame]) -> bool {
+    let runtime = |f: &Frame| {
+        let name = f.function.as_deref().unwrap_or("");
+        ["std::", "core::", "alloc::", "<"]
+            .iter()
+            .any(|p| name.starts_with(p))
+    };
+    let before_main: Vec<&Frame> = stack
+        .iter()
+        .take_while(|f| f.function.as_deref() != Some("main"))
+        .collect();
+    before_main.len() < stack.len()
+        && before_main.iter().any(|f| {
+            f.function
+                .as_deref()
+                .is_some_and(|n| n.starts_with("std::rt::"))
+        })
+        && before_main.iter().all(|f| runtime(f))
+}
+
 /// Writes the text report to `text_path` and the JSON one to `json_path`.
 pub fn write(report: &Report, text_path: &str, json_path: &str) -> std::io::Result<()> {
     std::fs::write(text_path, text::render(report))?;
@@ -173,10 +203,4 @@ pub fn write_now(path: Option<&str>) -> bool {
         None => write(&report, options.log_path.as_str(), &options.json_path()),
     };
     result.is_ok()
-}
-
-/// How many leaks are live right now, tracked blocks and engine allocators' (for the exit code).
-pub fn live_block_count() -> u64 {
-    let engine = crate::engine::leaks_since(crate::engine::Checkpoint::ORIGIN);
-    live_list::totals().live_blocks + engine.iter().map(|leaks| leaks.blocks).sum::<u64>()
 }

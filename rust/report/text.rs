@@ -77,6 +77,13 @@ fn write_report(out: &mut String, report: &Report) -> std::fmt::Result {
             report.frames(error.free_stack),
         )?;
     }
+    if report.runtime_blocks > 0 {
+        writeln!(
+            out,
+            "\n({} blocks the Rust runtime allocated for itself before main are not listed.)",
+            report.runtime_blocks
+        )?;
+    }
     if report.error_count > report.errors.len() {
         writeln!(
             out,

@@ -39,6 +39,9 @@ pub fn is_allocator_frame(function: &str) -> bool {
     const ALLOCATOR_TRAITS: &[&str] = &[
         " as core::alloc::global::GlobalAlloc>::",
         " as core::alloc::Allocator>::",
+        // The alloc crate's own traits (`<u8 as alloc::vec::spec_from_elem::SpecFromElem>`):
+        // Vec and String building their buffers.
+        " as alloc::",
     ];
     const OPERATORS: &[&str] = &[
         "operator new",
