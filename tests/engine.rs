@@ -125,3 +125,24 @@ fn a_frame_loop_that_allocates_nothing_reads_zero_and_checkpoints_count_later_le
     let run = run_mode("steady");
     assert!(run.leaks().is_empty(), "{}", run.text);
 }
+
+#[test]
+fn a_sanitizer_build_of_engine_code_builds_and_runs_clean() {
+    let dir = support::scratch("engine_sanitized");
+    let exe = support::build(
+        &dir,
+        "sanitized",
+        &["tests/cpp/engine_sanitized.cpp"],
+        &["-fsanitize=address"],
+    );
+    let run = support::run(&exe, "");
+    assert!(run.output.status.success(), "{}", run.stderr());
+    assert_eq!(run.stdout().trim(), "ok 5 unknown unknown");
+    assert!(run.json.is_null(), "k15-memory is off in a sanitizer build");
+    assert!(
+        !run.stderr().contains("ERROR: AddressSanitizer")
+            && !run.stderr().contains("LeakSanitizer"),
+        "{}",
+        run.stderr()
+    );
+}

@@ -6,25 +6,22 @@
 // alive as long as their blocks (blocks still live when an allocator is destroyed are reported as
 // leaks). Allocation failure (pool class or arena exhausted) returns nullptr.
 //
-// -DK15_MEMORY_DISABLED: this header declares nothing (the allocators need the library).
+// -DK15_MEMORY_DISABLED (also implied by sanitizer builds): the same classes over plain
+// aligned_alloc/free and new/delete, no library needed, so engine code still builds and runs (and
+// a sanitizer or valgrind sees every block).
 #pragma once
 
 #include "k15/memory.h"
 
-#if !defined(K15_MEMORY_DISABLED)
-
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <new>
 #include <typeinfo>
 #include <utility>
 #include <vector>
 
 namespace k15::memory {
-
-namespace detail {
-struct TrackedAllocator;  // the Rust object behind each allocator
-}  // namespace detail
 
 // Counters of one allocator; bytes are the sizes callers asked for.
 struct AllocatorStats {
@@ -37,6 +34,67 @@ struct AllocatorStats {
     std::uint64_t frees = 0;
     std::uint64_t failures = 0;  // allocations that returned nullptr
 };
+
+// One pool size class: block_count blocks of block_size bytes (a multiple of 8).
+struct ClassSpec {
+    std::size_t block_size;
+    std::size_t block_count;
+};
+
+// A position of a StackAllocator to rewind to.
+struct Marker {
+    std::uint32_t allocator;
+    std::uint32_t top_allocation;
+    std::uint32_t top_serial;
+};
+
+enum class AllocatorKind : std::uint8_t { unknown, pool, stack, block, typed_pool };
+
+// Which engine allocator holds `ptr` (any address inside its memory).
+struct AllocatorIdentity {
+    const char* name;  // "unknown" when none does
+    AllocatorKind kind;
+    const char* type;  // the element type of a typed pool, else nullptr
+};
+
+// The start of an epoch for leaks_since().
+struct Checkpoint {
+    std::uint32_t epoch;
+};
+
+struct AllocatorLeaks {
+    const char* name;
+    std::uint64_t blocks;
+    std::uint64_t bytes;
+};
+
+// Engine blocks allocated since `since` and still live, in all and per allocator.
+struct LeakSummary {
+    std::uint64_t blocks = 0;
+    std::uint64_t bytes = 0;
+    std::vector<AllocatorLeaks> allocators;
+};
+
+// Engine allocation events since the last memstats(true), and what is live now: reset, run a frame
+// loop, and expect allocations == 0 for a steady state.
+struct MemStats {
+    std::uint64_t allocations = 0;
+    std::uint64_t frees = 0;
+    std::uint64_t failures = 0;
+    std::uint64_t live_blocks = 0;
+    std::uint64_t live_bytes = 0;
+};
+
+}  // namespace k15::memory
+
+#if !defined(K15_MEMORY_DISABLED)
+
+namespace k15::memory {
+
+namespace detail {
+struct TrackedAllocator;  // the Rust object behind each allocator
+}  // namespace detail
+
 
 // What every allocator offers. deallocate(nullptr) does nothing; a pointer the allocator does not
 // own, a pointer inside a block, a double free and (stack) a free out of LIFO order are reported
@@ -57,11 +115,6 @@ protected:
     detail::TrackedAllocator* impl_;
 };
 
-// One pool size class: block_count blocks of block_size bytes (a multiple of 8).
-struct ClassSpec {
-    std::size_t block_size;
-    std::size_t block_count;
-};
 
 // Size classes carved from one chunk allocated up front; thread-safe. No classes: the default
 // table (8 bytes to 1 MiB). Throws std::exception if the table is invalid or memory is short.
@@ -70,12 +123,6 @@ public:
     explicit PoolAllocator(const char* name, const ClassSpec* classes = nullptr, std::size_t class_count = 0);
 };
 
-// A position of a StackAllocator to rewind to.
-struct Marker {
-    std::uint32_t allocator;
-    std::uint32_t top_allocation;
-    std::uint32_t top_serial;
-};
 
 // A bump allocator in one block of `capacity` bytes: free the top block only, or rewind to a marker.
 class StackAllocator : public EngineAllocator {
@@ -153,53 +200,116 @@ private:
     detail::TypedPoolBase base_;
 };
 
-enum class AllocatorKind : std::uint8_t { unknown, pool, stack, block, typed_pool };
 
-// Which engine allocator holds `ptr` (any address inside its memory).
-struct AllocatorIdentity {
-    const char* name;  // "unknown" when none does
-    AllocatorKind kind;
-    const char* type;  // the element type of a typed pool, else nullptr
-};
 
 AllocatorIdentity allocator_of(const void* ptr) noexcept;
 
 // The element type of the typed pool holding `ptr`, or "unknown".
 const char* type_of(const void* ptr) noexcept;
 
-// The start of an epoch for leaks_since().
-struct Checkpoint {
-    std::uint32_t epoch;
-};
 
 Checkpoint checkpoint() noexcept;
 
-struct AllocatorLeaks {
-    const char* name;
-    std::uint64_t blocks;
-    std::uint64_t bytes;
-};
 
-// Engine blocks allocated since `since` and still live, in all and per allocator.
-struct LeakSummary {
-    std::uint64_t blocks = 0;
-    std::uint64_t bytes = 0;
-    std::vector<AllocatorLeaks> allocators;
-};
 
 LeakSummary leaks_since(Checkpoint since);
 
-// Engine allocation events since the last memstats(true), and what is live now: reset, run a frame
-// loop, and expect allocations == 0 for a steady state.
-struct MemStats {
-    std::uint64_t allocations = 0;
-    std::uint64_t frees = 0;
-    std::uint64_t failures = 0;
-    std::uint64_t live_blocks = 0;
-    std::uint64_t live_bytes = 0;
-};
 
 MemStats memstats(bool reset = false) noexcept;
+
+}  // namespace k15::memory
+
+#else  // K15_MEMORY_DISABLED: the same interface over the C++ runtime's own allocation
+
+namespace k15::memory {
+
+class EngineAllocator {
+public:
+    EngineAllocator(const EngineAllocator&) = delete;
+    EngineAllocator& operator=(const EngineAllocator&) = delete;
+    void* allocate(std::size_t size, std::size_t align = alignof(std::max_align_t)) noexcept {
+        align = align < alignof(std::max_align_t) ? alignof(std::max_align_t) : align;
+        return std::aligned_alloc(align, (size + align - 1) / align * align);
+    }
+    void deallocate(void* ptr) noexcept { std::free(ptr); }
+    AllocatorStats stats() const noexcept { return AllocatorStats{name_, 0, 0, 0, 0, 0, 0, 0}; }
+    const char* name() const noexcept { return name_; }
+
+protected:
+    explicit EngineAllocator(const char* name) noexcept : name_(name) {}
+    const char* name_;
+};
+
+class PoolAllocator : public EngineAllocator {
+public:
+    explicit PoolAllocator(const char* name, const ClassSpec* = nullptr, std::size_t = 0) : EngineAllocator(name) {}
+};
+
+class StackAllocator : public EngineAllocator {
+public:
+    StackAllocator(const char* name, std::size_t) : EngineAllocator(name) {}
+    ~StackAllocator() { rewind(Marker{0, 0, 0}); }
+    void* allocate(std::size_t size, std::size_t align = alignof(std::max_align_t)) noexcept {
+        void* block = EngineAllocator::allocate(size, align);
+        if (block != nullptr) blocks_.push_back(block);
+        return block;
+    }
+    void deallocate(void* ptr) noexcept {
+        if (!blocks_.empty() && blocks_.back() == ptr) {
+            blocks_.pop_back();
+            EngineAllocator::deallocate(ptr);
+        }
+    }
+    Marker marker() const noexcept { return Marker{0, static_cast<std::uint32_t>(blocks_.size()), 0}; }
+    void rewind(Marker marker) noexcept {
+        while (blocks_.size() > marker.top_allocation) {
+            EngineAllocator::deallocate(blocks_.back());
+            blocks_.pop_back();
+        }
+    }
+
+private:
+    std::vector<void*> blocks_;
+};
+
+class StackScope {
+public:
+    explicit StackScope(StackAllocator& stack) noexcept : stack_(stack), marker_(stack.marker()) {}
+    StackScope(const StackScope&) = delete;
+    StackScope& operator=(const StackScope&) = delete;
+    ~StackScope() { stack_.rewind(marker_); }
+
+private:
+    StackAllocator& stack_;
+    Marker marker_;
+};
+
+class BlockAllocator : public EngineAllocator {
+public:
+    BlockAllocator(const char* name, std::size_t) : EngineAllocator(name) {}
+};
+
+template <class T>
+class TypedPool {
+public:
+    explicit TypedPool(const char* name = nullptr, std::size_t = 64) : name_(name ? name : typeid(T).name()) {}
+    template <class... Args>
+    T* create(Args&&... args) {
+        return new T(std::forward<Args>(args)...);
+    }
+    void destroy(T* object) noexcept { delete object; }
+    AllocatorStats stats() const noexcept { return AllocatorStats{name_, 0, 0, 0, 0, 0, 0, 0}; }
+    const char* name() const noexcept { return name_; }
+
+private:
+    const char* name_;
+};
+
+inline AllocatorIdentity allocator_of(const void*) noexcept { return AllocatorIdentity{"unknown", AllocatorKind::unknown, nullptr}; }
+inline const char* type_of(const void*) noexcept { return "unknown"; }
+inline Checkpoint checkpoint() noexcept { return Checkpoint{0}; }
+inline LeakSummary leaks_since(Checkpoint) { return LeakSummary{}; }
+inline MemStats memstats(bool = false) noexcept { return MemStats{}; }
 
 }  // namespace k15::memory
 
