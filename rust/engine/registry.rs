@@ -3,8 +3,6 @@
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use crate::tracker::budget::{BLOCKS_NAME as BUDGET_BLOCKS, POOL_NAME as BUDGET_POOL};
-
 use super::{
     AllocatorInfo, AllocatorKind, AllocatorStats, Checkpoint, CreateError, LiveBlock, StatsSource,
 };
@@ -25,6 +23,8 @@ pub struct MemStats {
 struct Registered {
     info: AllocatorInfo,
     source: *const dyn StatsSource,
+    /// The tracker's own memory (budget mode): its blocks are on the tracker's lists already.
+    serves_tracker: bool,
 }
 
 /// Blocks still live in one allocator (or left live when it was dropped), from [`leaks_since`].
@@ -148,14 +148,7 @@ impl Registry {
     /// Every live block of the registered allocators, then the retired ones. The budget's
     /// allocators are skipped: their blocks are the tracker's own, already on its live lists.
     fn for_each_live_block(&self, visit: &mut dyn FnMut(&AllocatorInfo, LiveBlock)) {
-        let serves_the_tracker =
-            |info: &AllocatorInfo| [BUDGET_POOL, BUDGET_BLOCKS].contains(&info.name);
-        for registered in self
-            .slots
-            .iter()
-            .flatten()
-            .filter(|r| !serves_the_tracker(&r.info))
-        {
+        for registered in self.slots.iter().flatten().filter(|r| !r.serves_tracker) {
             // SAFETY: registered sources are alive while in the registry (see `unsafe impl Send`).
             let source = unsafe { &*registered.source };
             source.for_each_live_block(&mut |block| visit(&registered.info, block));
@@ -194,7 +187,11 @@ impl Registration {
             element_type,
         };
         registry.next_id += 1;
-        registry.slots[slot] = Some(Registered { info, source });
+        registry.slots[slot] = Some(Registered {
+            info,
+            source,
+            serves_tracker: false,
+        });
         Ok(Self {
             slot: slot as u16,
             info,
@@ -277,6 +274,20 @@ pub fn memstats(reset: bool) -> MemStats {
         failures: totals.failures - baseline.failures,
         live_blocks: totals.live_blocks,
         live_bytes: totals.live_bytes,
+    }
+}
+
+/// Marks the allocator `id` as serving the tracker itself (budget mode): the report and
+/// `leaks_since` leave its blocks out, since the tracker lists them already.
+pub(crate) fn mark_serving_tracker(id: u32) {
+    let mut registry = registry();
+    for registered in registry
+        .slots
+        .iter_mut()
+        .flatten()
+        .filter(|r| r.info.id == id)
+    {
+        registered.serves_tracker = true;
     }
 }
 

@@ -3,12 +3,12 @@
 //! same budget. Running out is a `budget_exceeded` error and a failed allocation (`bad_alloc`),
 //! never the OS killing the program.
 
-use crate::engine::{BlockAllocator, ClassSpec, Pool, PoolConfig};
+use crate::engine::{BlockAllocator, ClassSpec, EngineAllocator, Pool, PoolConfig};
 use crate::sys::StackBuffer;
 use core::fmt::Write;
 use std::sync::OnceLock;
 
-/// Names under which the budget's allocators appear in the engine registry.
+/// Names under which the budget's allocators appear in the engine registry (`allocator_of`).
 pub const POOL_NAME: &str = "k15 budget pool";
 pub const BLOCKS_NAME: &str = "k15 budget blocks";
 
@@ -17,7 +17,6 @@ pub struct Budget {
     blocks: BlockAllocator,
     /// Requests up to this size (header included) go to the pool.
     largest_class: usize,
-    pub bytes: usize,
 }
 
 static BUDGET: OnceLock<Budget> = OnceLock::new();
@@ -46,7 +45,9 @@ pub fn set_up(bytes: usize, classes: &[ClassSpec]) {
 }
 
 /// Half the budget for the pool, spread evenly over classes of 64 bytes to 4 KiB (every block
-/// carries a 64-byte header), the rest for the block allocator.
+/// carries a 64-byte header), the rest for the block allocator. A class of fewer than
+/// `pool::MIN_CACHED_BLOCKS` blocks has no per-thread cache and takes its lock on every use
+/// (with `budget=64M`, the 2 and 4 KiB classes).
 fn default_classes(bytes: usize) -> Vec<ClassSpec> {
     let sizes = [64, 128, 256, 512, 1024, 2048, 4096];
     let per_class = bytes / 2 / sizes.len();
@@ -73,12 +74,14 @@ impl Budget {
         let pool =
             Pool::new(POOL_NAME, PoolConfig { classes: &classes }).map_err(|e| e.to_string())?;
         let blocks = BlockAllocator::new(BLOCKS_NAME, block_bytes).map_err(|e| e.to_string())?;
+        for info in [pool.info(), blocks.info()] {
+            crate::engine::mark_serving_tracker(info.id);
+        }
         let largest_class = classes.iter().map(|c| c.block_size).max().unwrap_or(0);
         Ok(Budget {
             pool,
             blocks,
             largest_class,
-            bytes,
         })
     }
 

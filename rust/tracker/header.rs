@@ -11,10 +11,10 @@
 //! | 32 | `file` | `__FILE__` of `K15_NEW`, or null |
 //! | 40 | `size` | user-requested size |
 //! | 48 | `alloc_stack` | stack depot id |
-//! | 52 | `raw_offset` / free stack | user pointer − raw allocation while live; the free stack once freed |
+//! | 52 | `raw_offset` | user pointer − raw allocation |
 //! | 56 | `cookie` | `LIVE ^ addr`, `UNTRACKED ^ addr` or `FREED ^ addr` |
 //!
-//! The cookie, size and stacks sit in the last 24 bytes, so they survive glibc writing its
+//! The file, size, stack and cookie sit in the last 32 bytes, so they survive glibc writing its
 //! free-list links (at most 32 bytes) into a freed chunk: a second `delete` still finds `FREED`.
 
 use super::raw;

@@ -51,11 +51,18 @@ fn acquire_budgeted(budget: &super::budget::Budget, size: usize, align: usize) -
     let align = align.max(16);
     let raw_offset = HEADER_SIZE.next_multiple_of(align);
     let raw = budget.acquire(raw_offset.checked_add(size)?, align)?;
-    Some(RawBlock {
-        user: raw.wrapping_add(raw_offset),
-        raw_offset,
-        placement: Placement::Budget,
-    })
+    let user = raw.wrapping_add(raw_offset);
+    if !(user as usize).is_multiple_of(PAGE_SIZE) || align >= PAGE_SIZE {
+        return Some(RawBlock {
+            user,
+            raw_offset,
+            placement: Placement::Budget,
+        });
+    }
+    // As for malloc'd blocks: a page-aligned user pointer would cost every free a page probe.
+    let retry = acquire_budgeted(budget, size, align);
+    budget.release(raw);
+    retry
 }
 
 #[cold]
