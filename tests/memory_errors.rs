@@ -57,6 +57,21 @@ fn every_bad_free_is_reported_and_survived() {
     assert_eq!(errors[2]["size"], 4);
     assert_eq!(errors[3]["size"], 1 << 20);
     assert_eq!(errors[4]["size"], 64);
+    // Every error carries the stack of the bad free; those of known blocks also the allocation's.
+    let first_function =
+        |stack: &serde_json::Value| stack[0]["function"].as_str().unwrap_or("").to_owned();
+    for error in &errors[2..] {
+        assert_eq!(first_function(&error["free_stack"]), "main", "{error}");
+    }
+    assert_eq!(
+        first_function(&errors[2]["alloc_stack"]),
+        "main",
+        "the small block's allocation"
+    );
+    assert!(
+        errors[5]["alloc_stack"].as_array().unwrap().is_empty(),
+        "a foreign pointer has no allocation"
+    );
     // Each error was printed on stderr when it happened, and no leak is left.
     assert_eq!(
         run.stderr().matches("k15-memory: Memory error:").count(),

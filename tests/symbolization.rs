@@ -269,3 +269,39 @@ fn memory_errors_carry_the_allocation_and_the_free_stacks() {
         run.stderr()
     );
 }
+
+#[test]
+fn the_frame_pointer_unwinder_gives_the_same_stacks_in_a_debug_build() {
+    let dir = support::scratch("symbolization_frame_pointer");
+    let exe = support::build(
+        &dir,
+        "engine",
+        &["samples/engine/main.cpp", "samples/engine/world.cpp"],
+        &[],
+    );
+    let first_frames = |run: &support::Run| {
+        let mut frames: Vec<(String, u64)> = run
+            .leaks()
+            .iter()
+            .map(|l| {
+                (
+                    l["stack"][0]["function"].as_str().unwrap().to_owned(),
+                    l["stack"][0]["line"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        frames.sort();
+        frames
+    };
+    let dwarf = support::run(&exe, "");
+    let frame_pointer = support::run(&exe, "unwinder=frame_pointer");
+    assert_eq!(first_frames(&frame_pointer), first_frames(&dwarf));
+    assert!(
+        frame_pointer
+            .leaks()
+            .iter()
+            .all(|l| l["stack"].as_array().unwrap().len() >= 2),
+        "{}",
+        frame_pointer.text
+    );
+}
