@@ -5,12 +5,7 @@ mod support;
 #[test]
 fn engine_sample_reports_exactly_its_three_leaks() {
     let dir = support::scratch("leaks_engine");
-    let exe = support::build(
-        &dir,
-        "engine",
-        &["samples/engine/main.cpp", "samples/engine/world.cpp"],
-        &[],
-    );
+    let exe = support::build(&dir, "engine", &support::ENGINE_SAMPLE, &[]);
     let run = support::run(&exe, "");
     assert!(run.output.status.success(), "{}", run.stderr());
     assert!(

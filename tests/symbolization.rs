@@ -44,12 +44,7 @@ fn function_names(stack: &Value) -> Vec<String> {
 #[test]
 fn engine_sample_stacks_start_at_the_user_frame() {
     let dir = support::scratch("symbolization_engine");
-    let exe = support::build(
-        &dir,
-        "engine",
-        &["samples/engine/main.cpp", "samples/engine/world.cpp"],
-        &[],
-    );
+    let exe = support::build(&dir, "engine", &support::ENGINE_SAMPLE, &[]);
     let run = support::run(&exe, "");
     let world = "samples/engine/world.cpp";
 
@@ -203,7 +198,7 @@ fn stacks_cross_a_shared_library_a_thread_and_std_function() {
 #[test]
 fn pie_and_non_pie_builds_give_the_same_report() {
     let dir = support::scratch("symbolization_pie");
-    let sources = ["samples/engine/main.cpp", "samples/engine/world.cpp"];
+    let sources = support::ENGINE_SAMPLE;
     let pie = support::build(&dir, "engine_pie", &sources, &["-fPIE", "-pie"]);
     let fixed = support::build(&dir, "engine_fixed", &sources, &["-fno-PIE", "-no-pie"]);
     let symbolized = |run: &support::Run| {
@@ -223,12 +218,7 @@ fn pie_and_non_pie_builds_give_the_same_report() {
 #[test]
 fn stack_depth_zero_gives_empty_stacks() {
     let dir = support::scratch("symbolization_depth0");
-    let exe = support::build(
-        &dir,
-        "engine",
-        &["samples/engine/main.cpp", "samples/engine/world.cpp"],
-        &[],
-    );
+    let exe = support::build(&dir, "engine", &support::ENGINE_SAMPLE, &[]);
     let run = support::run(&exe, "stack_depth=0");
     assert_eq!(run.leaks().len(), 3);
     assert!(run
@@ -273,12 +263,7 @@ fn memory_errors_carry_the_allocation_and_the_free_stacks() {
 #[test]
 fn the_frame_pointer_unwinder_gives_the_same_stacks_in_a_debug_build() {
     let dir = support::scratch("symbolization_frame_pointer");
-    let exe = support::build(
-        &dir,
-        "engine",
-        &["samples/engine/main.cpp", "samples/engine/world.cpp"],
-        &[],
-    );
+    let exe = support::build(&dir, "engine", &support::ENGINE_SAMPLE, &[]);
     let first_frames = |run: &support::Run| {
         let mut frames: Vec<(String, u64)> = run
             .leaks()

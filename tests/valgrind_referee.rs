@@ -22,7 +22,7 @@ fn definitely_lost(valgrind_output: &str) -> (u64, u64) {
 #[test]
 fn tracker_and_valgrind_agree_on_the_engine_sample() {
     let dir = support::scratch("valgrind_referee");
-    let sources = ["samples/engine/main.cpp", "samples/engine/world.cpp"];
+    let sources = support::ENGINE_SAMPLE;
     let tracked = support::build(&dir, "engine", &sources, &[]);
     let plain = support::build(&dir, "engine_plain", &sources, &["-DK15_MEMORY_DISABLED"]);
 

@@ -133,19 +133,6 @@ public:
     void rewind(Marker marker) noexcept;
 };
 
-// Rewinds its StackAllocator to where it was at construction.
-class StackScope {
-public:
-    explicit StackScope(StackAllocator& stack) noexcept : stack_(stack), marker_(stack.marker()) {}
-    StackScope(const StackScope&) = delete;
-    StackScope& operator=(const StackScope&) = delete;
-    ~StackScope() { stack_.rewind(marker_); }
-
-private:
-    StackAllocator& stack_;
-    Marker marker_;
-};
-
 // Any sizes in any order in one arena of `capacity` bytes (TLSF: O(1), coalescing); thread-safe.
 class BlockAllocator : public EngineAllocator {
 public:
@@ -272,17 +259,6 @@ private:
     std::vector<void*> blocks_;
 };
 
-class StackScope {
-public:
-    explicit StackScope(StackAllocator& stack) noexcept : stack_(stack), marker_(stack.marker()) {}
-    StackScope(const StackScope&) = delete;
-    StackScope& operator=(const StackScope&) = delete;
-    ~StackScope() { stack_.rewind(marker_); }
-
-private:
-    StackAllocator& stack_;
-    Marker marker_;
-};
 
 class BlockAllocator : public EngineAllocator {
 public:
@@ -314,3 +290,20 @@ inline MemStats memstats(bool = false) noexcept { return MemStats{}; }
 }  // namespace k15::memory
 
 #endif
+
+namespace k15::memory {
+
+// Rewinds its StackAllocator to where it was at construction.
+class StackScope {
+public:
+    explicit StackScope(StackAllocator& stack) noexcept : stack_(stack), marker_(stack.marker()) {}
+    StackScope(const StackScope&) = delete;
+    StackScope& operator=(const StackScope&) = delete;
+    ~StackScope() { stack_.rewind(marker_); }
+
+private:
+    StackAllocator& stack_;
+    Marker marker_;
+};
+
+}  // namespace k15::memory

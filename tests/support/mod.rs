@@ -64,6 +64,9 @@ pub fn build(dir: &Path, name: &str, sources: &[&str], flags: &[&str]) -> PathBu
     exe
 }
 
+/// The sources of the sample engine (README's first command).
+pub const ENGINE_SAMPLE: [&str; 2] = ["samples/engine/main.cpp", "samples/engine/world.cpp"];
+
 /// A shared library of the test's own (for statics in another module, stacks through it).
 pub fn build_shared(dir: &Path, name: &str, sources: &[&str], flags: &[&str]) -> PathBuf {
     let lib = dir.join(format!("lib{name}.so"));
