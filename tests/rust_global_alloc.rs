@@ -75,3 +75,28 @@ fn rust_leak_appears_in_the_leak_log() {
     );
     assert_eq!(json["summary"]["errors"], 0);
 }
+
+#[test]
+fn this_rustc_linked_binary_carries_the_operator_replacements() {
+    // This test binary is linked by rustc, which puts libstdc++ first: the operators must still
+    // be the library's (linked whole from build.rs), or C++ code in it would bypass the tracker.
+    let exe = std::env::current_exe().unwrap();
+    let nm = Command::new("nm")
+        .arg("-C")
+        .arg("--defined-only")
+        .arg(&exe)
+        .output()
+        .unwrap();
+    let symbols = String::from_utf8_lossy(&nm.stdout);
+    for form in [
+        "operator new(unsigned long)",
+        "operator delete(void*)",
+        "operator new[](unsigned long, std::align_val_t)",
+    ] {
+        assert!(
+            symbols.lines().any(|l| l.ends_with(&format!(" T {form}"))),
+            "{form} is not defined in {}",
+            exe.display()
+        );
+    }
+}
