@@ -12,8 +12,8 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use super::registry::Registration;
 use super::system_memory::{SystemBox, SystemChunk};
 use super::{
-    align_up, AllocatorInfo, AllocatorKind, AllocatorStats, BlockMeta, Counters, CreateError,
-    EngineAllocator, FreeError, LiveBlock, StatsSource,
+    align_up, AllocatorKind, AllocatorStats, BlockMeta, Counters, CreateError, FreeError,
+    LiveBlock, StatsSource,
 };
 
 const GRANULE: usize = 16;
@@ -458,24 +458,13 @@ impl BlockAllocator {
     }
 }
 
-impl EngineAllocator for BlockAllocator {
-    fn info(&self) -> AllocatorInfo {
-        self.registration.info()
-    }
-
-    fn stats(&self) -> AllocatorStats {
-        self.shared.stats()
-    }
-
-    fn for_each_live_block(&self, visit: &mut dyn FnMut(LiveBlock)) {
-        self.shared.for_each_live_block(visit)
-    }
-}
+registered_allocator!(BlockAllocator, shared);
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::engine::test_support::{assert_disjoint, Rng};
+    use crate::engine::EngineAllocator;
 
     const ARENA: usize = 64 << 10;
 

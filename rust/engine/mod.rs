@@ -6,6 +6,26 @@
 //! the [`checkpoint`] epoch it was allocated in, and a `tag` the tracker owns (`alloc_tagged`; e.g. a stack id
 //! or an index into the tracker's own records).
 
+/// `EngineAllocator` for an allocator with a `registration` and a registered shared part
+/// (`$shared`, a `StatsSource`) that holds its counters and live blocks.
+macro_rules! registered_allocator {
+    ($allocator:ty, $shared:ident) => {
+        impl $crate::engine::EngineAllocator for $allocator {
+            fn info(&self) -> $crate::engine::AllocatorInfo {
+                self.registration.info()
+            }
+
+            fn stats(&self) -> $crate::engine::AllocatorStats {
+                $crate::engine::StatsSource::stats(&*self.$shared)
+            }
+
+            fn for_each_live_block(&self, visit: &mut dyn FnMut($crate::engine::LiveBlock)) {
+                $crate::engine::StatsSource::for_each_live_block(&*self.$shared, visit)
+            }
+        }
+    };
+}
+
 pub mod block;
 mod names;
 pub mod pool;

@@ -29,8 +29,8 @@ use super::slots::{Chain, FreeList, Slots, SlotsView};
 use super::system_memory::{SystemBox, SystemChunk, SystemSlice};
 use super::thread_slot::{self, MAX_THREADS};
 use super::{
-    add_relaxed, AllocatorInfo, AllocatorKind, AllocatorStats, Counters, CreateError,
-    EngineAllocator, FreeError, LiveBlock, StatsSource,
+    add_relaxed, AllocatorKind, AllocatorStats, Counters, CreateError, FreeError, LiveBlock,
+    StatsSource,
 };
 
 /// Blocks in each chain moved between a magazine and its class.
@@ -711,24 +711,13 @@ impl Pool {
     }
 }
 
-impl EngineAllocator for Pool {
-    fn info(&self) -> AllocatorInfo {
-        self.registration.info()
-    }
-
-    fn stats(&self) -> AllocatorStats {
-        self.state.stats()
-    }
-
-    fn for_each_live_block(&self, visit: &mut dyn FnMut(LiveBlock)) {
-        self.state.for_each_live_block(visit)
-    }
-}
+registered_allocator!(Pool, state);
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::engine::test_support::{assert_disjoint, Rng};
+    use crate::engine::EngineAllocator;
     use crate::engine::{allocator_of, checkpoint};
 
     const SMALL: [ClassSpec; 3] = [

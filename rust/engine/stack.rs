@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use super::registry::Registration;
 use super::system_memory::{SystemBox, SystemChunk};
 use super::{
-    align_up, AllocatorInfo, AllocatorKind, AllocatorStats, BlockMeta, Counters, CreateError,
-    EngineAllocator, FreeError, LiveBlock, StatsSource,
+    align_up, AllocatorKind, AllocatorStats, BlockMeta, Counters, CreateError, FreeError,
+    LiveBlock, StatsSource,
 };
 
 const LIVE: u32 = 0x57AC_11FE;
@@ -286,19 +286,7 @@ impl StackAllocator {
     }
 }
 
-impl EngineAllocator for StackAllocator {
-    fn info(&self) -> AllocatorInfo {
-        self.registration.info()
-    }
-
-    fn stats(&self) -> AllocatorStats {
-        self.shared.stats()
-    }
-
-    fn for_each_live_block(&self, visit: &mut dyn FnMut(LiveBlock)) {
-        self.shared.for_each_live_block(visit)
-    }
-}
+registered_allocator!(StackAllocator, shared);
 
 /// Rewinds its [`StackAllocator`] on drop; derefs to it for allocating inside the scope.
 pub struct StackScope<'a> {
@@ -330,6 +318,7 @@ impl Drop for StackScope<'_> {
 mod tests {
     use super::*;
     use crate::engine::test_support::{assert_disjoint, Rng};
+    use crate::engine::EngineAllocator;
 
     #[test]
     fn lifo_frees_and_rewinds_restore_the_top() {

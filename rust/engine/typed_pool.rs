@@ -226,19 +226,7 @@ fn add_capacity(capacity: &AtomicU64, bytes: usize) {
     capacity.store(capacity.load(Relaxed) + bytes as u64, Relaxed);
 }
 
-impl EngineAllocator for ObjectPool {
-    fn info(&self) -> AllocatorInfo {
-        self.registration.info()
-    }
-
-    fn stats(&self) -> AllocatorStats {
-        self.shared.stats()
-    }
-
-    fn for_each_live_block(&self, visit: &mut dyn FnMut(LiveBlock)) {
-        self.shared.for_each_live_block(visit)
-    }
-}
+registered_allocator!(ObjectPool, shared);
 
 /// A free-list pool for objects of type `T`. Thread-safe when `T: Send`. Objects still live when the pool
 /// is dropped are not dropped (they are leaks; list them with [`EngineAllocator::leaks`] first).
