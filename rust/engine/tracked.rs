@@ -150,24 +150,17 @@ impl TrackedAllocator {
         let free_stack = inside.as_ref().map_or(StackId(0), |inside| {
             crate::tracker::capture_stack(inside, start)
         });
+        let kind = match error {
+            FreeError::DoubleFree => ErrorKind::DoubleFree,
+            FreeError::Foreign | FreeError::Interior | FreeError::OutOfOrder => {
+                ErrorKind::InvalidFree
+            }
+        };
         errors::report(MemoryError {
-            kind: match error {
-                FreeError::DoubleFree => ErrorKind::DoubleFree,
-                FreeError::Foreign | FreeError::Interior | FreeError::OutOfOrder => {
-                    ErrorKind::InvalidFree
-                }
-            },
-            address,
-            size: 0,
-            file: None,
-            line: 0,
-            thread: inside.as_ref().map_or(0, Inside::thread_number),
-            allocated_with: None,
-            freed_with: BlockKind::New,
+            thread: crate::tracker::guard::thread_number(),
             allocator: Some(info.name),
             detail: Some(error.describe()),
-            alloc_stack: StackId(0),
-            free_stack,
+            ..MemoryError::at_free(kind, address as *mut u8, BlockKind::New, free_stack)
         });
     }
 }

@@ -47,11 +47,6 @@ impl Inside {
             }
         })
     }
-
-    /// The calling thread's number, assigned at its first tracked allocation.
-    pub fn thread_number(&self) -> u32 {
-        thread_number()
-    }
 }
 
 /// The calling thread's number, assigned now if it has none (for frees, which need no guard).
