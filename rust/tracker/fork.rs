@@ -2,12 +2,12 @@
 //! across the fork, so the child never finds one held by a thread it does not have.
 //!
 //! Taken in the order the other paths nest them: the engine registry, then the error log and
-//! the error symbolizer, the unmapped-block record, and last every shard (a shard lock is never
+//! the error symbolizer, the unmapped-block record, the small-block heap, and last every shard (a shard lock is never
 //! held while waiting for another lock). Locks inside individual engine allocators are not
 //! covered: a child should not use an allocator another thread was using at the fork.
 
 use super::guard::Inside;
-use super::{errors, live_list, raw};
+use super::{errors, heap, live_list, raw};
 use std::any::Any;
 use std::cell::RefCell;
 
@@ -26,6 +26,7 @@ extern "C" fn prepare() {
         Box::new(errors::lock_for_fork()),
         Box::new(crate::report::text::lock_symbolizer_for_fork()),
         Box::new(raw::lock_for_fork()),
+        Box::new(heap::lock_for_fork()),
     ];
     live_list::lock_all_shards_for_fork();
     HELD.with(|held| *held.borrow_mut() = guards);

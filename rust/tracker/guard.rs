@@ -21,41 +21,53 @@ thread_local! {
     };
 }
 
+/// The calling thread's state, in one TLS access. `LocalKey::with` around a whole allocation
+/// is not inlined and costs a call per use on the hot path; the reference it hands out here
+/// cannot leave the thread (`ThreadState` is not `Sync`, so `&ThreadState` is not `Send`).
+#[inline(always)]
+fn this_thread() -> &'static ThreadState {
+    // SAFETY: a `const` thread-local without `Drop` stays valid until the thread itself is gone,
+    // and the reference stays on this thread (see above).
+    THREAD.with(|t| unsafe { &*(t as *const ThreadState) })
+}
+
 static NEXT_THREAD_NUMBER: AtomicU32 = AtomicU32::new(1);
 
 /// Proof that this thread is inside the tracker; nested allocations (the tracker's own, a
 /// signal handler's) get `None` and take the untracked path. Frees need no guard: a shard lock
 /// knows its holder (`live_list::SpinLock`).
-pub struct Inside(());
+pub struct Inside(&'static ThreadState);
 
 impl Inside {
     #[inline]
     pub fn enter() -> Option<Inside> {
-        THREAD.with(|t| (!t.inside_tracker.replace(true)).then(|| Inside(())))
+        let thread = this_thread();
+        (!thread.inside_tracker.replace(true)).then_some(Inside(thread))
     }
 
     /// The calling thread's number (assigned at its first tracked allocation: 1, 2, …) and
     /// the sequence number of the allocation being made now (1, 2, … per thread).
     #[inline]
     pub fn next_allocation(&self) -> (u32, u32) {
-        THREAD.with(|t| {
-            let seq = t.allocations.get().wrapping_add(1);
-            t.allocations.set(seq);
-            match t.number.get() {
-                0 => (assign_thread_number(t), seq),
-                number => (number, seq),
-            }
-        })
+        let t = self.0;
+        let seq = t.allocations.get().wrapping_add(1);
+        t.allocations.set(seq);
+        (number_of(t), seq)
     }
 }
 
 /// The calling thread's number, assigned now if it has none (for frees, which need no guard).
 #[inline]
 pub fn thread_number() -> u32 {
-    THREAD.with(|t| match t.number.get() {
+    number_of(this_thread())
+}
+
+#[inline]
+fn number_of(t: &ThreadState) -> u32 {
+    match t.number.get() {
         0 => assign_thread_number(t),
         number => number,
-    })
+    }
 }
 
 #[cold]
@@ -68,7 +80,7 @@ fn assign_thread_number(t: &ThreadState) -> u32 {
 impl Drop for Inside {
     #[inline]
     fn drop(&mut self) {
-        THREAD.with(|t| t.inside_tracker.set(false));
+        self.0.inside_tracker.set(false);
     }
 }
 

@@ -36,6 +36,8 @@ pub enum Placement {
     Mapped = 1,
     /// Carved from the budget (`budget=` option).
     Budget = 2,
+    /// From the small-block heap (`heap`).
+    Heap = 3,
 }
 
 #[repr(C, align(16))]

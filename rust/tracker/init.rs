@@ -1,28 +1,51 @@
 //! First use: the options, and the stack unwinder's setup done once up front, so the first
 //! `new` of the program does not pay for it in the middle of someone's frame.
 
-use crate::options::{self, Options};
-use core::sync::atomic::{AtomicBool, Ordering};
+use crate::options;
+use core::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Once;
 
-static READY: AtomicBool = AtomicBool::new(false);
+/// What every allocation asks of the set-up, in one word (one load on the hot path).
+#[derive(Clone, Copy)]
+pub struct Hot(u32);
+
+const HOT_READY: u32 = 1 << 31;
+const HOT_BUDGET: u32 = 1 << 30;
+
+impl Hot {
+    /// Frames to capture per allocation; 0: no call stacks.
+    #[inline]
+    pub fn stack_depth(self) -> usize {
+        (self.0 & 0xffff) as usize
+    }
+
+    /// Whether blocks come from the budget (`budget=`).
+    #[inline]
+    pub fn budget(self) -> bool {
+        self.0 & HOT_BUDGET != 0
+    }
+}
+
+/// 0 until the set-up is done.
+static HOT: AtomicU32 = AtomicU32::new(0);
 static SET_UP: Once = Once::new();
 
-/// The options, with the tracker set up. Call with the reentrancy guard held: the unwinder's
-/// setup allocates through Rust's global allocator, which may be the tracker itself.
+/// The hot-path options, with the tracker set up. Call with the reentrancy guard held: the
+/// unwinder's setup allocates through Rust's global allocator, which may be the tracker itself.
 #[inline]
-pub fn options() -> &'static Options {
-    if !READY.load(Ordering::Acquire) {
-        set_up();
+pub fn hot() -> Hot {
+    match HOT.load(Ordering::Acquire) {
+        0 => set_up(),
+        hot => Hot(hot),
     }
-    options::get()
 }
 
 /// Once per process; a second thread arriving meanwhile waits for the first.
 #[cold]
 #[inline(never)]
-fn set_up() {
+fn set_up() -> Hot {
     SET_UP.call_once(set_up_once);
+    Hot(HOT.load(Ordering::Acquire))
 }
 
 fn set_up_once() {
@@ -35,5 +58,13 @@ fn set_up_once() {
     if options.stack_depth > 0 {
         crate::stack::warm_up();
     }
-    READY.store(true, Ordering::Release);
+    let budget = if super::budget::active().is_some() {
+        HOT_BUDGET
+    } else {
+        0
+    };
+    HOT.store(
+        HOT_READY | budget | options.stack_depth as u32,
+        Ordering::Release,
+    );
 }

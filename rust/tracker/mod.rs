@@ -10,6 +10,7 @@ pub mod errors;
 mod fork;
 pub mod guard;
 pub mod header;
+mod heap;
 mod init;
 pub mod live_list;
 pub mod raw;
@@ -45,15 +46,15 @@ pub unsafe fn allocate(
         // A signal handler allocating while its thread frees inside the tracker.
         return allocate_untracked(size, align, kind);
     }
-    let options = init::options();
-    let Some(block) = raw::acquire(size, align) else {
-        if budget::active().is_some() {
+    let hot = init::hot();
+    let Some(block) = raw::acquire(size, align, hot.budget()) else {
+        if hot.budget() {
             report_budget_exceeded(size, file, line, start());
         }
         return core::ptr::null_mut();
     };
-    let alloc_stack = if options.stack_depth > 0 {
-        stack::capture(start(), options.stack_depth)
+    let alloc_stack = if hot.stack_depth() > 0 {
+        stack::capture(start(), hot.stack_depth())
     } else {
         StackId(0)
     };
@@ -217,7 +218,7 @@ fn report_budget_exceeded(size: usize, file: *const c_char, line: u32, start: St
 /// The stack of the call being reported (a bad free, a refused allocation). Called inside
 /// the tracker: the unwinder's cold paths allocate.
 fn capture_stack_of(start: StartFrame) -> StackId {
-    stack::capture(start, init::options().stack_depth)
+    stack::capture(start, init::hot().stack_depth())
 }
 
 /// The call stack from `start` at the configured depth, setting the tracker up on first use; for

@@ -1,8 +1,9 @@
-//! The memory under each block: glibc `malloc` for ordinary sizes, our own mappings for large
-//! ones, and a record of recently unmapped blocks so a second `delete` of one is recognised
+//! The memory under each block: our small-block heap (`heap`) for tracked blocks up to 32 KiB,
+//! glibc `malloc` for the tracker's own memory and mid sizes, our own mappings for large ones, and a record of recently unmapped blocks so a second `delete` of one is recognised
 //! without touching unmapped memory.
 
 use super::header::{BlockHeader, Placement, HEADER_SIZE};
+use super::heap;
 use crate::stack::StackId;
 use crate::sys::{self, PAGE_SIZE};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -19,15 +20,26 @@ pub struct RawBlock {
 }
 
 /// Memory for `size` bytes aligned to `align` with a header in front, or `None` when exhausted.
-#[inline]
-pub fn acquire(size: usize, align: usize) -> Option<RawBlock> {
-    if let Some(budget) = super::budget::active() {
-        return acquire_budgeted(budget, size, align);
+/// `budgeted`: the budget (`budget=`) is set up and serves every block.
+#[inline(always)]
+pub fn acquire(size: usize, align: usize, budgeted: bool) -> Option<RawBlock> {
+    if budgeted {
+        return super::budget::active().and_then(|budget| acquire_budgeted(budget, size, align));
+    }
+    if align <= 16 && size <= heap::LARGEST_BLOCK - HEADER_SIZE {
+        if let Some(raw) = heap::allocate(HEADER_SIZE + size) {
+            return Some(RawBlock {
+                user: raw.wrapping_add(HEADER_SIZE),
+                raw_offset: HEADER_SIZE,
+                placement: Placement::Heap,
+            });
+        }
     }
     acquire_system(size, align)
 }
 
-/// Memory outside any budget (the tracker's own, or every block when there is no budget).
+/// Memory from glibc or our own mappings, never the heap: the tracker's own memory (a signal
+/// handler may be allocating it while its thread is inside the heap), and what the heap cannot serve.
 #[inline]
 pub fn acquire_system(size: usize, align: usize) -> Option<RawBlock> {
     // The common case, kept short: default alignment, malloc'd, not page-aligned.
@@ -47,6 +59,7 @@ pub fn acquire_system(size: usize, align: usize) -> Option<RawBlock> {
     acquire_any(size, align)
 }
 
+#[inline(never)]
 fn acquire_budgeted(budget: &super::budget::Budget, size: usize, align: usize) -> Option<RawBlock> {
     let align = align.max(16);
     let raw_offset = HEADER_SIZE.next_multiple_of(align);
@@ -144,6 +157,8 @@ pub unsafe fn release(header: *mut BlockHeader, raw_offset: usize) {
     match placement {
         // SAFETY: raw is the pointer raw_alloc returned for this block.
         Placement::Malloc => unsafe { sys::raw_free(raw) },
+        // SAFETY: raw is the block heap::allocate returned for HEADER_SIZE + size bytes.
+        Placement::Heap => unsafe { heap::free(raw, HEADER_SIZE + size) },
         Placement::Budget => {
             if let Some(budget) = super::budget::active() {
                 budget.release(raw);
