@@ -25,6 +25,7 @@ fn main() {
     println!("cargo:rustc-link-lib=stdc++");
     for path in sources.iter().chain(&[
         "rust/ffi.rs",
+        "cpp/entry.h",
         "include/k15/memory.h",
         "include/k15/bullet.h",
         "include/k15/engine.h",

@@ -1,7 +1,7 @@
 // The functions install_bullet_hooks() (include/k15/bullet.h) hands to Bullet. Bullet's free
 // passes no size: the block header has it. Bullet's allocators return null on exhaustion.
 
-#include "k15-memory/rust/ffi.rs.h"
+#include "entry.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -16,15 +16,15 @@ std::size_t frame_of(void* frame_address) { return reinterpret_cast<std::size_t>
 
 void* bullet_allocate_aligned(std::size_t size, int alignment) {
     const std::size_t align = alignment > 0 ? static_cast<std::size_t>(alignment) : 0;
-    return allocate(size, align, BlockKind::Bullet, nullptr, 0, frame_of(__builtin_frame_address(0)));
+    return k15_memory_allocate(size, align, BlockKind::Bullet, nullptr, 0, frame_of(__builtin_frame_address(0)));
 }
 
 void* bullet_allocate(std::size_t size) {
-    return allocate(size, 0, BlockKind::Bullet, nullptr, 0, frame_of(__builtin_frame_address(0)));
+    return k15_memory_allocate(size, 0, BlockKind::Bullet, nullptr, 0, frame_of(__builtin_frame_address(0)));
 }
 
 void bullet_free(void* block) {
-    deallocate(static_cast<std::uint8_t*>(block), BlockKind::Bullet, frame_of(__builtin_frame_address(0)));
+    k15_memory_deallocate(block, BlockKind::Bullet, frame_of(__builtin_frame_address(0)));
 }
 
 }  // namespace k15::memory::detail

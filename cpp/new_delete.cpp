@@ -3,7 +3,7 @@
 // in one of these pulls in all of them.
 
 #include "k15/memory.h"
-#include "k15-memory/rust/ffi.rs.h"
+#include "entry.h"
 
 #include <cstddef>
 #include <new>
@@ -23,7 +23,7 @@ inline std::size_t alignment(std::align_val_t align) { return static_cast<std::s
 void* allocate_or_throw(std::size_t size, std::size_t align, BlockKind kind, const char* file, int line,
                         std::size_t frame) {
     for (;;) {
-        if (void* block = k15::memory::detail::allocate(size, align, kind, file, line, frame)) return block;
+        if (void* block = k15_memory_allocate(size, align, kind, file, line, frame)) return block;
         std::new_handler handler = std::get_new_handler();
         if (handler == nullptr) throw std::bad_alloc();
         handler();
@@ -39,7 +39,7 @@ void* allocate_or_null(std::size_t size, std::size_t align, BlockKind kind, std:
 }
 
 void release(void* ptr, BlockKind kind, std::size_t frame) noexcept {
-    k15::memory::detail::deallocate(static_cast<std::uint8_t*>(ptr), kind, frame);
+    k15_memory_deallocate(ptr, kind, frame);
 }
 
 }  // namespace

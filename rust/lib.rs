@@ -3,8 +3,9 @@
 //! The architecture, in the order a block meets it:
 //!
 //! - [`ffi`] and `cpp/`: the C++ glue. Every global `operator new`/`delete` form and the
-//!   `K15_NEW` placement forms call [`tracker::allocate`] / [`tracker::deallocate`] through the
-//!   one cxx bridge; [`TrackedAlloc`] does the same for Rust.
+//!   `K15_NEW` placement forms call [`tracker::allocate`] / [`tracker::deallocate`] through two
+//!   plain `extern "C"` entry points (the hot path); the rest of the API through the one cxx
+//!   bridge. [`TrackedAlloc`] calls the tracker directly for Rust.
 //! - [`tracker`]: the allocation path: a header in front of each block, sharded live lists,
 //!   counters, and the classification of bad frees.
 //! - [`stack`]: return addresses captured at allocation, stored once per distinct stack.

@@ -42,7 +42,7 @@ impl Inside {
     #[inline]
     pub fn enter() -> Option<Inside> {
         let thread = this_thread();
-        (!thread.inside_tracker.replace(true)).then_some(Inside(thread))
+        (!thread.inside_tracker.replace(true)).then(|| Inside(thread))
     }
 
     /// The calling thread's number (assigned at its first tracked allocation: 1, 2, …) and
