@@ -11,7 +11,7 @@ use crate::symbolize::{Frame, Symbolizer};
 use crate::tracker::errors::{self, MemoryError};
 use crate::tracker::guard::Inside;
 use crate::tracker::header::BlockHeader;
-use crate::tracker::live_list::SHARDS;
+use crate::tracker::live_list::StoppedWorld;
 use std::collections::HashMap;
 
 /// One block still live when the snapshot was taken.
@@ -68,10 +68,11 @@ impl Report {
     /// symbolizes every stack they name.
     pub fn collect() -> Report {
         let mut leaks = Vec::new();
-        for shard in &SHARDS {
-            let locked = shard.lock(crate::tracker::guard::thread_number());
-            leaks.extend(locked.blocks().map(|header| {
-                // SAFETY: headers on a locked list are live and stay so while it is locked.
+        let world = StoppedWorld::stop(crate::tracker::guard::thread_number());
+        world.settle_pending();
+        for held in world.shards() {
+            leaks.extend(held.blocks().map(|header| {
+                // SAFETY: headers on a held list are live and stay so while the world is stopped.
                 let h = unsafe { &*header };
                 // SAFETY: the `file` of a live block is null or a `__FILE__` literal.
                 let file = unsafe { crate::sys::c_str(h.file) };
@@ -88,6 +89,7 @@ impl Report {
                 }
             }));
         }
+        drop(world);
         leaks.sort_by_key(|l| (l.thread, l.seq));
         crate::engine::for_each_live_block(&mut |info, block| {
             leaks.push(Leak {

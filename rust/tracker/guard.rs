@@ -1,9 +1,10 @@
-//! Per-thread state: the reentrancy guard ("inside the tracker"), the thread's number and its
-//! allocation sequence.
+//! Per-thread state: the reentrancy guard ("inside the tracker"), the thread's number, its
+//! shard of the live lists, its allocation sequence, and what happens at its exit.
 //!
 //! The thread-local is `const`-initialised and has no `Drop`: C++ `thread_local` destructors
 //! call `delete` at thread exit, after Rust TLS destructors would have run.
 
+use super::live_list::{self, ThreadShard};
 use core::cell::Cell;
 use core::sync::atomic::{AtomicU32, Ordering};
 
@@ -13,11 +14,21 @@ struct ThreadState {
     number: Cell<u32>,
     /// How many blocks this thread has allocated: the `seq` of the next one.
     allocations: Cell<u32>,
+    /// The shard this thread works on; claimed with its number, given back at its exit.
+    shard: Cell<Option<ThreadShard>>,
+    /// Whether the thread-exit destructor is set for this thread.
+    exit_hook_armed: Cell<bool>,
 }
 
 thread_local! {
     static THREAD: ThreadState = const {
-        ThreadState { inside_tracker: Cell::new(false), number: Cell::new(0), allocations: Cell::new(0) }
+        ThreadState {
+            inside_tracker: Cell::new(false),
+            number: Cell::new(0),
+            allocations: Cell::new(0),
+            shard: Cell::new(None),
+            exit_hook_armed: Cell::new(false),
+        }
     };
 }
 
@@ -45,15 +56,79 @@ impl Inside {
         (!thread.inside_tracker.replace(true)).then(|| Inside(thread))
     }
 
-    /// The calling thread's number (assigned at its first tracked allocation: 1, 2, …) and
-    /// the sequence number of the allocation being made now (1, 2, … per thread).
+    /// The calling thread (its number is assigned at its first tracked allocation: 1, 2, …)
+    /// and the sequence number of the allocation being made now (1, 2, … per thread).
     #[inline]
-    pub fn next_allocation(&self) -> (u32, u32) {
+    pub fn next_allocation(&self) -> (Me, u32) {
         let t = self.0;
         let seq = t.allocations.get().wrapping_add(1);
         t.allocations.set(seq);
-        (number_of(t), seq)
+        (me_of(t), seq)
     }
+}
+
+/// The calling thread, for the live lists.
+#[derive(Clone, Copy)]
+pub struct Me {
+    pub number: u32,
+    pub shard: ThreadShard,
+}
+
+/// The calling thread, given a number and a shard now if it has none.
+#[inline]
+pub fn me() -> Me {
+    me_of(this_thread())
+}
+
+#[inline]
+fn me_of(t: &ThreadState) -> Me {
+    match t.shard.get() {
+        Some(shard) => Me {
+            number: t.number.get(),
+            shard,
+        },
+        None => join(t),
+    }
+}
+
+/// A thread's first use of the live lists (or its first after giving its shard back at exit).
+#[cold]
+fn join(t: &ThreadState) -> Me {
+    let number = number_of(t);
+    let shard = live_list::claim_shard(number);
+    t.shard.set(Some(shard));
+    arm_thread_exit();
+    Me { number, shard }
+}
+
+/// Makes sure this thread's shard and heap lists are given back when it exits. The pthread key
+/// destructor runs after C++ `thread_local` destructors (which may still `delete`); a later
+/// allocation sets it again, and glibc then runs it again.
+pub fn arm_thread_exit() {
+    let t = this_thread();
+    if t.exit_hook_armed.replace(true) {
+        return;
+    }
+    static KEY: std::sync::OnceLock<Option<libc::pthread_key_t>> = std::sync::OnceLock::new();
+    let key = KEY.get_or_init(|| {
+        let mut key: libc::pthread_key_t = 0;
+        // SAFETY: creates a key whose destructor is a plain function; without a key, exiting
+        // threads keep their shard and free blocks, which only wastes them.
+        (unsafe { libc::pthread_key_create(&mut key, Some(at_thread_exit)) } == 0).then_some(key)
+    });
+    if let Some(key) = *key {
+        // SAFETY: any non-null value makes glibc call the destructor at this thread's exit.
+        unsafe { libc::pthread_setspecific(key, 1 as *const libc::c_void) };
+    }
+}
+
+extern "C" fn at_thread_exit(_: *mut libc::c_void) {
+    let t = this_thread();
+    t.exit_hook_armed.set(false);
+    if let Some(shard) = t.shard.take() {
+        live_list::leave_shard(t.number.get(), shard);
+    }
+    super::heap::give_back_thread_lists();
 }
 
 /// The calling thread's number, assigned now if it has none (for frees, which need no guard).

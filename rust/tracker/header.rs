@@ -12,7 +12,7 @@
 //! | 40 | `size` | user-requested size |
 //! | 48 | `alloc_stack` | stack depot id |
 //! | 52 | `raw_offset` | user pointer − raw allocation |
-//! | 56 | `cookie` | `LIVE ^ addr`, `UNTRACKED ^ addr` or `FREED ^ addr` |
+//! | 56 | `cookie` | `LIVE`, `UNTRACKED`, `CLAIMED` or `FREED`, each `^ addr` |
 //!
 //! The file, size, stack and cookie sit in the last 32 bytes, so they survive glibc writing its
 //! free-list links (at most 32 bytes) into a freed chunk: a second `delete` still finds `FREED`.
@@ -21,12 +21,15 @@ use super::raw;
 use crate::ffi::BlockKind;
 use crate::stack::StackId;
 use core::ffi::c_char;
+use core::sync::atomic::{AtomicUsize, Ordering};
 
 pub const HEADER_SIZE: usize = 64;
 
 const LIVE: usize = 0x4b31_354d_454d_4f52; // "K15MEMOR"
 const UNTRACKED: usize = LIVE ^ 0x00ff_00ff_00ff_00ff;
 const FREED: usize = !LIVE;
+/// Freed by a thread other than the block's shard owner, queued until settled (`live_list`).
+const CLAIMED: usize = LIVE ^ 0x0f0f_0f0f_0f0f_0f0f;
 
 /// Where the block's memory came from.
 #[repr(u8)]
@@ -54,7 +57,8 @@ pub struct BlockHeader {
     pub size: usize,
     pub alloc_stack: StackId,
     raw_offset: u32,
-    cookie: usize,
+    /// Atomic only for [`BlockHeader::claim`]; everything else uses plain loads and stores.
+    cookie: AtomicUsize,
 }
 
 const _: () = assert!(core::mem::size_of::<BlockHeader>() == HEADER_SIZE);
@@ -134,18 +138,41 @@ impl BlockHeader {
                 size: block.size,
                 alloc_stack: owner.alloc_stack,
                 raw_offset: block.raw_offset as u32,
-                cookie,
+                cookie: AtomicUsize::new(cookie),
             })
         };
     }
 
+    fn address(&self) -> usize {
+        Self::user_ptr(self as *const _ as *mut _) as usize
+    }
+
     pub fn is_live(&self) -> bool {
-        self.cookie == LIVE ^ Self::user_ptr(self as *const _ as *mut _) as usize
+        self.cookie.load(Ordering::Relaxed) == LIVE ^ self.address()
     }
 
     /// Marks the block freed: a later free of the same pointer finds `FREED`.
     pub fn mark_freed(&mut self) {
-        self.cookie = FREED ^ Self::user_ptr(self as *mut _) as usize;
+        self.cookie.store(FREED ^ self.address(), Ordering::Relaxed);
+    }
+
+    /// Claims a live block for a free by a thread that does not own its shard; false when
+    /// another free got there first (a double free).
+    pub fn claim(&self) -> bool {
+        let address = self.address();
+        self.cookie
+            .compare_exchange(
+                LIVE ^ address,
+                CLAIMED ^ address,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+    }
+
+    /// Whether the block is still claimed and waiting to be settled.
+    pub fn is_claimed(&self) -> bool {
+        self.cookie.load(Ordering::Relaxed) == CLAIMED ^ self.address()
     }
 
     /// Classifies `user`. Reads memory only where it is known to be mapped: the cookie lies in
@@ -159,7 +186,7 @@ impl BlockHeader {
             && addr.is_multiple_of(16)
         {
             // SAFETY: the cookie word lies in the same (mapped) page as `user`.
-            let cookie = unsafe { core::ptr::addr_of!((*Self::of(user)).cookie).read_volatile() };
+            let cookie = unsafe { (*Self::of(user)).cookie.load(Ordering::Relaxed) };
             if cookie == LIVE ^ addr {
                 return Lookup::Live(Self::of(user));
             }
@@ -188,13 +215,13 @@ impl BlockHeader {
         let header = Self::of(user);
         // SAFETY: the cookie word is in a mapped page (see above); it is read as a plain value
         // and only trusted when it matches this very address.
-        let cookie = unsafe { core::ptr::addr_of!((*header).cookie).read_volatile() };
+        let cookie = unsafe { (*header).cookie.load(Ordering::Relaxed) };
         if cookie == LIVE ^ addr {
             Lookup::Live(header)
         } else if cookie == UNTRACKED ^ addr {
             Lookup::Untracked(header)
-        } else if cookie == FREED ^ addr {
-            // SAFETY: a FREED cookie means bytes 32..64 are still our header (glibc's free
+        } else if cookie == FREED ^ addr || cookie == CLAIMED ^ addr {
+            // SAFETY: a FREED (or CLAIMED) cookie means bytes 32..64 are still our header (glibc's free
             // lists use at most the first 32 bytes of a chunk it holds free).
             let h = unsafe { &*header };
             Lookup::Freed {

@@ -16,14 +16,13 @@
 //! Memory moves between a thread and its class's shared list in whole lists of up to
 //! [`batch_blocks`] blocks, in O(1) under the class lock (once per batch, not per call). A thread
 //! holds at most two lists per class: `active` (allocations pop from it, frees push onto it) and
-//! one full `spare`. A thread's lists go back to the shared lists when it exits (a pthread key
-//! destructor, which runs after C++ `thread_local` destructors). Memory is never given back to
+//! one full `spare`. A thread's lists go back to the shared lists when it exits (`guard`). Memory is never given back to
 //! the OS: a debug-run trade-off that keeps the hot path short.
 
 use crate::sys::{self, PAGE_SIZE};
 use core::cell::Cell;
 use core::ptr::null_mut;
-use std::sync::{Mutex, MutexGuard, Once, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// The largest block (header included) served here; larger ones go to glibc or get their own
 /// mapping (`raw`).
@@ -141,8 +140,6 @@ struct ThreadLists {
 
 struct ThreadHeap {
     classes: [ThreadLists; CLASS_COUNT],
-    /// Whether the exit destructor is set for this thread.
-    exit_hook_armed: Cell<bool>,
 }
 
 thread_local! {
@@ -156,7 +153,6 @@ thread_local! {
                     spare: Cell::new(null_mut()),
                 }
             }; CLASS_COUNT],
-            exit_hook_armed: Cell::new(false),
         }
     };
 }
@@ -241,6 +237,7 @@ pub unsafe fn free(block: *mut u8, total: usize) {
 #[cold]
 #[inline(never)]
 fn retire_full_list(class: usize, lists: &ThreadLists, full: *mut u8) {
+    super::guard::arm_thread_exit();
     let spare = lists.spare.replace(full);
     if !spare.is_null() {
         give_back(
@@ -257,11 +254,7 @@ fn retire_full_list(class: usize, lists: &ThreadLists, full: *mut u8) {
 #[cold]
 #[inline(never)]
 fn refill(class: usize) -> Option<(*mut u8, u32)> {
-    let heap = thread_heap();
-    if !heap.exit_hook_armed.get() {
-        arm_exit_hook();
-        heap.exit_hook_armed.set(true);
-    }
+    super::guard::arm_thread_exit();
     let mut shared = shared(class);
     if !shared.lists.is_null() {
         let head = shared.lists;
@@ -352,29 +345,9 @@ fn map_span(bytes: usize) -> Option<*mut u8> {
     Some(span as *mut u8)
 }
 
-/// Thread exit: the pthread key whose destructor gives the thread's lists back.
-static EXIT_KEY_ONCE: Once = Once::new();
-static EXIT_KEY: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-
-fn arm_exit_hook() {
-    EXIT_KEY_ONCE.call_once(|| {
-        let mut key: libc::pthread_key_t = 0;
-        // SAFETY: creates a key with a plain function as destructor; on failure no thread's
-        // lists are given back at exit, which only keeps their free blocks out of reuse.
-        if unsafe { libc::pthread_key_create(&mut key, Some(give_back_at_thread_exit)) } == 0 {
-            EXIT_KEY.store(key, std::sync::atomic::Ordering::Relaxed);
-        }
-    });
-    let key = EXIT_KEY.load(std::sync::atomic::Ordering::Relaxed);
-    // SAFETY: any non-null value makes glibc call the destructor at this thread's exit. Setting
-    // it again after the destructor ran (a later destructor allocating) makes glibc run it again.
-    unsafe { libc::pthread_setspecific(key, 1 as *const libc::c_void) };
-}
-
-extern "C" fn give_back_at_thread_exit(_: *mut libc::c_void) {
-    let heap = thread_heap();
-    heap.exit_hook_armed.set(false);
-    for (class, lists) in heap.classes.iter().enumerate() {
+/// Thread exit (`guard`): the thread's lists go back to their classes.
+pub fn give_back_thread_lists() {
+    for (class, lists) in thread_heap().classes.iter().enumerate() {
         let active = List {
             head: lists.active.replace(null_mut()),
             count: lists.active_count.replace(0),

@@ -1,16 +1,30 @@
-//! The record of live blocks: intrusive doubly linked lists, one per shard, each behind its own
-//! small lock, with the shard's counters.
+//! The record of live blocks: intrusive doubly linked lists, one per shard, with the shard's
+//! counters, and how threads take turns on them.
 //!
-//! A thread allocates into the shard of its thread number, so two threads never share a lock or
-//! a counter cache line on the hot path; a free takes the lock of the block's own shard, which
-//! is another thread's only for cross-thread frees. Counters are written only under the
-//! shard's lock (plain load + store, no read-modify-write) and read without it.
+//! Each thread owns a shard (claimed at its first allocation, given back at its exit) and
+//! changes it without any atomic read-modify-write: it sets the shard's `busy` flag with a plain
+//! store and checks that nobody has `revoked` the shard. (A locked instruction per `new` and per
+//! `delete` was the largest single cost of a tracked pair.) Whoever needs shards it does not
+//! own — the report, `stats()`, `fork`, settling frees of other threads' blocks — stops the
+//! world: takes every shard's lock, sets `revoked`, runs one `membarrier` (which orders the
+//! owners' plain stores against it: an asymmetric Dekker handshake) and waits until no owner is
+//! busy. That costs microseconds, so a `delete` of another thread's block only claims the block
+//! (a compare-and-swap of its cookie) and queues it on the freeing thread's own shard; queued
+//! frees are settled in one stop every [`PENDING_CAPACITY`] of them, and before every report,
+//! `stats()` and `fork`.
+//!
+//! Shards below [`GUEST_SHARDS`] are never owned: threads beyond the owned shards, and every
+//! thread where `membarrier` is unavailable, share them, each behind its spinlock.
 
 use super::header::BlockHeader;
 use core::cell::UnsafeCell;
-use core::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{compiler_fence, AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 
-pub const SHARD_COUNT: usize = 64;
+pub const SHARD_COUNT: usize = 256;
+/// Shards `0..GUEST_SHARDS` are shared, behind their locks; the others are owned by one thread.
+pub const GUEST_SHARDS: usize = 16;
+/// Frees of other threads' blocks a shard queues before they are settled.
+pub const PENDING_CAPACITY: usize = 256;
 
 /// A lock that knows its holder: the lock word is the holder's thread number (0 = free), so a
 /// thread that finds its own number there knows it interrupted itself (a signal handler that
@@ -77,48 +91,64 @@ const PEAK_FLUSH_BYTES: i64 = 32 * 1024;
 static FLUSHED_LIVE_BYTES: AtomicI64 = AtomicI64::new(0);
 static FLUSHED_PEAK_BYTES: AtomicU64 = AtomicU64::new(0);
 
+/// `owner` of a shard nobody owns.
+const NO_OWNER: u32 = 0;
+/// `owner` of a guest shard.
+const GUEST: u32 = u32::MAX - 1;
+
 #[repr(C, align(128))]
 pub struct Shard {
     lock: SpinLock,
+    /// The owning thread's number, [`NO_OWNER`] or [`GUEST`]; changed only under `lock`.
+    owner: AtomicU32,
+    /// Written by the owner only, with plain stores: it is changing the shard.
+    busy: AtomicBool,
+    /// Set by a thread stopping the world (holding `lock`): the owner must take `lock` too.
+    revoked: AtomicBool,
+    /// Queued frees in `pending` (read by `stats()` to know whether to settle).
+    pending_len: AtomicU32,
     head: UnsafeCell<*mut BlockHeader>,
     live_bytes: AtomicU64,
     peak_bytes: AtomicU64,
     allocations: AtomicU64,
     frees: AtomicU64,
     unflushed_bytes: AtomicI64,
+    /// Blocks of other shards this shard's owner freed, claimed and waiting to be settled.
+    pending: UnsafeCell<[*mut BlockHeader; PENDING_CAPACITY]>,
 }
 
-// SAFETY: `head` and the links of the blocks on the list are only touched with `lock` held.
+// SAFETY: `head`, the links of the blocks on the list and `pending` are only touched by the
+// owner while `busy` and not `revoked`, or with `lock` held after the owner was excluded (see
+// the module docs); the rest is atomic.
 unsafe impl Sync for Shard {}
 
 #[allow(clippy::declare_interior_mutable_const)]
 const EMPTY_SHARD: Shard = Shard {
     lock: SpinLock::new(),
+    owner: AtomicU32::new(NO_OWNER),
+    busy: AtomicBool::new(false),
+    revoked: AtomicBool::new(false),
+    pending_len: AtomicU32::new(0),
     head: UnsafeCell::new(core::ptr::null_mut()),
     live_bytes: AtomicU64::new(0),
     peak_bytes: AtomicU64::new(0),
     allocations: AtomicU64::new(0),
     frees: AtomicU64::new(0),
     unflushed_bytes: AtomicI64::new(0),
+    pending: UnsafeCell::new([core::ptr::null_mut(); PENDING_CAPACITY]),
 };
 
-pub static SHARDS: [Shard; SHARD_COUNT] = [EMPTY_SHARD; SHARD_COUNT];
+pub static SHARDS: [Shard; SHARD_COUNT] = {
+    let mut shards = [EMPTY_SHARD; SHARD_COUNT];
+    let mut index = 0;
+    while index < GUEST_SHARDS {
+        shards[index].owner = AtomicU32::new(GUEST);
+        index += 1;
+    }
+    shards
+};
 
-/// Every shard locked by the forking thread (see `tracker::fork`). No thread ever waits for a
-/// second shard lock while holding one, so taking all of them cannot deadlock.
-pub fn lock_all_shards_for_fork() {
-    SHARDS.iter().for_each(|s| s.lock.lock(FORK_HOLDER));
-}
-
-pub fn unlock_all_shards_after_fork() {
-    SHARDS.iter().for_each(|s| s.lock.unlock());
-}
-
-pub fn shard_of_thread(thread_number: u32) -> u16 {
-    (thread_number as usize % SHARD_COUNT) as u16
-}
-
-/// Written only with the shard locked, so a plain load and store suffice.
+/// Written only by whoever holds the shard, so a plain load and store suffice.
 #[inline]
 fn bump(counter: &AtomicU64, by: u64) -> u64 {
     let value = counter.load(Ordering::Relaxed).wrapping_add(by);
@@ -126,34 +156,139 @@ fn bump(counter: &AtomicU64, by: u64) -> u64 {
     value
 }
 
-/// The shard's lock, held: list and counter changes go through it.
-pub struct LockedShard<'a> {
+/// The shard a thread works on: its own, or a guest shard it shares.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct ThreadShard {
+    pub index: u16,
+    pub owned: bool,
+}
+
+/// A shard for thread `me`: one nobody owns, else a guest shard. Cold: once per thread.
+#[cold]
+pub fn claim_shard(me: u32) -> ThreadShard {
+    if crate::sys::process_barrier_available() {
+        let owned = SHARD_COUNT - GUEST_SHARDS;
+        for step in 0..owned {
+            let index = GUEST_SHARDS + (me as usize + step) % owned;
+            let shard = &SHARDS[index];
+            if shard.owner.load(Ordering::Relaxed) != NO_OWNER {
+                continue;
+            }
+            shard.lock.lock(me);
+            let free = shard.owner.load(Ordering::Relaxed) == NO_OWNER;
+            if free {
+                shard.owner.store(me, Ordering::Relaxed);
+            }
+            shard.lock.unlock();
+            if free {
+                return ThreadShard {
+                    index: index as u16,
+                    owned: true,
+                };
+            }
+        }
+    }
+    ThreadShard {
+        index: (me as usize % GUEST_SHARDS) as u16,
+        owned: false,
+    }
+}
+
+/// Thread exit: settles the thread's queued frees and gives its shard back; its blocks stay
+/// on the shard's list for the next owner.
+pub fn leave_shard(me: u32, shard: ThreadShard) {
+    if !shard.owned {
+        return;
+    }
+    let s = &SHARDS[shard.index as usize];
+    if s.pending_len.load(Ordering::Relaxed) > 0 {
+        StoppedWorld::stop(me).settle_pending();
+    }
+    s.lock.lock(me);
+    s.owner.store(NO_OWNER, Ordering::Relaxed);
+    s.lock.unlock();
+}
+
+/// Why [`Shard::lock_unowned`] did not lock.
+pub enum NotHeld {
+    /// Another thread owns the shard.
+    Owned,
+    /// The calling thread holds it already (a signal handler inside the tracker).
+    Reentered,
+}
+
+/// A shard held for changes, by its owner (`busy`) or under its lock.
+pub struct HeldShard<'a> {
     shard: &'a Shard,
+    how: Held,
+}
+
+/// What letting go of a [`HeldShard`] takes.
+#[derive(Clone, Copy)]
+enum Held {
+    ByOwner,
+    ByLock,
+    /// Part of a [`StoppedWorld`], which lets go of every shard at once.
+    InStoppedWorld,
 }
 
 impl Shard {
-    /// Locks the shard for thread `me` (its thread number).
+    /// Holds the shard for thread `me`, which works on it as `shard` says; `None` when `me`
+    /// holds it already (a signal handler interrupting its own thread inside the tracker,
+    /// which must not wait).
     #[inline]
-    pub fn lock(&self, me: u32) -> LockedShard<'_> {
+    pub fn hold(&self, me: u32, owned: bool) -> Option<HeldShard<'_>> {
+        if owned {
+            if self.busy.load(Ordering::Relaxed) {
+                return None;
+            }
+            self.busy.store(true, Ordering::Relaxed);
+            // The store above and the load below are ordered by the stopping thread's
+            // membarrier, which makes this compiler fence a full one (see the module docs).
+            compiler_fence(Ordering::SeqCst);
+            if !self.revoked.load(Ordering::Relaxed) {
+                return Some(HeldShard {
+                    shard: self,
+                    how: Held::ByOwner,
+                });
+            }
+            self.busy.store(false, Ordering::Release);
+        }
+        if self.lock.held_by(me) {
+            return None;
+        }
         self.lock.lock(me);
-        LockedShard { shard: self }
+        Some(HeldShard {
+            shard: self,
+            how: Held::ByLock,
+        })
     }
 
-    /// Whether thread `me` holds the shard's lock (then it must not wait for it).
+    /// Whether thread `me` is inside a change of this shard (then it must not wait for it).
     #[inline]
-    pub fn held_by(&self, me: u32) -> bool {
-        self.lock.held_by(me)
+    pub fn held_by(&self, me: u32, owned: bool) -> bool {
+        (owned && self.busy.load(Ordering::Relaxed)) || self.lock.held_by(me)
     }
 
-    /// Locks the shard, unless thread `me` holds it already: then `me` is a signal handler
-    /// that interrupted its own thread inside the tracker, and waiting would never end.
-    #[inline]
-    pub fn lock_unless_held_by(&self, me: u32) -> Option<LockedShard<'_>> {
-        (!self.held_by(me)).then(|| self.lock(me))
+    /// Locks another thread's shard if nobody owns it (an exited owner, a guest shard):
+    /// `None` when a thread owns it, or `me` holds the lock already.
+    pub fn lock_unowned(&self, me: u32) -> Result<HeldShard<'_>, NotHeld> {
+        if self.lock.held_by(me) {
+            return Err(NotHeld::Reentered);
+        }
+        self.lock.lock(me);
+        if matches!(self.owner.load(Ordering::Relaxed), NO_OWNER | GUEST) {
+            return Ok(HeldShard {
+                shard: self,
+                how: Held::ByLock,
+            });
+        }
+        self.lock.unlock();
+        Err(NotHeld::Owned)
     }
 }
 
-impl LockedShard<'_> {
+impl HeldShard<'_> {
     /// Puts a new block at the head of the list and counts it.
     ///
     /// # Safety
@@ -161,7 +296,7 @@ impl LockedShard<'_> {
     #[inline]
     pub unsafe fn link(&mut self, header: *mut BlockHeader, size: usize) {
         let s = self.shard;
-        // SAFETY: the lock is held, so the list and its nodes are ours to change.
+        // SAFETY: the shard is held, so the list and its nodes are ours to change.
         unsafe {
             let head = *s.head.get();
             (*header).prev = core::ptr::null_mut();
@@ -186,7 +321,7 @@ impl LockedShard<'_> {
     #[inline]
     pub unsafe fn unlink(&mut self, header: *mut BlockHeader, size: usize) {
         let s = self.shard;
-        // SAFETY: the lock is held and the block is on this list.
+        // SAFETY: the shard is held and the block is on this list.
         unsafe {
             let (prev, next) = ((*header).prev, (*header).next);
             if prev.is_null() {
@@ -214,13 +349,27 @@ impl LockedShard<'_> {
         }
     }
 
+    /// Queues a claimed block of another shard; false when the queue is full (settle it, and
+    /// queue again).
+    pub fn queue_pending(&mut self, header: *mut BlockHeader) -> bool {
+        let s = self.shard;
+        let len = s.pending_len.load(Ordering::Relaxed) as usize;
+        if len == PENDING_CAPACITY {
+            return false;
+        }
+        // SAFETY: the shard is held; `len` is below the capacity.
+        unsafe { (*s.pending.get())[len] = header };
+        s.pending_len.store(len as u32 + 1, Ordering::Relaxed);
+        true
+    }
+
     /// Every block on the list, head first.
     pub fn blocks(&self) -> impl Iterator<Item = *mut BlockHeader> + '_ {
-        // SAFETY: the lock is held for as long as the iterator borrows `self`.
+        // SAFETY: the shard is held for as long as the iterator borrows `self`.
         let mut node = unsafe { *self.shard.head.get() };
         core::iter::from_fn(move || {
             let current = node;
-            // SAFETY: a non-null node is a live header on the locked list.
+            // SAFETY: a non-null node is a header on the held list.
             (!current.is_null()).then(|| unsafe {
                 node = (*current).next;
                 current
@@ -229,11 +378,108 @@ impl LockedShard<'_> {
     }
 }
 
-impl Drop for LockedShard<'_> {
+impl Drop for HeldShard<'_> {
     #[inline]
     fn drop(&mut self) {
-        self.shard.lock.unlock();
+        match self.how {
+            Held::ByOwner => self.shard.busy.store(false, Ordering::Release),
+            Held::ByLock => self.shard.lock.unlock(),
+            Held::InStoppedWorld => {}
+        }
     }
+}
+
+/// Every shard held by one thread, its owner excluded: for the report, `stats()`, `fork` and
+/// settling queued frees. Never taken while the thread holds a shard.
+pub struct StoppedWorld(());
+
+impl StoppedWorld {
+    /// Stops every owner at its next change of its shard (and waits for changes under way).
+    /// `holder` is the calling thread's number, or [`FORK_HOLDER`].
+    pub fn stop(holder: u32) -> StoppedWorld {
+        // In index order; nobody waits for a second shard lock while holding one otherwise.
+        for shard in &SHARDS {
+            shard.lock.lock(holder);
+            shard.revoked.store(true, Ordering::Relaxed);
+        }
+        crate::sys::process_barrier();
+        for shard in &SHARDS {
+            let mut spins = 0u32;
+            while shard.busy.load(Ordering::Acquire) {
+                spins += 1;
+                if spins < 128 {
+                    core::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+        }
+        StoppedWorld(())
+    }
+
+    /// Stopped for `fork` (see `tracker::fork`), with queued frees settled first.
+    pub fn stop_for_fork() -> StoppedWorld {
+        let world = StoppedWorld::stop(FORK_HOLDER);
+        world.settle_pending();
+        world
+    }
+
+    pub fn shards(&self) -> impl Iterator<Item = HeldShard<'static>> + '_ {
+        SHARDS.iter().map(|shard| HeldShard {
+            shard,
+            how: Held::InStoppedWorld,
+        })
+    }
+
+    /// Takes every queued block off its list and frees it; blocks whose cookie no longer says
+    /// they were claimed are skipped (a racing second free got there first, or the block was
+    /// freed and reused since: a double free reported then).
+    pub fn settle_pending(&self) {
+        for queue in &SHARDS {
+            let len = queue.pending_len.load(Ordering::Relaxed) as usize;
+            for at in 0..len {
+                // SAFETY: the world is stopped; entries below `len` were written by the owner.
+                let header = unsafe { (*queue.pending.get())[at] };
+                // SAFETY: the block was claimed (so it is ours and not yet given back); the
+                // cookie check tells whether it still is.
+                unsafe { super::settle_claimed_block(header, self) };
+            }
+            queue.pending_len.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// The shard `index`, held (the world is stopped).
+    pub fn shard(&self, index: usize) -> HeldShard<'static> {
+        HeldShard {
+            shard: &SHARDS[index % SHARD_COUNT],
+            how: Held::InStoppedWorld,
+        }
+    }
+
+    /// After `fork`, in the child: the other threads are gone, and so is their ownership.
+    pub fn forget_other_owners(&self, survivor: u32) {
+        for shard in &SHARDS[GUEST_SHARDS..] {
+            if shard.owner.load(Ordering::Relaxed) != survivor {
+                shard.owner.store(NO_OWNER, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+impl Drop for StoppedWorld {
+    fn drop(&mut self) {
+        for shard in &SHARDS {
+            shard.revoked.store(false, Ordering::Relaxed);
+            shard.lock.unlock();
+        }
+    }
+}
+
+/// Whether any shard has queued frees to settle.
+pub fn any_pending() -> bool {
+    SHARDS
+        .iter()
+        .any(|s| s.pending_len.load(Ordering::Relaxed) > 0)
 }
 
 #[cold]

@@ -21,7 +21,7 @@ use core::ffi::c_char;
 use errors::{ErrorKind, MemoryError};
 use guard::Inside;
 use header::{BlockHeader, Lookup, NewBlock, Owner};
-use live_list::SHARDS;
+use live_list::{NotHeld, StoppedWorld, SHARDS};
 
 /// A tracked block of `size` bytes aligned to `align` (0 = default), or null when exhausted.
 /// `start` gives where the call stack begins; it is only asked for when stacks are captured.
@@ -40,9 +40,9 @@ pub unsafe fn allocate(
     let Some(inside) = Inside::enter() else {
         return allocate_untracked(size, align, kind);
     };
-    let (thread, seq) = inside.next_allocation();
-    let shard = live_list::shard_of_thread(thread);
-    if SHARDS[shard as usize].held_by(thread) {
+    let (me, seq) = inside.next_allocation();
+    let shard = &SHARDS[me.shard.index as usize];
+    if shard.held_by(me.number, me.shard.owned) {
         // A signal handler allocating while its thread frees inside the tracker.
         return allocate_untracked(size, align, kind);
     }
@@ -67,20 +67,21 @@ pub unsafe fn allocate(
         file,
         line,
     };
+    let owner = Owner {
+        thread: me.number,
+        seq,
+        shard: me.shard.index,
+        alloc_stack,
+    };
     // SAFETY: acquire reserved HEADER_SIZE bytes in front of the user pointer; `file` is as
-    // the caller guarantees. The header is then on no list until `link`.
+    // the caller guarantees. The header is on no list until `link`; a block that cannot be
+    // linked (not expected: `held_by` was checked) is rewritten as untracked.
     unsafe {
-        BlockHeader::write(
-            header,
-            &new_block,
-            Some(Owner {
-                thread,
-                seq,
-                shard,
-                alloc_stack,
-            }),
-        );
-        SHARDS[shard as usize].lock(thread).link(header, size);
+        BlockHeader::write(header, &new_block, Some(owner));
+        match shard.hold(me.number, me.shard.owned) {
+            Some(mut held) => held.link(header, size),
+            None => BlockHeader::write(header, &new_block, None),
+        }
     }
     block.user
 }
@@ -135,33 +136,89 @@ pub fn deallocate(ptr: *mut u8, kind: BlockKind, start: impl Fn() -> StartFrame 
 
 #[inline]
 fn free_live(header: *mut BlockHeader, kind: BlockKind, start: impl Fn() -> StartFrame + Copy) {
-    // SAFETY: lookup saw a LIVE cookie; the fields read before locking are only used to find
-    // the shard, and everything is checked again under the lock.
+    // SAFETY: lookup saw a LIVE cookie; the fields read before holding the shard are only used
+    // to find it, and everything is checked again once it is held.
     let (shard, allocated_with) = unsafe { ((*header).shard, (*header).kind) };
     if allocated_with != kind {
         report_mismatch(header, kind, start());
     }
-    let raw_offset;
-    {
-        let Some(mut locked) = SHARDS[shard as usize % live_list::SHARD_COUNT]
-            .lock_unless_held_by(guard::thread_number())
-        else {
-            return; // a signal handler freeing while its thread holds this shard: the block stays live
-        };
-        // SAFETY: with the lock held, a LIVE cookie and this shard mean the block is on this
-        // list; a racing second free of the same pointer sees FREED here instead.
-        unsafe {
-            let h = &mut *header;
-            if !h.is_live() || h.shard != shard {
-                drop(locked);
-                return deallocate_raced(header, kind, start());
-            }
-            locked.unlink(header, h.size);
-            raw_offset = h.raw_offset();
-            h.mark_freed();
+    let me = guard::me();
+    let list = &SHARDS[shard as usize % live_list::SHARD_COUNT];
+    let held = if shard == me.shard.index {
+        list.hold(me.number, me.shard.owned)
+    } else {
+        match list.lock_unowned(me.number) {
+            Ok(held) => Some(held),
+            Err(NotHeld::Owned) => return free_remote(header, kind, start, me),
+            Err(NotHeld::Reentered) => None,
         }
+    };
+    // None: a signal handler freeing while its thread holds this shard; the block stays live.
+    let Some(mut held) = held else { return };
+    let raw_offset;
+    // SAFETY: with the shard held, a LIVE cookie and this shard mean the block is on this
+    // list; a racing second free of the same pointer sees FREED or CLAIMED here instead.
+    unsafe {
+        let h = &mut *header;
+        if !h.is_live() || h.shard != shard {
+            drop(held);
+            return deallocate_raced(header, kind, start());
+        }
+        held.unlink(header, h.size);
+        raw_offset = h.raw_offset();
+        h.mark_freed();
     }
+    drop(held);
     // SAFETY: the block is off its list and marked freed; this thread owns its memory now.
+    unsafe { raw::release(header, raw_offset) };
+}
+
+/// A free of a block on a shard another thread owns: the block is claimed now (so a second
+/// free is a double free at once) and queued on this thread's shard, to be taken off its list
+/// when the queue is settled (see `live_list`).
+#[cold]
+#[inline(never)]
+fn free_remote(
+    header: *mut BlockHeader,
+    kind: BlockKind,
+    start: impl Fn() -> StartFrame + Copy,
+    me: guard::Me,
+) {
+    let own = &SHARDS[me.shard.index as usize];
+    let Some(mut held) = own.hold(me.number, me.shard.owned) else {
+        return; // a signal handler inside its thread's change of its shard: the block stays live
+    };
+    // SAFETY: lookup saw a LIVE cookie at this header, which is ours.
+    if !unsafe { (*header).claim() } {
+        drop(held);
+        return deallocate_raced(header, kind, start());
+    }
+    if me.shard.owned && held.queue_pending(header) {
+        return;
+    }
+    drop(held);
+    let world = StoppedWorld::stop(me.number);
+    world.settle_pending();
+    // SAFETY: claimed just above, and not queued.
+    unsafe { settle_claimed_block(header, &world) };
+}
+
+/// Frees a claimed block, if it still is claimed: a block whose cookie changed since was freed
+/// by a racing second free (reported then), and maybe reused.
+///
+/// # Safety
+/// `header` is a header of ours that was claimed ([`BlockHeader::claim`]).
+pub(crate) unsafe fn settle_claimed_block(header: *mut BlockHeader, world: &StoppedWorld) {
+    // SAFETY: the world is stopped, so nobody changes the block while it is claimed.
+    let h = unsafe { &mut *header };
+    if !h.is_claimed() {
+        return;
+    }
+    let raw_offset = h.raw_offset();
+    // SAFETY: a claimed block is still on the list of its shard.
+    unsafe { world.shard(h.shard as usize).unlink(header, h.size) };
+    h.mark_freed();
+    // SAFETY: the block is off its list and marked freed; nobody else frees it.
     unsafe { raw::release(header, raw_offset) };
 }
 
@@ -239,6 +296,10 @@ fn bad_free(error: impl FnOnce() -> MemoryError) {
 
 /// Counters of the whole process.
 pub fn stats() -> Stats {
+    if live_list::any_pending() {
+        let _inside = Inside::enter();
+        StoppedWorld::stop(guard::thread_number()).settle_pending();
+    }
     let t = live_list::totals();
     Stats {
         live_blocks: t.live_blocks,
