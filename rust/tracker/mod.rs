@@ -42,10 +42,6 @@ pub unsafe fn allocate(
     };
     let (me, seq) = inside.next_allocation();
     let shard = &SHARDS[me.shard.index as usize];
-    if shard.held_by(me.number, me.shard.owned) {
-        // A signal handler allocating while its thread frees inside the tracker.
-        return allocate_untracked(size, align, kind);
-    }
     let hot = init::hot();
     let Some(block) = raw::acquire(size, align, hot.budget()) else {
         if hot.budget() {
@@ -74,8 +70,9 @@ pub unsafe fn allocate(
         alloc_stack,
     };
     // SAFETY: acquire reserved HEADER_SIZE bytes in front of the user pointer; `file` is as
-    // the caller guarantees. The header is on no list until `link`; a block that cannot be
-    // linked (not expected: `held_by` was checked) is rewritten as untracked.
+    // the caller guarantees. The header is on no list until `link`. A signal handler
+    // allocating while its thread holds its shard (in a free) cannot link: its block is
+    // rewritten as untracked.
     unsafe {
         BlockHeader::write(header, &new_block, Some(owner));
         match shard.hold(me.number, me.shard.owned) {

@@ -145,8 +145,26 @@ fn acquire_mapped(size: usize, align: usize) -> Option<RawBlock> {
 ///
 /// # Safety
 /// `header` belongs to a block from [`acquire`] that nobody else frees.
-#[inline]
+#[inline(always)]
 pub unsafe fn release(header: *mut BlockHeader, raw_offset: usize) {
+    // SAFETY: guaranteed by the caller.
+    let (placement, size) = unsafe { ((*header).placement, (*header).size) };
+    if placement == Placement::Heap {
+        // SAFETY: a heap block starts at its header (raw_offset is HEADER_SIZE) and came from
+        // heap::allocate for HEADER_SIZE + size bytes.
+        unsafe { heap::free(header as *mut u8, HEADER_SIZE + size) };
+        return;
+    }
+    // SAFETY: guaranteed by the caller.
+    unsafe { release_elsewhere(header, raw_offset) };
+}
+
+/// [`release`] for blocks not from the heap.
+///
+/// # Safety
+/// As for [`release`].
+#[inline(never)]
+unsafe fn release_elsewhere(header: *mut BlockHeader, raw_offset: usize) {
     let user = BlockHeader::user_ptr(header);
     let raw = user.wrapping_sub(raw_offset);
     // SAFETY: guaranteed by the caller; the header stays readable until the memory goes.
@@ -157,8 +175,7 @@ pub unsafe fn release(header: *mut BlockHeader, raw_offset: usize) {
     match placement {
         // SAFETY: raw is the pointer raw_alloc returned for this block.
         Placement::Malloc => unsafe { sys::raw_free(raw) },
-        // SAFETY: raw is the block heap::allocate returned for HEADER_SIZE + size bytes.
-        Placement::Heap => unsafe { heap::free(raw, HEADER_SIZE + size) },
+        Placement::Heap => {} // released by release() itself
         Placement::Budget => {
             if let Some(budget) = super::budget::active() {
                 budget.release(raw);
