@@ -81,3 +81,19 @@ fn fork_while_another_thread_holds_the_registry_and_the_error_log() {
         run.text
     );
 }
+
+#[test]
+fn two_threads_racing_to_delete_the_same_blocks_free_each_once() {
+    let dir = support::scratch("racing_frees");
+    let exe = support::build(&dir, "racing_frees", &["tests/cpp/racing_frees.cpp"], &[]);
+    let run = support::run(&exe, "stack_depth=4");
+    let stdout = run.stdout();
+    assert!(run.output.status.success(), "{}", run.stderr());
+    assert!(stdout.contains("live blocks dropped by: 20000"), "{stdout}");
+    assert!(stdout.contains("frees: 20002"), "{stdout}");
+    assert!(stdout.contains("done"), "{stdout}");
+    assert!(!stdout.contains("overwritten"), "{stdout}");
+    assert_eq!(run.json["summary"]["errors"], 20000, "{}", run.stderr());
+    assert!(run.error_kinds().iter().all(|kind| kind == "double_free"));
+    assert_eq!(run.json["summary"]["leaked_blocks"], 0, "{}", run.text);
+}
