@@ -12,10 +12,13 @@ use super::{errors, heap, raw};
 use std::any::Any;
 use std::cell::RefCell;
 
+/// The stopped world and the other guards `prepare` took.
+type Held = (Option<StoppedWorld>, Vec<Box<dyn Any>>);
+
 thread_local! {
     /// The guards taken by `prepare`, dropped by the parent and the child after the fork.
     /// Only ever touched by a forking thread.
-    static HELD: RefCell<(Option<StoppedWorld>, Vec<Box<dyn Any>>)> = const { RefCell::new((None, Vec::new())) };
+    static HELD: RefCell<Held> = const { RefCell::new((None, Vec::new())) };
 }
 
 extern "C" fn prepare() {

@@ -118,7 +118,7 @@ pub fn arm_thread_exit() {
     });
     if let Some(key) = *key {
         // SAFETY: any non-null value makes glibc call the destructor at this thread's exit.
-        unsafe { libc::pthread_setspecific(key, 1 as *const libc::c_void) };
+        unsafe { libc::pthread_setspecific(key, core::ptr::dangling::<libc::c_void>()) };
     }
 }
 
