@@ -6,8 +6,8 @@
 //!   `K15_NEW` placement forms call [`tracker::allocate`] / [`tracker::deallocate`] through two
 //!   plain `extern "C"` entry points (the hot path); the rest of the API through the one cxx
 //!   bridge. [`TrackedAlloc`] calls the tracker directly for Rust.
-//! - [`tracker`]: the allocation path: a header in front of each block, sharded live lists,
-//!   counters, and the classification of bad frees.
+//! - [`tracker`]: the allocation path: a header in front of each block, the small-block heap
+//!   under it, per-thread live-list shards, counters, and the classification of bad frees.
 //! - [`stack`]: return addresses captured at allocation, stored once per distinct stack.
 //! - [`symbolize`]: addresses to functions, files and lines, only at report time.
 //! - [`report`]: the text and JSON leak logs, written at exit or on demand.

@@ -5,7 +5,7 @@
 //!
 //! | offset | field | note |
 //! | --- | --- | --- |
-//! | 0, 8 | `prev`, `next` | live-list links; glibc reuses these bytes once the block is freed |
+//! | 0, 8 | `prev`, `next` | live-list links; free lists (ours or glibc's) reuse these bytes once the block is freed |
 //! | 16 | `seq`, `thread` | |
 //! | 24 | `line`, `shard`, `kind`, `placement` | |
 //! | 32 | `file` | `__FILE__` of `K15_NEW`, or null |
@@ -14,8 +14,9 @@
 //! | 52 | `raw_offset` | user pointer − raw allocation |
 //! | 56 | `cookie` | `LIVE`, `UNTRACKED`, `CLAIMED` or `FREED`, each `^ addr` |
 //!
-//! The file, size, stack and cookie sit in the last 32 bytes, so they survive glibc writing its
-//! free-list links (at most 32 bytes) into a freed chunk: a second `delete` still finds `FREED`.
+//! The file, size, stack and cookie sit in the last 32 bytes, so they survive a free list's links
+//! in a freed block (the heap's take 24 bytes, glibc's at most 32): a second `delete` still finds
+//! `FREED`.
 
 use super::raw;
 use crate::ffi::BlockKind;
