@@ -69,7 +69,6 @@ impl Report {
     pub fn collect() -> Report {
         let mut leaks = Vec::new();
         let world = StoppedWorld::stop(crate::tracker::guard::thread_number());
-        world.settle_pending();
         for held in world.shards() {
             leaks.extend(held.blocks().map(|header| {
                 // SAFETY: headers on a held list are live and stay so while the world is stopped.

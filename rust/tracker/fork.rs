@@ -7,7 +7,7 @@
 //! covered: a child should not use an allocator another thread was using at the fork.
 
 use super::guard::Inside;
-use super::live_list::StoppedWorld;
+use super::live_list::{self, StoppedWorld};
 use super::{errors, heap, raw};
 use std::any::Any;
 use std::cell::RefCell;
@@ -30,7 +30,7 @@ extern "C" fn prepare() {
         Box::new(errors::lock_for_fork()),
         Box::new(crate::report::text::lock_symbolizer_for_fork()),
     ];
-    let world = StoppedWorld::stop_for_fork();
+    let world = StoppedWorld::stop(live_list::FORK_HOLDER);
     guards.push(Box::new(raw::lock_for_fork()));
     guards.push(Box::new(heap::lock_for_fork()));
     HELD.with(|held| *held.borrow_mut() = (Some(world), guards));

@@ -45,8 +45,8 @@ fn this_thread() -> &'static ThreadState {
 static NEXT_THREAD_NUMBER: AtomicU32 = AtomicU32::new(1);
 
 /// Proof that this thread is inside the tracker; nested allocations (the tracker's own, a
-/// signal handler's) get `None` and take the untracked path. Frees need no guard: a shard lock
-/// knows its holder (`live_list::SpinLock`).
+/// signal handler's) get `None` and take the untracked path. Frees need no guard: a held shard
+/// says so (its owner's `busy` flag, or a lock that knows its holder; see `live_list`).
 pub struct Inside(&'static ThreadState);
 
 impl Inside {

@@ -47,33 +47,25 @@ fn class_of(total: usize) -> usize {
 /// The block size of class `class`, a multiple of 16.
 #[inline]
 fn class_size(class: usize) -> usize {
-    CLASS_SIZES[class]
+    CLASSES[class].0
 }
 
 /// Blocks in a full list of class `class`.
 #[inline]
 fn batch_blocks(class: usize) -> u32 {
-    BATCH_BLOCKS[class]
+    CLASSES[class].1
 }
 
-const CLASS_SIZES: [usize; CLASS_COUNT] = {
-    let mut sizes = [0; CLASS_COUNT];
+/// Per class, its block size and the blocks in a full list: looked up, not computed, on the
+/// hot path.
+const CLASSES: [(usize, u32); CLASS_COUNT] = {
+    let mut classes = [(0, 0); CLASS_COUNT];
     let mut class = 0;
     while class < CLASS_COUNT {
-        sizes[class] = size_of_class(class);
+        classes[class] = (size_of_class(class), blocks_per_batch(class));
         class += 1;
     }
-    sizes
-};
-
-const BATCH_BLOCKS: [u32; CLASS_COUNT] = {
-    let mut blocks = [0; CLASS_COUNT];
-    let mut class = 0;
-    while class < CLASS_COUNT {
-        blocks[class] = blocks_per_batch(class);
-        class += 1;
-    }
-    blocks
+    classes
 };
 
 const fn size_of_class(class: usize) -> usize {

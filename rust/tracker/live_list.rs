@@ -33,7 +33,7 @@ pub const PENDING_CAPACITY: usize = 256;
 pub struct SpinLock(AtomicU32);
 
 /// The holder while `fork` runs (no thread has this number).
-const FORK_HOLDER: u32 = u32::MAX;
+pub const FORK_HOLDER: u32 = u32::MAX;
 
 impl SpinLock {
     const fn new() -> Self {
@@ -202,7 +202,7 @@ pub fn leave_shard(me: u32, shard: ThreadShard) {
     }
     let s = &SHARDS[shard.index as usize];
     if s.pending_len.load(Ordering::Relaxed) > 0 {
-        StoppedWorld::stop(me).settle_pending();
+        drop(StoppedWorld::stop(me)); // settles them
     }
     s.lock.lock(me);
     s.owner.store(NO_OWNER, Ordering::Relaxed);
@@ -233,7 +233,7 @@ enum Held {
 }
 
 impl Shard {
-    /// Holds the shard for thread `me`, which works on it as `shard` says; `None` when `me`
+    /// Holds the shard for thread `me`, as its owner if `owned`, else under its lock; `None` when `me`
     /// holds it already (a signal handler interrupting its own thread inside the tracker,
     /// which must not wait).
     #[inline]
@@ -262,12 +262,6 @@ impl Shard {
             shard: self,
             how: Held::ByLock,
         })
-    }
-
-    /// Whether thread `me` is inside a change of this shard (then it must not wait for it).
-    #[inline]
-    pub fn held_by(&self, me: u32, owned: bool) -> bool {
-        (owned && self.busy.load(Ordering::Relaxed)) || self.lock.held_by(me)
     }
 
     /// Locks another thread's shard if nobody owns it (an exited owner, a guest shard):
@@ -394,8 +388,9 @@ impl Drop for HeldShard<'_> {
 pub struct StoppedWorld(());
 
 impl StoppedWorld {
-    /// Stops every owner at its next change of its shard (and waits for changes under way).
-    /// `holder` is the calling thread's number, or [`FORK_HOLDER`].
+    /// Stops every owner at its next change of its shard (and waits for changes under way),
+    /// then settles every queued free, so the lists and counters are exact. `holder` is the
+    /// calling thread's number, or [`FORK_HOLDER`].
     pub fn stop(holder: u32) -> StoppedWorld {
         // In index order; nobody waits for a second shard lock while holding one otherwise.
         for shard in &SHARDS {
@@ -414,12 +409,7 @@ impl StoppedWorld {
                 }
             }
         }
-        StoppedWorld(())
-    }
-
-    /// Stopped for `fork` (see `tracker::fork`), with queued frees settled first.
-    pub fn stop_for_fork() -> StoppedWorld {
-        let world = StoppedWorld::stop(FORK_HOLDER);
+        let world = StoppedWorld(());
         world.settle_pending();
         world
     }
@@ -434,7 +424,7 @@ impl StoppedWorld {
     /// Takes every queued block off its list and frees it; blocks whose cookie no longer says
     /// they were claimed are skipped (a racing second free got there first, or the block was
     /// freed and reused since: a double free reported then).
-    pub fn settle_pending(&self) {
+    fn settle_pending(&self) {
         for queue in &SHARDS {
             let len = queue.pending_len.load(Ordering::Relaxed) as usize;
             for at in 0..len {

@@ -151,20 +151,30 @@ fn free_live(header: *mut BlockHeader, kind: BlockKind, start: impl Fn() -> Star
         }
     };
     // None: a signal handler freeing while its thread holds this shard; the block stays live.
-    let Some(mut held) = held else { return };
-    let raw_offset;
+    let Some(held) = held else { return };
     // SAFETY: with the shard held, a LIVE cookie and this shard mean the block is on this
     // list; a racing second free of the same pointer sees FREED or CLAIMED here instead.
     unsafe {
-        let h = &mut *header;
-        if !h.is_live() || h.shard != shard {
+        if !(*header).is_live() || (*header).shard != shard {
             drop(held);
             return deallocate_raced(header, kind, start());
         }
-        held.unlink(header, h.size);
-        raw_offset = h.raw_offset();
-        h.mark_freed();
+        free_listed(held, header);
     }
+}
+
+/// Takes a block off the list of `held`, marks it freed and gives its memory back.
+///
+/// # Safety
+/// `header` is on the list of `held`, and nobody else frees it.
+#[inline(always)]
+unsafe fn free_listed(mut held: live_list::HeldShard<'_>, header: *mut BlockHeader) {
+    // SAFETY: guaranteed by the caller.
+    let h = unsafe { &mut *header };
+    // SAFETY: guaranteed by the caller.
+    unsafe { held.unlink(header, h.size) };
+    let raw_offset = h.raw_offset();
+    h.mark_freed();
     drop(held);
     // SAFETY: the block is off its list and marked freed; this thread owns its memory now.
     unsafe { raw::release(header, raw_offset) };
@@ -195,7 +205,6 @@ fn free_remote(
     }
     drop(held);
     let world = StoppedWorld::stop(me.number);
-    world.settle_pending();
     // SAFETY: claimed just above, and not queued.
     unsafe { settle_claimed_block(header, &world) };
 }
@@ -206,17 +215,13 @@ fn free_remote(
 /// # Safety
 /// `header` is a header of ours that was claimed ([`BlockHeader::claim`]).
 pub(crate) unsafe fn settle_claimed_block(header: *mut BlockHeader, world: &StoppedWorld) {
-    // SAFETY: the world is stopped, so nobody changes the block while it is claimed.
-    let h = unsafe { &mut *header };
-    if !h.is_claimed() {
-        return;
+    // SAFETY: the world is stopped, so nobody changes the block while it is claimed, and a
+    // claimed block is still on the list of its shard.
+    unsafe {
+        if (*header).is_claimed() {
+            free_listed(world.shard((*header).shard as usize), header);
+        }
     }
-    let raw_offset = h.raw_offset();
-    // SAFETY: a claimed block is still on the list of its shard.
-    unsafe { world.shard(h.shard as usize).unlink(header, h.size) };
-    h.mark_freed();
-    // SAFETY: the block is off its list and marked freed; nobody else frees it.
-    unsafe { raw::release(header, raw_offset) };
 }
 
 /// Another thread freed the same block between our lookup and our lock: a double free.
@@ -295,7 +300,7 @@ fn bad_free(error: impl FnOnce() -> MemoryError) {
 pub fn stats() -> Stats {
     if live_list::any_pending() {
         let _inside = Inside::enter();
-        StoppedWorld::stop(guard::thread_number()).settle_pending();
+        drop(StoppedWorld::stop(guard::thread_number())); // settles them
     }
     let t = live_list::totals();
     Stats {
