@@ -87,7 +87,7 @@ impl SpinLock {
 
 /// Live bytes are also summed process-wide for `peak_bytes`, but only in steps of this much per
 /// shard, so threads do not fight over one counter's cache line.
-const PEAK_FLUSH_BYTES: i64 = 32 * 1024;
+const PEAK_FLUSH_BYTES: u64 = 32 * 1024;
 static FLUSHED_LIVE_BYTES: AtomicI64 = AtomicI64::new(0);
 static FLUSHED_PEAK_BYTES: AtomicU64 = AtomicU64::new(0);
 
@@ -101,8 +101,10 @@ pub struct Shard {
     lock: SpinLock,
     /// The owning thread's number, [`NO_OWNER`] or [`GUEST`]; changed only under `lock`.
     owner: AtomicU32,
-    /// Written by the owner only, with plain stores: it is changing the shard.
-    busy: AtomicBool,
+    /// Written by the owner only, with plain stores: it is changing the shard. A word of its
+    /// own: a load of `revoked` right after a byte store into the same 8 bytes cannot take its
+    /// value from the store and stalls (a store-to-load interlock, on every `new` and `delete`).
+    busy: AtomicU64,
     /// Set by a thread stopping the world (holding `lock`): the owner must take `lock` too.
     revoked: AtomicBool,
     /// Queued frees in `pending` (read by `stats()` to know whether to settle).
@@ -112,7 +114,11 @@ pub struct Shard {
     peak_bytes: AtomicU64,
     allocations: AtomicU64,
     frees: AtomicU64,
-    unflushed_bytes: AtomicI64,
+    /// `live_bytes` when last added to the process-wide sum, and the band around it inside
+    /// which changes are not flushed (one compare per `new` or `delete`).
+    flushed_live_bytes: AtomicU64,
+    flush_above: AtomicU64,
+    flush_below: AtomicU64,
     /// Blocks of other shards this shard's owner freed, claimed and waiting to be settled.
     pending: UnsafeCell<[*mut BlockHeader; PENDING_CAPACITY]>,
 }
@@ -126,7 +132,7 @@ unsafe impl Sync for Shard {}
 const EMPTY_SHARD: Shard = Shard {
     lock: SpinLock::new(),
     owner: AtomicU32::new(NO_OWNER),
-    busy: AtomicBool::new(false),
+    busy: AtomicU64::new(0),
     revoked: AtomicBool::new(false),
     pending_len: AtomicU32::new(0),
     head: UnsafeCell::new(core::ptr::null_mut()),
@@ -134,7 +140,9 @@ const EMPTY_SHARD: Shard = Shard {
     peak_bytes: AtomicU64::new(0),
     allocations: AtomicU64::new(0),
     frees: AtomicU64::new(0),
-    unflushed_bytes: AtomicI64::new(0),
+    flushed_live_bytes: AtomicU64::new(0),
+    flush_above: AtomicU64::new(PEAK_FLUSH_BYTES),
+    flush_below: AtomicU64::new(0),
     pending: UnsafeCell::new([core::ptr::null_mut(); PENDING_CAPACITY]),
 };
 
@@ -233,16 +241,31 @@ enum Held {
 }
 
 impl Shard {
+    /// Adds the change of the shard's live bytes since the last flush to the process-wide sum
+    /// (for `peak_bytes`), once it is [`PEAK_FLUSH_BYTES`] either way. Called by the holder.
+    #[cold]
+    #[inline(never)]
+    fn flush_live_bytes(&self, live: u64) {
+        let delta = live.wrapping_sub(self.flushed_live_bytes.load(Ordering::Relaxed)) as i64;
+        let total = FLUSHED_LIVE_BYTES.fetch_add(delta, Ordering::Relaxed) + delta;
+        FLUSHED_PEAK_BYTES.fetch_max(total.max(0) as u64, Ordering::Relaxed);
+        self.flushed_live_bytes.store(live, Ordering::Relaxed);
+        self.flush_above
+            .store(live + PEAK_FLUSH_BYTES, Ordering::Relaxed);
+        self.flush_below
+            .store(live.saturating_sub(PEAK_FLUSH_BYTES), Ordering::Relaxed);
+    }
+
     /// Holds the shard for thread `me`, as its owner if `owned`, else under its lock; `None` when `me`
     /// holds it already (a signal handler interrupting its own thread inside the tracker,
     /// which must not wait).
     #[inline]
     pub fn hold(&self, me: u32, owned: bool) -> Option<HeldShard<'_>> {
         if owned {
-            if self.busy.load(Ordering::Relaxed) {
+            if self.busy.load(Ordering::Relaxed) != 0 {
                 return None;
             }
-            self.busy.store(true, Ordering::Relaxed);
+            self.busy.store(1, Ordering::Relaxed);
             // The store above and the load below are ordered by the stopping thread's
             // membarrier, which makes this compiler fence a full one (see the module docs).
             compiler_fence(Ordering::SeqCst);
@@ -252,7 +275,7 @@ impl Shard {
                     how: Held::ByOwner,
                 });
             }
-            self.busy.store(false, Ordering::Release);
+            self.busy.store(0, Ordering::Release);
         }
         if self.lock.held_by(me) {
             return None;
@@ -305,7 +328,9 @@ impl HeldShard<'_> {
         if live > s.peak_bytes.load(Ordering::Relaxed) {
             s.peak_bytes.store(live, Ordering::Relaxed);
         }
-        self.account_bytes(size as i64);
+        if live >= s.flush_above.load(Ordering::Relaxed) {
+            s.flush_live_bytes(live);
+        }
     }
 
     /// Takes a block off the list and counts the free.
@@ -328,18 +353,9 @@ impl HeldShard<'_> {
             }
         }
         bump(&s.frees, 1);
-        bump(&s.live_bytes, (size as u64).wrapping_neg());
-        self.account_bytes(-(size as i64));
-    }
-
-    #[inline]
-    fn account_bytes(&mut self, delta: i64) {
-        let pending = self.shard.unflushed_bytes.load(Ordering::Relaxed) + delta;
-        if pending.abs() < PEAK_FLUSH_BYTES {
-            self.shard.unflushed_bytes.store(pending, Ordering::Relaxed);
-        } else {
-            self.shard.unflushed_bytes.store(0, Ordering::Relaxed);
-            flush_live_bytes(pending);
+        let live = bump(&s.live_bytes, (size as u64).wrapping_neg());
+        if live < s.flush_below.load(Ordering::Relaxed) {
+            s.flush_live_bytes(live);
         }
     }
 
@@ -376,7 +392,7 @@ impl Drop for HeldShard<'_> {
     #[inline]
     fn drop(&mut self) {
         match self.how {
-            Held::ByOwner => self.shard.busy.store(false, Ordering::Release),
+            Held::ByOwner => self.shard.busy.store(0, Ordering::Release),
             Held::ByLock => self.shard.lock.unlock(),
             Held::InStoppedWorld => {}
         }
@@ -400,7 +416,7 @@ impl StoppedWorld {
         crate::sys::process_barrier();
         for shard in &SHARDS {
             let mut spins = 0u32;
-            while shard.busy.load(Ordering::Acquire) {
+            while shard.busy.load(Ordering::Acquire) != 0 {
                 spins += 1;
                 if spins < 128 {
                     core::hint::spin_loop();
@@ -470,12 +486,6 @@ pub fn any_pending() -> bool {
     SHARDS
         .iter()
         .any(|s| s.pending_len.load(Ordering::Relaxed) > 0)
-}
-
-#[cold]
-fn flush_live_bytes(delta: i64) {
-    let live = FLUSHED_LIVE_BYTES.fetch_add(delta, Ordering::Relaxed) + delta;
-    FLUSHED_PEAK_BYTES.fetch_max(live.max(0) as u64, Ordering::Relaxed);
 }
 
 /// Sums of all shards' counters.

@@ -140,11 +140,12 @@ fn free_live(header: *mut BlockHeader, kind: BlockKind, start: impl Fn() -> Star
         report_mismatch(header, kind, start());
     }
     let me = guard::me();
-    let list = &SHARDS[shard as usize % live_list::SHARD_COUNT];
     let held = if shard == me.shard.index {
-        list.hold(me.number, me.shard.owned)
+        // Indexed by the thread's own shard, not the header's: the header may still be on its
+        // way from memory, and the shard's loads and stores should not wait for it.
+        SHARDS[me.shard.index as usize].hold(me.number, me.shard.owned)
     } else {
-        match list.lock_unowned(me.number) {
+        match SHARDS[shard as usize % live_list::SHARD_COUNT].lock_unowned(me.number) {
             Ok(held) => Some(held),
             Err(NotHeld::Owned) => return free_remote(header, kind, start, me),
             Err(NotHeld::Reentered) => None,
