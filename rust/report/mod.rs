@@ -70,7 +70,7 @@ impl Report {
         let mut leaks = Vec::new();
         let world = StoppedWorld::stop(crate::tracker::guard::thread_number());
         for held in world.shards() {
-            leaks.extend(held.blocks().map(|header| {
+            leaks.extend(held.live_blocks().map(|header| {
                 // SAFETY: headers on a held list are live and stay so while the world is stopped.
                 let h = unsafe { &*header };
                 // SAFETY: the `file` of a live block is null or a `__FILE__` literal.

@@ -125,10 +125,14 @@ pub fn arm_thread_exit() {
 extern "C" fn at_thread_exit(_: *mut libc::c_void) {
     let t = this_thread();
     t.exit_hook_armed.set(false);
-    if let Some(shard) = t.shard.take() {
-        live_list::leave_shard(t.number.get(), shard);
+    let Some(shard) = t.shard.take() else {
+        return; // no shard, so no heap lists either (they are parked on the shard)
+    };
+    let number = t.number.get();
+    if let Some(mut held) = live_list::SHARDS[shard.index as usize].hold(number, shard.owned) {
+        super::heap::give_back_thread_lists(&mut held);
     }
-    super::heap::give_back_thread_lists();
+    live_list::leave_shard(number, shard);
 }
 
 /// The calling thread's number, assigned now if it has none (for frees, which need no guard).

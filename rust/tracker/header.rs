@@ -5,18 +5,18 @@
 //!
 //! | offset | field | note |
 //! | --- | --- | --- |
-//! | 0, 8 | `prev`, `next` | live-list links; free lists (ours or glibc's) reuse these bytes once the block is freed |
-//! | 16 | `seq`, `thread` | |
-//! | 24 | `line`, `shard`, `kind`, `placement` | |
+//! | 0, 8 | `prev`, `next` | shard-list links; glibc's free lists reuse these bytes once a block of its is freed |
+//! | 16 | `seq`, `thread` | the heap's free-list links reuse 16..40 in a free heap block |
+//! | 24 | `line`, `shard`, `class`, `kind`, `placement` | |
 //! | 32 | `file` | `__FILE__` of `K15_NEW`, or null |
 //! | 40 | `size` | user-requested size |
 //! | 48 | `alloc_stack` | stack depot id |
 //! | 52 | `raw_offset` | user pointer − raw allocation |
 //! | 56 | `cookie` | `LIVE`, `UNTRACKED`, `CLAIMED` or `FREED`, each `^ addr` |
 //!
-//! The file, size, stack and cookie sit in the last 32 bytes, so they survive a free list's links
-//! in a freed block (the heap's take 24 bytes, glibc's at most 32): a second `delete` still finds
-//! `FREED`.
+//! The size, stack and cookie sit in the last 24 bytes, so they survive a free list's links in a
+//! freed block (the heap's use 16..40, glibc's at most 0..32): a second `delete` still finds
+//! `FREED`. A free heap block also keeps its shard-list links (`heap`).
 
 use super::raw;
 use crate::ffi::BlockKind;
@@ -51,7 +51,9 @@ pub struct BlockHeader {
     pub seq: u32,
     pub thread: u32,
     pub line: u32,
-    pub shard: u16,
+    pub shard: u8,
+    /// The heap's size class of a [`Placement::Heap`] block.
+    pub class: u8,
     pub kind: BlockKind,
     pub placement: Placement,
     pub file: *const c_char,
@@ -69,6 +71,7 @@ pub struct NewBlock {
     pub size: usize,
     pub raw_offset: usize,
     pub placement: Placement,
+    pub class: u8,
     pub kind: BlockKind,
     pub file: *const c_char,
     pub line: u32,
@@ -79,7 +82,7 @@ pub struct NewBlock {
 pub struct Owner {
     pub thread: u32,
     pub seq: u32,
-    pub shard: u16,
+    pub shard: u8,
     pub alloc_stack: StackId,
 }
 
@@ -109,8 +112,9 @@ impl BlockHeader {
         self.raw_offset as usize
     }
 
-    /// Writes a complete header for a new block: `owner` is `None` for the tracker's own
-    /// (untracked) blocks.
+    /// Writes the header of a new block, all but its list links (a heap block is on its shard's
+    /// list already; others are linked after this): `owner` is `None` for the tracker's own
+    /// (untracked) blocks, which are on no list.
     ///
     /// # Safety
     /// `header` points to `HEADER_SIZE` writable bytes right before its user pointer, and
@@ -124,24 +128,22 @@ impl BlockHeader {
             UNTRACKED ^ user
         };
         let owner = owner.unwrap_or_default();
-        // SAFETY: guaranteed by the caller.
+        // SAFETY: guaranteed by the caller. Written field by field through raw places: the
+        // links (and, for a fresh block, everything else) are not to be read or overwritten.
         unsafe {
-            header.write(BlockHeader {
-                prev: core::ptr::null_mut(),
-                next: core::ptr::null_mut(),
-                seq: owner.seq,
-                thread: owner.thread,
-                line: block.line,
-                shard: owner.shard,
-                kind: block.kind,
-                placement: block.placement,
-                file: block.file,
-                size: block.size,
-                alloc_stack: owner.alloc_stack,
-                raw_offset: block.raw_offset as u32,
-                cookie: AtomicUsize::new(cookie),
-            })
-        };
+            (&raw mut (*header).seq).write(owner.seq);
+            (&raw mut (*header).thread).write(owner.thread);
+            (&raw mut (*header).line).write(block.line);
+            (&raw mut (*header).shard).write(owner.shard);
+            (&raw mut (*header).class).write(block.class);
+            (&raw mut (*header).kind).write(block.kind);
+            (&raw mut (*header).placement).write(block.placement);
+            (&raw mut (*header).file).write(block.file);
+            (&raw mut (*header).size).write(block.size);
+            (&raw mut (*header).alloc_stack).write(owner.alloc_stack);
+            (&raw mut (*header).raw_offset).write(block.raw_offset as u32);
+            (&raw mut (*header).cookie).write(AtomicUsize::new(cookie));
+        }
     }
 
     fn address(&self) -> usize {
@@ -222,8 +224,8 @@ impl BlockHeader {
         } else if cookie == UNTRACKED ^ addr {
             Lookup::Untracked(header)
         } else if cookie == FREED ^ addr || cookie == CLAIMED ^ addr {
-            // SAFETY: a FREED (or CLAIMED) cookie means bytes 32..64 are still our header (glibc's free
-            // lists use at most the first 32 bytes of a chunk it holds free).
+            // SAFETY: a FREED (or CLAIMED) cookie means bytes 40..64 are still our header (free
+            // lists use at most the bytes before them; see the layout above).
             let h = unsafe { &*header };
             Lookup::Freed {
                 size: h.size,

@@ -2,23 +2,33 @@
 //! per thread and class in front of a shared list per class, so a tracked `new`/`delete` pair
 //! costs no glibc call, no lock and no atomic read-modify-write.
 //!
-//! A block here is header and user bytes together (`total` bytes, rounded up to its class). A
-//! free block keeps its header's last 48 bytes, so a second `delete` still finds the `FREED`
-//! cookie until the block is handed out again; its first 24 bytes (the header's list links and
-//! sequence number) link the free lists:
+//! A block here is header and user bytes together (`total` bytes, rounded up to its class).
 //!
-//! | word | in every free block | in the first block of a batch on a shared list |
+//! A free block in a thread's lists stays *parked* on the thread's shard list, its cookie saying
+//! `FREED` (the report skips it): a `delete` of one of the thread's own blocks and the `new` that
+//! reuses it then change no list neighbours, whose cache misses were the largest cost of a pair.
+//! Blocks join the thread's shard list when a list of them comes to the thread (`refill`) and
+//! leave it when a list goes back to the class (`retire_full_list`, thread exit). Blocks on the
+//! shared stacks are on no shard list.
+//!
+//! A free block keeps its list links (bytes 0..16) and its size, stack and cookie (40..64), so a
+//! second `delete` still finds `FREED` until the block is handed out again; bytes 16..40 link the
+//! free lists:
+//!
+//! | word | in every free block | in the first block of a list on a shared stack |
 //! | --- | --- | --- |
-//! | 0 | next block of its list | |
-//! | 1 | | next batch |
-//! | 2 | | blocks in this batch |
+//! | 2 | next block of its list | |
+//! | 3 | | next list |
+//! | 4 | | blocks in this list |
 //!
-//! Memory moves between a thread and its class's shared list in whole lists of up to
-//! [`batch_blocks`] blocks, in O(1) under the class lock (once per batch, not per call). A thread
-//! holds at most two lists per class: `active` (allocations pop from it, frees push onto it) and
-//! one full `spare`. A thread's lists go back to the shared lists when it exits (`guard`). Memory is never given back to
-//! the OS: a debug-run trade-off that keeps the hot path short.
+//! Memory moves between a thread and its class's shared stack in whole lists of up to
+//! [`batch_blocks`] blocks, under the class lock (once per batch, not per call). A thread holds at
+//! most two lists per class: `active` (allocations pop from it, frees push onto it) and one full
+//! `spare`. Memory is never given back to the OS: a debug-run trade-off that keeps the hot path
+//! short.
 
+use super::header::BlockHeader;
+use super::live_list::HeldShard;
 use crate::sys::{self, PAGE_SIZE};
 use core::cell::Cell;
 use core::ptr::null_mut;
@@ -31,6 +41,12 @@ pub const LARGEST_BLOCK: usize = 32 * 1024;
 /// 16-byte steps up to 512 bytes, then four classes per power of two.
 const FINE_CLASSES: usize = 32;
 const CLASS_COUNT: usize = FINE_CLASSES + 4 * 6;
+
+/// The class of a block of `total` bytes, `None` when the heap does not serve that size.
+#[inline]
+pub fn class_for(total: usize) -> Option<u8> {
+    (total <= LARGEST_BLOCK).then(|| class_of(total) as u8)
+}
 
 /// The class of a block of `total` bytes (1 ..= [`LARGEST_BLOCK`]).
 #[inline]
@@ -89,7 +105,13 @@ const fn blocks_per_batch(class: usize) -> u32 {
     }
 }
 
-/// One list of free blocks, linked through word 0.
+/// The word of a free block that links it to the next block of its list.
+const NEXT_BLOCK: usize = 2;
+/// In the first block of a list on a shared stack: the next list, and the list's length.
+const NEXT_LIST: usize = 3;
+const LIST_LENGTH: usize = 4;
+
+/// One list of free blocks, linked through [`NEXT_BLOCK`].
 #[derive(Clone, Copy)]
 struct List {
     head: *mut u8,
@@ -104,7 +126,7 @@ const EMPTY: List = List {
 /// A block's word `index`.
 ///
 /// # Safety
-/// `block` is a free block of this heap (at least 24 bytes, 16-aligned) that the caller holds.
+/// `block` is a free block of this heap (at least 40 bytes, 16-aligned) that the caller holds.
 #[inline]
 unsafe fn word(block: *mut u8, index: usize) -> *mut usize {
     (block as *mut usize).wrapping_add(index)
@@ -116,9 +138,23 @@ impl List {
     #[inline]
     unsafe fn push(&mut self, block: *mut u8) {
         // SAFETY: guaranteed by the caller.
-        unsafe { *word(block, 0) = self.head as usize };
+        unsafe { *word(block, NEXT_BLOCK) = self.head as usize };
         self.head = block;
         self.count += 1;
+    }
+
+    /// Every block of the list.
+    ///
+    /// # Safety
+    /// The list's blocks are free and held by the caller, and stay so while it iterates.
+    unsafe fn blocks(self) -> impl Iterator<Item = *mut u8> {
+        let mut block = self.head;
+        (0..self.count).map(move |_| {
+            let current = block;
+            // SAFETY: guaranteed by the caller; `count` blocks are linked from `head`.
+            block = unsafe { *word(current, NEXT_BLOCK) } as *mut u8;
+            current
+        })
     }
 }
 
@@ -181,83 +217,111 @@ fn shared(class: usize) -> MutexGuard<'static, SharedClass> {
     SHARED[class].lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// A block of `total` bytes (header included, 16-aligned, its user pointer never page-aligned),
-/// or `None` when `total` is too large or no memory could be mapped.
+/// A free block of class `class` (header included, 16-aligned, its user pointer never
+/// page-aligned), parked on `mine` (the calling thread's shard, held): the caller makes it live
+/// without linking it. `None` when no memory could be mapped.
 #[inline]
-pub fn allocate(total: usize) -> Option<*mut u8> {
-    if total > LARGEST_BLOCK {
-        return None;
-    }
-    let class = class_of(total);
+pub fn take(class: u8, mine: &mut HeldShard<'_>) -> Option<*mut u8> {
+    let class = class as usize;
     let lists = &thread_heap().classes[class];
     let mut head = lists.active.get();
     let mut count = lists.active_count.get();
     if count == 0 {
         (head, count) = match lists.spare.replace(null_mut()) {
             spare if !spare.is_null() => (spare, batch_blocks(class)),
-            _ => refill(class)?,
+            _ => refill(class, mine)?,
         };
     }
-    // SAFETY: `head` is the first of `count > 0` free blocks this thread holds, linked by word 0.
-    lists.active.set(unsafe { *word(head, 0) } as *mut u8);
+    // SAFETY: `head` is the first of `count > 0` free blocks this thread holds.
+    lists
+        .active
+        .set(unsafe { *word(head, NEXT_BLOCK) } as *mut u8);
     lists.active_count.set(count - 1);
     Some(head)
 }
 
-/// Takes back a block from [`allocate`] for `total` bytes.
+/// Takes back a freed block of class `class` that is on `mine` (the calling thread's shard,
+/// held); it stays there, parked.
 ///
 /// # Safety
-/// `block` came from [`allocate`] with the same `total`, its header is marked freed, and nobody
-/// uses it any more.
+/// `block` is a block from [`take`] of this class, marked freed, on the list of `mine`, and
+/// nobody uses it any more.
 #[inline]
-pub unsafe fn free(block: *mut u8, total: usize) {
-    let class = class_of(total);
+pub unsafe fn park(block: *mut u8, class: u8, mine: &mut HeldShard<'_>) {
+    let class = class as usize;
     let lists = &thread_heap().classes[class];
     let mut head = lists.active.get();
     let mut count = lists.active_count.get();
     if count == batch_blocks(class) {
-        retire_full_list(class, lists, head);
+        retire_full_list(class, lists, head, mine);
         (head, count) = (null_mut(), 0);
     }
     // SAFETY: guaranteed by the caller: the block is free and now this thread's.
-    unsafe { *word(block, 0) = head as usize };
+    unsafe { *word(block, NEXT_BLOCK) = head as usize };
     lists.active.set(block);
     lists.active_count.set(count + 1);
 }
 
-/// A full active list becomes the spare; a spare already there goes back to the class.
+/// A full active list becomes the spare; a spare already there leaves the shard list and goes
+/// back to the class.
 #[cold]
 #[inline(never)]
-fn retire_full_list(class: usize, lists: &ThreadLists, full: *mut u8) {
+fn retire_full_list(class: usize, lists: &ThreadLists, full: *mut u8, mine: &mut HeldShard<'_>) {
     super::guard::arm_thread_exit();
     let spare = lists.spare.replace(full);
     if !spare.is_null() {
-        give_back(
-            class,
-            List {
-                head: spare,
-                count: batch_blocks(class),
-            },
-        );
+        let list = List {
+            head: spare,
+            count: batch_blocks(class),
+        };
+        // SAFETY: the spare's blocks are free, this thread's, and parked on `mine`.
+        unsafe { unpark(list, mine) };
+        give_back(class, list);
     }
 }
 
-/// A list for an empty thread: one given back by a thread, else freshly carved blocks.
-#[cold]
-#[inline(never)]
-fn refill(class: usize) -> Option<(*mut u8, u32)> {
-    super::guard::arm_thread_exit();
-    let mut shared = shared(class);
-    if !shared.lists.is_null() {
-        let head = shared.lists;
-        // SAFETY: the first block of a list on the shared stack, held under the class lock.
-        unsafe {
-            shared.lists = *word(head, 1) as *mut u8;
-            return Some((head, *word(head, 2) as u32));
+/// Takes a list's blocks off the shard list they are parked on.
+///
+/// # Safety
+/// The list's blocks are free, held by the caller and parked on `mine`.
+unsafe fn unpark(list: List, mine: &mut HeldShard<'_>) {
+    // SAFETY: guaranteed by the caller.
+    unsafe {
+        for block in list.blocks() {
+            mine.unlink(block as *mut BlockHeader);
         }
     }
-    let fresh = carve(&mut shared, class)?;
-    Some((fresh.head, fresh.count))
+}
+
+/// A list for an empty thread, parked on `mine`: one given back by a thread, else freshly carved
+/// blocks. The class lock is let go before the shard list is touched.
+#[cold]
+#[inline(never)]
+fn refill(class: usize, mine: &mut HeldShard<'_>) -> Option<(*mut u8, u32)> {
+    super::guard::arm_thread_exit();
+    let list = {
+        let mut shared = shared(class);
+        if shared.lists.is_null() {
+            carve(&mut shared, class)?
+        } else {
+            let head = shared.lists;
+            // SAFETY: the first block of a list on the shared stack, held under the class lock.
+            unsafe {
+                shared.lists = *word(head, NEXT_LIST) as *mut u8;
+                List {
+                    head,
+                    count: *word(head, LIST_LENGTH) as u32,
+                }
+            }
+        }
+    };
+    // SAFETY: the list's blocks are free, this thread's now, and on no shard list.
+    unsafe {
+        for block in list.blocks() {
+            mine.link(block as *mut BlockHeader);
+        }
+    }
+    Some((list.head, list.count))
 }
 
 /// Up to one batch of never-used blocks from the class's span, taking a new span when it is spent.
@@ -296,15 +360,46 @@ fn span_bytes(class: usize) -> usize {
         .next_multiple_of(PAGE_SIZE)
 }
 
-/// Gives a list back to its class's shared stack.
+/// Gives a list of blocks on no shard list back to its class's shared stack.
 fn give_back(class: usize, list: List) {
     let mut shared = shared(class);
     // SAFETY: the list's first block is free and ours until it is on the shared stack.
     unsafe {
-        *word(list.head, 1) = shared.lists as usize;
-        *word(list.head, 2) = list.count as usize;
+        *word(list.head, NEXT_LIST) = shared.lists as usize;
+        *word(list.head, LIST_LENGTH) = list.count as usize;
     }
     shared.lists = list.head;
+}
+
+/// Gives back one freed block that is on no shard list (freed off another thread's list): it
+/// tops up the list on top of its class's stack, so that threads still get whole lists.
+///
+/// # Safety
+/// `block` is a block from [`take`] of class `class`, marked freed, on no shard list, and nobody
+/// uses it any more.
+pub unsafe fn give_back_block(block: *mut u8, class: u8) {
+    let class = class as usize;
+    let mut shared = shared(class);
+    let top = shared.lists;
+    // SAFETY: `top` is the first block of a list on the stack, held under the class lock, and
+    // `block` is free and ours (guaranteed by the caller).
+    unsafe {
+        let top_length = if top.is_null() {
+            0
+        } else {
+            *word(top, LIST_LENGTH) as u32
+        };
+        if top_length == 0 || top_length == batch_blocks(class) {
+            *word(block, NEXT_BLOCK) = 0;
+            *word(block, NEXT_LIST) = top as usize;
+            *word(block, LIST_LENGTH) = 1;
+        } else {
+            *word(block, NEXT_BLOCK) = top as usize;
+            *word(block, NEXT_LIST) = *word(top, NEXT_LIST);
+            *word(block, LIST_LENGTH) = top_length as usize + 1;
+        }
+    }
+    shared.lists = block;
 }
 
 /// Regions mapped at once; spans are cut from them so that the heap makes few mappings.
@@ -337,8 +432,9 @@ fn map_span(bytes: usize) -> Option<*mut u8> {
     Some(span as *mut u8)
 }
 
-/// Thread exit (`guard`): the thread's lists go back to their classes.
-pub fn give_back_thread_lists() {
+/// Thread exit (`guard`): the thread's lists leave `mine` (its shard, held) and go back to
+/// their classes.
+pub fn give_back_thread_lists(mine: &mut HeldShard<'_>) {
     for (class, lists) in thread_heap().classes.iter().enumerate() {
         let active = List {
             head: lists.active.replace(null_mut()),
@@ -350,6 +446,8 @@ pub fn give_back_thread_lists() {
         };
         for list in [active, spare] {
             if !list.head.is_null() {
+                // SAFETY: the thread's own free blocks, parked on its shard.
+                unsafe { unpark(list, mine) };
                 give_back(class, list);
             }
         }
@@ -387,39 +485,92 @@ mod tests {
         assert_eq!(class_size(CLASS_COUNT - 1), LARGEST_BLOCK);
     }
 
-    #[test]
-    fn a_freed_block_is_reused_and_blocks_never_overlap() {
-        let a = allocate(100).unwrap();
-        let b = allocate(100).unwrap();
-        assert!(b as usize + 112 <= a as usize || a as usize + 112 <= b as usize);
-        assert!((a as usize).is_multiple_of(16));
-        // SAFETY: both came from allocate(100) just above and are used by nobody.
-        unsafe { free(a, 100) };
-        assert_eq!(allocate(100), Some(a));
-        // SAFETY: as above.
-        unsafe {
-            free(a, 100);
-            free(b, 100);
-        }
+    /// Runs `f` with the calling thread's shard held, as the tracker does around the heap.
+    fn with_my_shard<R>(f: impl FnOnce(&mut HeldShard<'_>) -> R) -> R {
+        let me = crate::tracker::guard::me();
+        let shard = &crate::tracker::live_list::SHARDS[me.shard.index as usize];
+        f(&mut shard
+            .hold(me.number, me.shard.owned)
+            .expect("not held already"))
     }
 
     #[test]
-    fn blocks_freed_by_an_exited_thread_are_handed_out_again() {
-        let total = 30 * 1024; // a class no other test uses
-        let blocks = std::thread::spawn(move || {
-            let blocks: Vec<usize> = (0..20).map(|_| allocate(total).unwrap() as usize).collect();
-            for &block in &blocks {
-                // SAFETY: each came from allocate(total) on this thread and is used by nobody.
-                unsafe { free(block as *mut u8, total) };
+    fn a_parked_block_is_reused_and_blocks_never_overlap() {
+        let class = class_for(100).unwrap();
+        with_my_shard(|mine| {
+            let a = take(class, mine).unwrap();
+            let b = take(class, mine).unwrap();
+            assert!(b as usize + 112 <= a as usize || a as usize + 112 <= b as usize);
+            assert!((a as usize).is_multiple_of(16));
+            // SAFETY: both came from take(class) just above, are parked on `mine` and used by
+            // nobody.
+            unsafe { park(a, class, mine) };
+            assert_eq!(take(class, mine), Some(a));
+            // SAFETY: as above.
+            unsafe {
+                park(a, class, mine);
+                park(b, class, mine);
             }
-            blocks
+        });
+    }
+
+    #[test]
+    fn blocks_parked_by_an_exited_thread_are_handed_out_again() {
+        let class = class_for(30 * 1024).unwrap(); // a class no other test uses
+        let blocks = std::thread::spawn(move || {
+            with_my_shard(|mine| {
+                let blocks: [usize; 20] =
+                    core::array::from_fn(|_| take(class, mine).unwrap() as usize);
+                for block in blocks {
+                    // SAFETY: each came from take(class) on this thread and is used by nobody.
+                    unsafe { park(block as *mut u8, class, mine) };
+                }
+                blocks
+            })
         })
         .join()
         .unwrap();
-        let again: Vec<usize> = (0..20).map(|_| allocate(total).unwrap() as usize).collect();
+        let again: [usize; 20] =
+            with_my_shard(|mine| core::array::from_fn(|_| take(class, mine).unwrap() as usize));
         assert!(
             again.iter().any(|block| blocks.contains(block)),
             "the exited thread's free blocks were lost"
         );
+    }
+
+    #[test]
+    fn blocks_given_back_one_by_one_come_back_as_one_list() {
+        let class = class_for(20 * 1024).unwrap(); // a class no other test uses
+        let given: [usize; 3] = with_my_shard(|mine| {
+            core::array::from_fn(|_| {
+                let block = take(class, mine).unwrap();
+                // SAFETY: fresh from take(class), parked on `mine`, used by nobody; off the
+                // shard list it may go back to the class.
+                unsafe {
+                    mine.unlink(block as *mut BlockHeader);
+                    give_back_block(block, class);
+                }
+                block as usize
+            })
+        });
+        let taken = std::thread::spawn(move || {
+            with_my_shard(|mine| {
+                let taken: [usize; 3] =
+                    core::array::from_fn(|_| take(class, mine).unwrap() as usize);
+                let lists = &thread_heap().classes[class as usize];
+                (taken, lists.active_count.get())
+            })
+        })
+        .join()
+        .unwrap();
+        let (mut taken, left) = taken;
+        taken.sort_unstable();
+        let mut given = given;
+        given.sort_unstable();
+        assert_eq!(
+            taken, given,
+            "the three blocks did not come back as one list"
+        );
+        assert_eq!(left, 0);
     }
 }

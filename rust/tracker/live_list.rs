@@ -1,5 +1,6 @@
 //! The record of live blocks: intrusive doubly linked lists, one per shard, with the shard's
-//! counters, and how threads take turns on them.
+//! counters, and how threads take turns on them. A shard's list also holds the free heap blocks
+//! its thread keeps for reuse, parked there with a `FREED` cookie (see `heap`); walks skip them.
 //!
 //! Each thread owns a shard (claimed at its first allocation, given back at its exit) and
 //! changes it without any atomic read-modify-write: it sets the shard's `busy` flag with a plain
@@ -21,6 +22,7 @@ use core::cell::UnsafeCell;
 use core::sync::atomic::{compiler_fence, AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 
 pub const SHARD_COUNT: usize = 256;
+const _: () = assert!(SHARD_COUNT == u8::MAX as usize + 1, "a shard index is a u8");
 /// Shards `0..GUEST_SHARDS` are shared, behind their locks; the others are owned by one thread.
 pub const GUEST_SHARDS: usize = 16;
 /// Frees of other threads' blocks a shard queues before they are settled.
@@ -167,7 +169,7 @@ fn bump(counter: &AtomicU64, by: u64) -> u64 {
 /// The shard a thread works on: its own, or a guest shard it shares.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct ThreadShard {
-    pub index: u16,
+    pub index: u8,
     pub owned: bool,
 }
 
@@ -190,14 +192,14 @@ pub fn claim_shard(me: u32) -> ThreadShard {
             shard.lock.unlock();
             if free {
                 return ThreadShard {
-                    index: index as u16,
+                    index: index as u8,
                     owned: true,
                 };
             }
         }
     }
     ThreadShard {
-        index: (me as usize % GUEST_SHARDS) as u16,
+        index: (me as usize % GUEST_SHARDS) as u8,
         owned: false,
     }
 }
@@ -306,12 +308,12 @@ impl Shard {
 }
 
 impl HeldShard<'_> {
-    /// Puts a new block at the head of the list and counts it.
+    /// Puts a block at the head of the list.
     ///
     /// # Safety
-    /// `header` is a fully written header of a block on no list.
+    /// `header` is a header of ours on no list.
     #[inline]
-    pub unsafe fn link(&mut self, header: *mut BlockHeader, size: usize) {
+    pub unsafe fn link(&mut self, header: *mut BlockHeader) {
         let s = self.shard;
         // SAFETY: the shard is held, so the list and its nodes are ours to change.
         unsafe {
@@ -323,22 +325,14 @@ impl HeldShard<'_> {
             }
             *s.head.get() = header;
         }
-        bump(&s.allocations, 1);
-        let live = bump(&s.live_bytes, size as u64);
-        if live > s.peak_bytes.load(Ordering::Relaxed) {
-            s.peak_bytes.store(live, Ordering::Relaxed);
-        }
-        if live >= s.flush_above.load(Ordering::Relaxed) {
-            s.flush_live_bytes(live);
-        }
     }
 
-    /// Takes a block off the list and counts the free.
+    /// Takes a block off the list.
     ///
     /// # Safety
     /// `header` is on this shard's list.
     #[inline]
-    pub unsafe fn unlink(&mut self, header: *mut BlockHeader, size: usize) {
+    pub unsafe fn unlink(&mut self, header: *mut BlockHeader) {
         let s = self.shard;
         // SAFETY: the shard is held and the block is on this list.
         unsafe {
@@ -352,6 +346,26 @@ impl HeldShard<'_> {
                 (*next).prev = prev;
             }
         }
+    }
+
+    /// Counts a new block of `size` bytes.
+    #[inline]
+    pub fn count_allocation(&mut self, size: usize) {
+        let s = self.shard;
+        bump(&s.allocations, 1);
+        let live = bump(&s.live_bytes, size as u64);
+        if live > s.peak_bytes.load(Ordering::Relaxed) {
+            s.peak_bytes.store(live, Ordering::Relaxed);
+        }
+        if live >= s.flush_above.load(Ordering::Relaxed) {
+            s.flush_live_bytes(live);
+        }
+    }
+
+    /// Counts the free of a block of `size` bytes.
+    #[inline]
+    pub fn count_free(&mut self, size: usize) {
+        let s = self.shard;
         bump(&s.frees, 1);
         let live = bump(&s.live_bytes, (size as u64).wrapping_neg());
         if live < s.flush_below.load(Ordering::Relaxed) {
@@ -373,8 +387,9 @@ impl HeldShard<'_> {
         true
     }
 
-    /// Every block on the list, head first.
-    pub fn blocks(&self) -> impl Iterator<Item = *mut BlockHeader> + '_ {
+    /// Every live block on the list, head first (the list also holds the free heap blocks
+    /// parked on it; see `heap`).
+    pub fn live_blocks(&self) -> impl Iterator<Item = *mut BlockHeader> + '_ {
         // SAFETY: the shard is held for as long as the iterator borrows `self`.
         let mut node = unsafe { *self.shard.head.get() };
         core::iter::from_fn(move || {
@@ -385,6 +400,8 @@ impl HeldShard<'_> {
                 current
             })
         })
+        // SAFETY: every node is a header of ours, on the held list.
+        .filter(|&header| unsafe { (*header).is_live() })
     }
 }
 
@@ -455,9 +472,9 @@ impl StoppedWorld {
     }
 
     /// The shard `index`, held (the world is stopped).
-    pub fn shard(&self, index: usize) -> HeldShard<'static> {
+    pub fn shard(&self, index: u8) -> HeldShard<'static> {
         HeldShard {
-            shard: &SHARDS[index % SHARD_COUNT],
+            shard: &SHARDS[index as usize],
             how: Held::InStoppedWorld,
         }
     }

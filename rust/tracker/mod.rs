@@ -20,7 +20,7 @@ use crate::stack::{self, StackId, StartFrame};
 use core::ffi::c_char;
 use errors::{ErrorKind, MemoryError};
 use guard::Inside;
-use header::{BlockHeader, Lookup, NewBlock, Owner};
+use header::{BlockHeader, Lookup, NewBlock, Owner, Placement};
 use live_list::{NotHeld, StoppedWorld, SHARDS};
 
 /// A tracked block of `size` bytes aligned to `align` (0 = default), or null when exhausted.
@@ -40,25 +40,30 @@ pub unsafe fn allocate(
     let Some(inside) = Inside::enter() else {
         return allocate_untracked(size, align, kind);
     };
-    let (me, seq) = inside.next_allocation();
-    let shard = &SHARDS[me.shard.index as usize];
     let hot = init::hot();
-    let Some(block) = raw::acquire(size, align, hot.budget()) else {
-        if hot.budget() {
-            report_budget_exceeded(size, file, line, start());
-        }
-        return core::ptr::null_mut();
-    };
     let alloc_stack = if hot.stack_depth() > 0 {
         stack::capture(start(), hot.stack_depth())
     } else {
         StackId(0)
+    };
+    let (me, seq) = inside.next_allocation();
+    // None: a signal handler allocating while its thread holds its shard (in a free).
+    let Some(mut held) = SHARDS[me.shard.index as usize].hold(me.number, me.shard.owned) else {
+        return allocate_untracked(size, align, kind);
+    };
+    let Some(block) = raw::acquire(size, align, hot.budget(), &mut held) else {
+        drop(held);
+        if hot.budget() {
+            report_budget_exceeded(size, file, line, alloc_stack);
+        }
+        return core::ptr::null_mut();
     };
     let header = BlockHeader::of(block.user);
     let new_block = NewBlock {
         size,
         raw_offset: block.raw_offset,
         placement: block.placement,
+        class: block.class,
         kind,
         file,
         line,
@@ -70,16 +75,15 @@ pub unsafe fn allocate(
         alloc_stack,
     };
     // SAFETY: acquire reserved HEADER_SIZE bytes in front of the user pointer; `file` is as
-    // the caller guarantees. The header is on no list until `link`. A signal handler
-    // allocating while its thread holds its shard (in a free) cannot link: its block is
-    // rewritten as untracked.
+    // the caller guarantees. A heap block is parked on this shard's list already; others are
+    // on no list until linked here.
     unsafe {
         BlockHeader::write(header, &new_block, Some(owner));
-        match shard.hold(me.number, me.shard.owned) {
-            Some(mut held) => held.link(header, size),
-            None => BlockHeader::write(header, &new_block, None),
+        if block.placement != Placement::Heap {
+            held.link(header);
         }
     }
+    held.count_allocation(size);
     block.user
 }
 
@@ -94,6 +98,7 @@ fn allocate_untracked(size: usize, align: usize, kind: BlockKind) -> *mut u8 {
         size,
         raw_offset: block.raw_offset,
         placement: block.placement,
+        class: block.class,
         kind,
         file: core::ptr::null(),
         line: 0,
@@ -140,12 +145,13 @@ fn free_live(header: *mut BlockHeader, kind: BlockKind, start: impl Fn() -> Star
         report_mismatch(header, kind, start());
     }
     let me = guard::me();
-    let held = if shard == me.shard.index {
+    let own = shard == me.shard.index;
+    let held = if own {
         // Indexed by the thread's own shard, not the header's: the header may still be on its
         // way from memory, and the shard's loads and stores should not wait for it.
         SHARDS[me.shard.index as usize].hold(me.number, me.shard.owned)
     } else {
-        match SHARDS[shard as usize % live_list::SHARD_COUNT].lock_unowned(me.number) {
+        match SHARDS[shard as usize].lock_unowned(me.number) {
             Ok(held) => Some(held),
             Err(NotHeld::Owned) => return free_remote(header, kind, start, me),
             Err(NotHeld::Reentered) => None,
@@ -160,25 +166,63 @@ fn free_live(header: *mut BlockHeader, kind: BlockKind, start: impl Fn() -> Star
             drop(held);
             return deallocate_raced(header, kind, start());
         }
-        free_listed(held, header);
+        if own {
+            free_on_own_list(held, header);
+        } else {
+            free_off_list(held, header);
+        }
     }
 }
 
-/// Takes a block off the list of `held`, marks it freed and gives its memory back.
+/// Frees a block on the calling thread's own shard (`held`): a heap block stays on the list,
+/// parked (see `heap`), so neither this free nor the allocation that reuses it touches the list.
 ///
 /// # Safety
-/// `header` is on the list of `held`, and nobody else frees it.
+/// `header` is a live block on the list of `held`, the calling thread's shard, and nobody else
+/// frees it.
 #[inline(always)]
-unsafe fn free_listed(mut held: live_list::HeldShard<'_>, header: *mut BlockHeader) {
+unsafe fn free_on_own_list(mut held: live_list::HeldShard<'_>, header: *mut BlockHeader) {
     // SAFETY: guaranteed by the caller.
     let h = unsafe { &mut *header };
+    held.count_free(h.size);
+    if h.placement == Placement::Heap {
+        h.mark_freed();
+        // SAFETY: a heap block of class `h.class`, freed, on the list of `held`.
+        unsafe { heap::park(header as *mut u8, h.class, &mut held) };
+        return;
+    }
     // SAFETY: guaranteed by the caller.
-    unsafe { held.unlink(header, h.size) };
+    unsafe { held.unlink(header) };
     let raw_offset = h.raw_offset();
     h.mark_freed();
     drop(held);
     // SAFETY: the block is off its list and marked freed; this thread owns its memory now.
     unsafe { raw::release(header, raw_offset) };
+}
+
+/// Frees a block on another shard's list (`held` by its lock or a stopped world); a heap block
+/// goes back to its class.
+///
+/// # Safety
+/// `header` is a live or claimed block on the list of `held`, and nobody else frees it.
+#[cold]
+unsafe fn free_off_list(mut held: live_list::HeldShard<'_>, header: *mut BlockHeader) {
+    // SAFETY: guaranteed by the caller.
+    let h = unsafe { &mut *header };
+    // SAFETY: guaranteed by the caller.
+    unsafe { held.unlink(header) };
+    held.count_free(h.size);
+    let (placement, class, raw_offset) = (h.placement, h.class, h.raw_offset());
+    h.mark_freed();
+    drop(held);
+    // SAFETY: the block is off every list and marked freed; this thread owns its memory now.
+    unsafe {
+        if placement == Placement::Heap {
+            heap::give_back_block(header as *mut u8, class);
+        } else {
+            raw::release(header, raw_offset);
+        }
+    }
 }
 
 /// A free of a block on a shard another thread owns: the block is claimed now (so a second
@@ -220,7 +264,7 @@ pub(crate) unsafe fn settle_claimed_block(header: *mut BlockHeader, world: &Stop
     // claimed block is still on the list of its shard.
     unsafe {
         if (*header).is_claimed() {
-            free_listed(world.shard((*header).shard as usize), header);
+            free_off_list(world.shard((*header).shard), header);
         }
     }
 }
@@ -257,7 +301,7 @@ fn report_mismatch(header: *mut BlockHeader, kind: BlockKind, start: StartFrame)
 
 #[cold]
 #[inline(never)]
-fn report_budget_exceeded(size: usize, file: *const c_char, line: u32, start: StartFrame) {
+fn report_budget_exceeded(size: usize, file: *const c_char, line: u32, alloc_stack: StackId) {
     bad_free(|| MemoryError {
         size,
         // SAFETY: `file` is null or a `__FILE__` literal (allocate's contract).
@@ -265,7 +309,7 @@ fn report_budget_exceeded(size: usize, file: *const c_char, line: u32, start: St
         line,
         allocator: Some(budget::POOL_NAME),
         detail: Some("the memory budget is spent"),
-        alloc_stack: capture_stack_of(start),
+        alloc_stack,
         ..MemoryError::at_free(
             ErrorKind::BudgetExceeded,
             core::ptr::null_mut(),

@@ -4,6 +4,7 @@
 
 use super::header::{BlockHeader, Placement, HEADER_SIZE};
 use super::heap;
+use super::live_list::HeldShard;
 use crate::stack::StackId;
 use crate::sys::{self, PAGE_SIZE};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -17,22 +18,33 @@ pub struct RawBlock {
     pub user: *mut u8,
     pub raw_offset: usize,
     pub placement: Placement,
+    /// The heap's size class, for [`Placement::Heap`].
+    pub class: u8,
 }
 
 /// Memory for `size` bytes aligned to `align` with a header in front, or `None` when exhausted.
-/// `budgeted`: the budget (`budget=`) is set up and serves every block.
+/// `budgeted`: the budget (`budget=`) is set up and serves every block. A heap block comes
+/// parked on `mine`, the calling thread's shard (see `heap`); others are on no list.
 #[inline(always)]
-pub fn acquire(size: usize, align: usize, budgeted: bool) -> Option<RawBlock> {
+pub fn acquire(
+    size: usize,
+    align: usize,
+    budgeted: bool,
+    mine: &mut HeldShard<'_>,
+) -> Option<RawBlock> {
     if budgeted {
         return super::budget::active().and_then(|budget| acquire_budgeted(budget, size, align));
     }
-    if align <= 16 && size <= heap::LARGEST_BLOCK - HEADER_SIZE {
-        if let Some(raw) = heap::allocate(HEADER_SIZE + size) {
-            return Some(RawBlock {
-                user: raw.wrapping_add(HEADER_SIZE),
-                raw_offset: HEADER_SIZE,
-                placement: Placement::Heap,
-            });
+    if align <= 16 {
+        if let Some(class) = heap::class_for(HEADER_SIZE + size) {
+            if let Some(raw) = heap::take(class, mine) {
+                return Some(RawBlock {
+                    user: raw.wrapping_add(HEADER_SIZE),
+                    raw_offset: HEADER_SIZE,
+                    placement: Placement::Heap,
+                    class,
+                });
+            }
         }
     }
     acquire_system(size, align)
@@ -51,6 +63,7 @@ pub fn acquire_system(size: usize, align: usize) -> Option<RawBlock> {
                 user,
                 raw_offset: HEADER_SIZE,
                 placement: Placement::Malloc,
+                class: 0,
             });
         }
         // SAFETY: null, or fresh from raw_alloc and never handed out.
@@ -70,6 +83,7 @@ fn acquire_budgeted(budget: &super::budget::Budget, size: usize, align: usize) -
             user,
             raw_offset,
             placement: Placement::Budget,
+            class: 0,
         });
     }
     // As for malloc'd blocks: a page-aligned user pointer would cost every free a page probe.
@@ -98,6 +112,7 @@ fn acquire_any(size: usize, align: usize) -> Option<RawBlock> {
         user: raw.wrapping_add(raw_offset),
         raw_offset,
         placement: Placement::Malloc,
+        class: 0,
     };
     if !(block.user as usize).is_multiple_of(PAGE_SIZE) {
         return Some(block);
@@ -138,33 +153,17 @@ fn acquire_mapped(size: usize, align: usize) -> Option<RawBlock> {
         user: user as *mut u8,
         raw_offset: PAGE_SIZE,
         placement: Placement::Mapped,
+        class: 0,
     })
 }
 
-/// Gives a block's memory back. The header must already be marked freed.
+/// Gives the memory of a block not from the heap back. The header must already be marked freed.
 ///
 /// # Safety
-/// `header` belongs to a block from [`acquire`] that nobody else frees.
-#[inline(always)]
-pub unsafe fn release(header: *mut BlockHeader, raw_offset: usize) {
-    // SAFETY: guaranteed by the caller.
-    let (placement, size) = unsafe { ((*header).placement, (*header).size) };
-    if placement == Placement::Heap {
-        // SAFETY: a heap block starts at its header (raw_offset is HEADER_SIZE) and came from
-        // heap::allocate for HEADER_SIZE + size bytes.
-        unsafe { heap::free(header as *mut u8, HEADER_SIZE + size) };
-        return;
-    }
-    // SAFETY: guaranteed by the caller.
-    unsafe { release_elsewhere(header, raw_offset) };
-}
-
-/// [`release`] for blocks not from the heap.
-///
-/// # Safety
-/// As for [`release`].
+/// `header` belongs to a block from [`acquire`] or [`acquire_system`], not from the heap, that
+/// nobody else frees; `raw_offset` is its header's.
 #[inline(never)]
-unsafe fn release_elsewhere(header: *mut BlockHeader, raw_offset: usize) {
+pub unsafe fn release(header: *mut BlockHeader, raw_offset: usize) {
     let user = BlockHeader::user_ptr(header);
     let raw = user.wrapping_sub(raw_offset);
     // SAFETY: guaranteed by the caller; the header stays readable until the memory goes.
@@ -175,7 +174,7 @@ unsafe fn release_elsewhere(header: *mut BlockHeader, raw_offset: usize) {
     match placement {
         // SAFETY: raw is the pointer raw_alloc returned for this block.
         Placement::Malloc => unsafe { sys::raw_free(raw) },
-        Placement::Heap => {} // released by release() itself
+        Placement::Heap => {} // never here: the free path parks heap blocks or gives them back
         Placement::Budget => {
             if let Some(budget) = super::budget::active() {
                 budget.release(raw);
