@@ -213,6 +213,8 @@ static SHARED: [Mutex<SharedClass>; CLASS_COUNT] = [const {
     })
 }; CLASS_COUNT];
 
+/// A class lock. Nobody waits for a shard while holding one (`refill` lets go of it before it
+/// links blocks), so it may be taken with a shard held or the world stopped.
 fn shared(class: usize) -> MutexGuard<'static, SharedClass> {
     SHARED[class].lock().unwrap_or_else(PoisonError::into_inner)
 }

@@ -118,7 +118,8 @@ pub fn deallocate(ptr: *mut u8, kind: BlockKind, start: impl Fn() -> StartFrame 
     match BlockHeader::lookup(ptr) {
         Lookup::Live(header) => free_live(header, kind, start),
         Lookup::Untracked(header) => {
-            // SAFETY: an untracked header is ours, on no list, and freed only here.
+            // SAFETY: an untracked header is ours, on no list, from glibc or our mappings (not
+            // the heap), and freed only here.
             unsafe {
                 let raw_offset = (*header).raw_offset();
                 (*header).mark_freed();
@@ -201,7 +202,8 @@ unsafe fn free_on_own_list(mut held: live_list::HeldShard<'_>, header: *mut Bloc
 }
 
 /// Frees a block on another shard's list (`held` by its lock or a stopped world); a heap block
-/// goes back to its class.
+/// goes back to its class (under the class lock, which nobody holds while waiting for a shard,
+/// so taking it with the world stopped is safe).
 ///
 /// # Safety
 /// `header` is a live or claimed block on the list of `held`, and nobody else frees it.
