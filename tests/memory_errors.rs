@@ -105,6 +105,33 @@ fn exitcode_fails_the_process_when_errors_were_found() {
     assert!(run.stdout().contains("survived"));
 }
 
+#[test]
+fn a_second_delete_of_any_size_is_reported_even_after_glibc_would_have_trimmed_its_memory() {
+    let dir = support::scratch("double_free_sizes");
+    let exe = support::build(
+        &dir,
+        "double_free_sizes",
+        &["tests/cpp/double_free_sizes.cpp"],
+        &["-Wno-use-after-free"],
+    );
+    let run = support::run(&exe, "stack_depth=0");
+    assert!(run.output.status.success(), "{}", run.stderr());
+    assert!(run.stdout().contains("done"), "{}", run.stdout());
+    // Per size: the plain block, then the 64-byte-aligned array (its size rounded up to lines).
+    let sizes: Vec<u64> = run
+        .errors()
+        .iter()
+        .map(|e| e["size"].as_u64().unwrap())
+        .collect();
+    let expected: Vec<u64> = [16u64, 1000, 40000, 100000, 131000, 200000, 1 << 20]
+        .iter()
+        .flat_map(|&size| [size, (size / 64 + 1) * 64])
+        .collect();
+    assert_eq!(sizes, expected, "{}", run.stderr());
+    assert!(run.error_kinds().iter().all(|kind| kind == "double_free"));
+    assert_eq!(run.leaks().len(), 0, "{}", run.text);
+}
+
 fn libc_sigabrt() -> i32 {
     6
 }

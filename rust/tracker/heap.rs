@@ -34,17 +34,30 @@ use core::cell::Cell;
 use core::ptr::null_mut;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-/// The largest block (header included) served here; larger ones go to glibc or get their own
-/// mapping (`raw`).
-pub const LARGEST_BLOCK: usize = 32 * 1024;
+/// The largest block (header included) served here; larger ones get their own mapping (`raw`).
+/// Up to this size no tracked block comes from glibc, which may give the memory of a freed block
+/// back to the OS, so that a second `delete` reading its header would fault.
+pub const LARGEST_BLOCK: usize = 128 * 1024;
 
 /// 16-byte steps up to 512 bytes, then four classes per power of two.
 const FINE_CLASSES: usize = 32;
-const CLASS_COUNT: usize = FINE_CLASSES + 4 * 6;
+const CLASS_COUNT: usize = FINE_CLASSES + 4 * 8;
 
-/// The class of a block of `total` bytes, `None` when the heap does not serve that size.
+/// The largest alignment of a user pointer the heap serves. Classes whose size is a multiple of
+/// it have every block (and so every user pointer, `HEADER_SIZE` after it) aligned to it.
+pub const LARGEST_ALIGN: usize = 64;
+
+/// The class of a block of `total` bytes whose user pointer is aligned to `align`, `None` when
+/// the heap does not serve that size or alignment.
 #[inline]
-pub fn class_for(total: usize) -> Option<u8> {
+pub fn class_for(total: usize, align: usize) -> Option<u8> {
+    let total = if align <= 16 {
+        total
+    } else if align <= LARGEST_ALIGN {
+        total.next_multiple_of(LARGEST_ALIGN)
+    } else {
+        return None;
+    };
     (total <= LARGEST_BLOCK).then(|| class_of(total) as u8)
 }
 
@@ -55,7 +68,7 @@ fn class_of(total: usize) -> usize {
     if total <= FINE_CLASSES * 16 {
         return last >> 4;
     }
-    let power = usize::BITS - 1 - last.leading_zeros(); // 9 ..= 14
+    let power = usize::BITS - 1 - last.leading_zeros(); // 9 ..= 16
     let quarter = (last >> (power - 2)) & 3;
     FINE_CLASSES + (power as usize - 9) * 4 + quarter
 }
@@ -93,11 +106,11 @@ const fn size_of_class(class: usize) -> usize {
     (1 << power) + (quarter + 1) * (1 << (power - 2))
 }
 
-/// About 32 KiB of blocks, at least 8, at most 64.
+/// About 64 KiB of blocks, at least 2, at most 64.
 const fn blocks_per_batch(class: usize) -> u32 {
-    let blocks = 32 * 1024 / size_of_class(class);
-    if blocks < 8 {
-        8
+    let blocks = 64 * 1024 / size_of_class(class);
+    if blocks < 2 {
+        2
     } else if blocks > 64 {
         64
     } else {
@@ -345,8 +358,9 @@ fn carve(shared: &mut SharedClass, class: usize) -> Option<List> {
         shared.carve_next = block.wrapping_add(size);
         if (block as usize + super::header::HEADER_SIZE).is_multiple_of(PAGE_SIZE) {
             // A page-aligned user pointer would cost each of its frees a page probe (`header`).
-            // Shifting the rest of the span by 16 bytes keeps the next ones off page starts too.
-            shared.carve_next = block.wrapping_add(16);
+            // Shifting the rest of the span by LARGEST_ALIGN bytes keeps the next ones off page
+            // starts too, and the blocks of the classes that serve aligned blocks aligned.
+            shared.carve_next = block.wrapping_add(LARGEST_ALIGN);
             continue;
         }
         // SAFETY: a fresh block of this class inside our span, handed to nobody yet.
@@ -497,8 +511,35 @@ mod tests {
     }
 
     #[test]
+    fn classes_for_aligned_requests_hand_out_aligned_user_pointers() {
+        use super::super::header::HEADER_SIZE;
+        for total in (HEADER_SIZE + 1..=LARGEST_BLOCK).step_by(7) {
+            for align in [32, 64] {
+                let class = class_for(total, align).unwrap() as usize;
+                assert!(class_size(class) >= total);
+                assert!(class_size(class).is_multiple_of(LARGEST_ALIGN), "{total}");
+            }
+        }
+        assert_eq!(class_for(HEADER_SIZE + 1, 128), None);
+        assert_eq!(class_for(LARGEST_BLOCK + 1, 16), None);
+        // Enough blocks of a small class to cross many page starts (where carving skips ahead).
+        let class = class_for(HEADER_SIZE + 100, 64).unwrap();
+        with_my_shard(|mine| {
+            let blocks: Vec<*mut u8> = (0..2000).map(|_| take(class, mine).unwrap()).collect();
+            for &block in &blocks {
+                let user = block as usize + HEADER_SIZE;
+                assert!(user.is_multiple_of(64) && !user.is_multiple_of(PAGE_SIZE));
+            }
+            for block in blocks {
+                // SAFETY: each came from take(class) just above and is used by nobody.
+                unsafe { park(block, class, mine) };
+            }
+        });
+    }
+
+    #[test]
     fn a_parked_block_is_reused_and_blocks_never_overlap() {
-        let class = class_for(100).unwrap();
+        let class = class_for(100, 16).unwrap();
         with_my_shard(|mine| {
             let a = take(class, mine).unwrap();
             let b = take(class, mine).unwrap();
@@ -518,7 +559,7 @@ mod tests {
 
     #[test]
     fn blocks_parked_by_an_exited_thread_are_handed_out_again() {
-        let class = class_for(30 * 1024).unwrap(); // a class no other test uses
+        let class = class_for(30 * 1024, 16).unwrap(); // a class no other test uses
         let blocks = std::thread::spawn(move || {
             with_my_shard(|mine| {
                 let blocks: [usize; 20] =
@@ -542,7 +583,7 @@ mod tests {
 
     #[test]
     fn blocks_given_back_one_by_one_come_back_as_one_list() {
-        let class = class_for(20 * 1024).unwrap(); // a class no other test uses
+        let class = class_for(20 * 1024, 16).unwrap(); // a class no other test uses
         let given: [usize; 3] = with_my_shard(|mine| {
             core::array::from_fn(|_| {
                 let block = take(class, mine).unwrap();

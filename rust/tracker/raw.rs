@@ -1,6 +1,7 @@
-//! The memory under each block: our small-block heap (`heap`) for tracked blocks up to 32 KiB,
-//! glibc `malloc` for the tracker's own memory and mid sizes, our own mappings for large ones, and a record of recently unmapped blocks so a second `delete` of one is recognised
-//! without touching unmapped memory.
+//! The memory under each block: our heap (`heap`) for tracked blocks up to 128 KiB aligned up to
+//! 64 bytes, our own mappings for larger ones, glibc `malloc` for the tracker's own memory and
+//! for more strongly aligned blocks, and a record of recently unmapped blocks so that a second
+//! `delete` of one is recognised without touching unmapped memory.
 
 use super::header::{BlockHeader, Placement, HEADER_SIZE};
 use super::heap;
@@ -23,8 +24,9 @@ pub struct RawBlock {
 }
 
 /// Memory for `size` bytes aligned to `align` with a header in front, or `None` when exhausted.
-/// `budgeted`: the budget (`budget=`) is set up and serves every block. A heap block comes
-/// parked on `mine`, the calling thread's shard (see `heap`); others are on no list.
+/// `budgeted`: the budget (`budget=`) is set up and serves every block. Otherwise the heap
+/// serves what it can (up to 128 KiB, aligned up to 64), parked on `mine`, the calling thread's
+/// shard (see `heap`); the rest comes from our mappings or glibc, on no list.
 #[inline(always)]
 pub fn acquire(
     size: usize,
@@ -35,16 +37,14 @@ pub fn acquire(
     if budgeted {
         return super::budget::active().and_then(|budget| acquire_budgeted(budget, size, align));
     }
-    if align <= 16 {
-        if let Some(class) = heap::class_for(HEADER_SIZE + size) {
-            if let Some(raw) = heap::take(class, mine) {
-                return Some(RawBlock {
-                    user: raw.wrapping_add(HEADER_SIZE),
-                    raw_offset: HEADER_SIZE,
-                    placement: Placement::Heap,
-                    class,
-                });
-            }
+    if let Some(class) = heap::class_for(HEADER_SIZE.saturating_add(size), align) {
+        if let Some(raw) = heap::take(class, mine) {
+            return Some(RawBlock {
+                user: raw.wrapping_add(HEADER_SIZE),
+                raw_offset: HEADER_SIZE,
+                placement: Placement::Heap,
+                class,
+            });
         }
     }
     acquire_system(size, align)
