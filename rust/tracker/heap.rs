@@ -37,7 +37,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 /// The largest block (header included) served here; larger ones get their own mapping (`raw`).
 /// Up to this size no tracked block comes from glibc, which may give the memory of a freed block
 /// back to the OS, so that a second `delete` reading its header would fault.
-pub const LARGEST_BLOCK: usize = 128 * 1024;
+const LARGEST_BLOCK: usize = 128 * 1024;
 
 /// 16-byte steps up to 512 bytes, then four classes per power of two.
 const FINE_CLASSES: usize = 32;
@@ -45,7 +45,7 @@ const CLASS_COUNT: usize = FINE_CLASSES + 4 * 8;
 
 /// The largest alignment of a user pointer the heap serves. Classes whose size is a multiple of
 /// it have every block (and so every user pointer, `HEADER_SIZE` after it) aligned to it.
-pub const LARGEST_ALIGN: usize = 64;
+const LARGEST_ALIGN: usize = 64;
 
 /// The class of a block of `total` bytes whose user pointer is aligned to `align`, `None` when
 /// the heap does not serve that size or alignment.
