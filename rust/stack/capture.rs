@@ -88,6 +88,8 @@ thread_local! {
 thread_local! {
     /// Frames this thread's walks took over from a memo instead of unwinding (tests only).
     pub(super) static REUSED: Cell<usize> = const { Cell::new(0) };
+    /// Steps this thread's DWARF walks asked the unwinder for (tests only).
+    pub(super) static STEPPED: Cell<usize> = const { Cell::new(0) };
 }
 
 /// A DWARF walk with a brand-new rule cache and no memo (tests only): framehop's cache is not
@@ -106,6 +108,13 @@ pub(super) fn unwind_uncached(start: StartFrame, out: &mut [MaybeUninit<usize>])
 fn note_reused(_frames: usize) {
     #[cfg(test)]
     REUSED.with(|r| r.set(r.get() + _frames));
+}
+
+/// Counts steps the unwinder made, so tests can tell that the memo spared them.
+#[inline(always)]
+fn note_stepped() {
+    #[cfg(test)]
+    STEPPED.with(|r| r.set(r.get() + 1));
 }
 
 /// Reads the calling thread's stack range once (slow path: `pthread_getattr_np` parses
@@ -422,6 +431,7 @@ fn dwarf_walk(
             s.begin_step(n - 1);
         }
         let prev_sp = regs.sp();
+        note_stepped();
         let stepped = FrameAddress::from_return_address(pc as u64).and_then(|addr| {
             let mut logged = |a: u64| {
                 let r = read(a);
@@ -439,7 +449,7 @@ fn dwarf_walk(
             // The stack grows down: a caller's sp must be above its callee's, or we would loop.
             Some(ra) if ra != 0 && regs.sp() > prev_sp => {
                 if let Some(s) = splice.as_mut() {
-                    s.end_step(n - 1);
+                    s.end_step(n - 1, (ra as usize, regs.sp() as usize, regs.bp() as usize));
                 }
                 pc = ra as usize;
             }

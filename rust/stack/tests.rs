@@ -220,6 +220,7 @@ struct Shim {
     sort: extern "C" fn(*mut i32, i32, Callback),
     ostream_write: extern "C" fn(FrameCallback),
     std_thread: extern "C" fn(Callback),
+    rbp_loop: extern "C" fn(FrameCallback, i32, i32),
 }
 
 /// Builds `rust/stack/testdata/<name>.cpp` without frame pointers into a shared library and
@@ -280,6 +281,10 @@ fn shim() -> Option<&'static Shim> {
                     h,
                     c"k15_shim_std_thread",
                 )),
+                rbp_loop: core::mem::transmute::<
+                    *mut c_void,
+                    extern "C" fn(FrameCallback, i32, i32),
+                >(symbol(h, c"k15_shim_rbp_loop")),
             })
         }
     })
@@ -337,6 +342,116 @@ fn std_thread_stacks_reach_libstdcxx_entry() {
     let mods: Vec<String> = f.iter().map(|&a| module_of(a)).collect();
     assert!(mods.iter().any(|m| m.contains("libstdc++")), "{mods:?}");
     assert!(mods.last().unwrap().contains("libc.so"), "{mods:?}");
+}
+
+thread_local! {
+    /// Per capture from `capture_with_and_without_memo`: frames, steps the unwinder made, and
+    /// whether the memo's frames equal those of a walk that depends on nothing but the stack.
+    static RBP_CAPTURES: std::cell::RefCell<Vec<(usize, usize, bool)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+    /// The interned stack of the last of those captures.
+    static RBP_STACK: core::cell::Cell<StackId> = const { core::cell::Cell::new(StackId(0)) };
+}
+
+/// Captures like k15's operator new, with the memo, and checks the frames against a walk with a
+/// fresh unwinder cache and no memo.
+extern "C" fn capture_with_and_without_memo(frame_address: usize) {
+    // SAFETY: the shim passes `__builtin_frame_address(0)` of its live frame-pointer frame.
+    let start = unsafe { StartFrame::caller_of(frame_address) };
+    let stepped_before = capture::STEPPED.with(|r| r.get());
+    let mut with_memo = [0usize; 32];
+    let n = capture::unwind_into_slice(start, &mut with_memo);
+    let stepped = capture::STEPPED.with(|r| r.get()) - stepped_before;
+    let mut clean = [core::mem::MaybeUninit::uninit(); 32];
+    let m = capture::unwind_uncached(start, &mut clean);
+    // SAFETY: `unwind_uncached` initialised the first `m` elements.
+    let clean = unsafe { core::slice::from_raw_parts(clean.as_ptr().cast::<usize>(), m) };
+    RBP_CAPTURES.with(|c| c.borrow_mut().push((n, stepped, with_memo[..n] == *clean)));
+    RBP_STACK.with(|id| id.set(capture(start, 32)));
+}
+
+/// The call chains below `k15_shim_rbp_loop` (see the shim).
+#[derive(Clone, Copy)]
+enum RbpPaths {
+    Straight = 0,
+    Changing = 1,
+    ThroughSaver = 2,
+}
+
+#[inline(never)]
+fn call_shim_rbp_loop(s: &Shim, captures: i32, paths: RbpPaths) {
+    (s.rbp_loop)(capture_with_and_without_memo, captures, paths as i32);
+    black_box(());
+}
+
+/// 300 captures below the shim's rbp loop; each must equal a plain walk, and from the tenth on
+/// the memo must spare every step of the unwinder.
+fn memo_takes_over_every_frame(s: &Shim, paths: RbpPaths) {
+    RBP_CAPTURES.with(|c| c.borrow_mut().clear());
+    call_shim_rbp_loop(s, 300, paths);
+    let captures = RBP_CAPTURES.with(|c| c.borrow().clone());
+    assert_eq!(captures.len(), 300);
+    assert!(
+        captures.iter().all(|&(_, _, same)| same),
+        "the memo gave another stack than a plain walk"
+    );
+    // Every capture sees another rbp up to the loop's frame (or another saved copy of it), and
+    // the loop's step restores the same rbp for its caller: once the memo has learnt that, it
+    // takes over every frame.
+    let stepping: Vec<_> = captures[10..]
+        .iter()
+        .filter(|&&(_, stepped, _)| stepped != 0)
+        .collect();
+    assert!(
+        stepping.is_empty(),
+        "{} of 290 captures stepped afresh, such as {:?} (frames, steps)",
+        stepping.len(),
+        stepping[0]
+    );
+}
+
+#[test]
+fn memo_takes_over_frames_whose_rbp_changes_between_captures() {
+    let Some(s) = shim() else { return };
+    let _g = SHIM_LOCK.lock().unwrap();
+    memo_takes_over_every_frame(s, RbpPaths::Straight);
+    // A frame that restores rbp from a saved copy that changes every time.
+    memo_takes_over_every_frame(s, RbpPaths::ThroughSaver);
+    // And the stack is the real one: through the shim's frames to this test.
+    RBP_CAPTURES.with(|c| c.borrow_mut().clear());
+    (s.rbp_loop)(capture_with_and_without_memo, 1, 0);
+    let id = RBP_STACK.with(|id| id.get());
+    let f = frames(id);
+    let mods: Vec<String> = f.iter().map(|&a| module_of(a)).collect();
+    assert!(mods[0].contains("k15_unwind_shim"), "{mods:?}");
+    assert!(mods[1].contains("k15_unwind_shim"), "{mods:?}");
+    assert!(
+        names(f[2]).contains("memo_takes_over_frames_whose_rbp_changes"),
+        "{}",
+        names(f[2])
+    );
+}
+
+#[test]
+fn memo_agrees_with_plain_walks_when_rbp_and_the_path_change_between_captures() {
+    let Some(s) = shim() else { return };
+    let _g = SHIM_LOCK.lock().unwrap();
+    RBP_CAPTURES.with(|c| c.borrow_mut().clear());
+    call_shim_rbp_loop(s, 600, RbpPaths::Changing);
+    let captures = RBP_CAPTURES.with(|c| c.borrow().clone());
+    assert_eq!(captures.len(), 600);
+    let wrong = captures.iter().filter(|&&(_, _, same)| !same).count();
+    assert_eq!(wrong, 0, "the memo gave another stack than a plain walk");
+    // Three chains of two depths, one after the other, so each walk differs from the last one
+    // (the memo's) in its first frames and in their rbp.
+    let depths: std::collections::BTreeSet<usize> = captures.iter().map(|c| c.0).collect();
+    assert_eq!(depths.len(), 2, "{depths:?}");
+    let frames: usize = captures.iter().map(|c| c.0).sum();
+    let stepped: usize = captures.iter().map(|c| c.1).sum();
+    assert!(
+        stepped < frames / 2,
+        "the memo was hardly used: {stepped} steps for {frames} frames"
+    );
 }
 
 struct CaptureOnDrop;
