@@ -1,6 +1,6 @@
-//! The memory under small tracked blocks: size classes carved from our own mappings, a free list
-//! per thread and class in front of a shared list per class, so a tracked `new`/`delete` pair
-//! costs no glibc call, no lock and no atomic read-modify-write.
+//! The memory under tracked blocks up to 128 KiB: size classes carved from our own mappings, a
+//! free list per thread and class in front of a shared list per class, so a tracked
+//! `new`/`delete` pair costs no glibc call, no lock and no atomic read-modify-write.
 //!
 //! A block here is header and user bytes together (`total` bytes, rounded up to its class).
 //!
