@@ -18,7 +18,7 @@
 //! freed block (the heap's use 16..40, glibc's at most 0..32): a second `delete` still finds
 //! `FREED`. A free heap block also keeps its shard-list links (`heap`).
 
-use super::raw;
+use super::raw::{self, RawBlock};
 use crate::ffi::BlockKind;
 use crate::stack::StackId;
 use core::ffi::c_char;
@@ -69,9 +69,6 @@ const _: () = assert!(core::mem::size_of::<BlockHeader>() == HEADER_SIZE);
 /// What the allocation call says about a new block.
 pub struct NewBlock {
     pub size: usize,
-    pub raw_offset: usize,
-    pub placement: Placement,
-    pub class: u8,
     pub kind: BlockKind,
     pub file: *const c_char,
     pub line: u32,
@@ -112,16 +109,22 @@ impl BlockHeader {
         self.raw_offset as usize
     }
 
-    /// Writes the header of a new block, all but its list links (a heap block is on its shard's
-    /// list already; others are linked after this): `owner` is `None` for the tracker's own
-    /// (untracked) blocks, which are on no list.
+    /// Writes the header of the new block in `raw`, all but its list links (a heap block is on
+    /// its shard's list already; others are linked after this), and returns it: `owner` is
+    /// `None` for the tracker's own (untracked) blocks, which are on no list.
     ///
     /// # Safety
-    /// `header` points to `HEADER_SIZE` writable bytes right before its user pointer, and
-    /// `block.file` is null or a NUL-terminated string that outlives the block.
+    /// `raw` came from `raw::acquire*`, which reserved `HEADER_SIZE` writable bytes in front of
+    /// its user pointer, and `block.file` is null or a NUL-terminated string that outlives the
+    /// block.
     #[inline]
-    pub unsafe fn write(header: *mut BlockHeader, block: &NewBlock, owner: Option<Owner>) {
-        let user = Self::user_ptr(header) as usize;
+    pub unsafe fn write(
+        raw: &RawBlock,
+        block: &NewBlock,
+        owner: Option<Owner>,
+    ) -> *mut BlockHeader {
+        let header = Self::of(raw.user);
+        let user = raw.user as usize;
         let cookie = if owner.is_some() {
             LIVE ^ user
         } else {
@@ -135,15 +138,16 @@ impl BlockHeader {
             (&raw mut (*header).thread).write(owner.thread);
             (&raw mut (*header).line).write(block.line);
             (&raw mut (*header).shard).write(owner.shard);
-            (&raw mut (*header).class).write(block.class);
+            (&raw mut (*header).class).write(raw.class);
             (&raw mut (*header).kind).write(block.kind);
-            (&raw mut (*header).placement).write(block.placement);
+            (&raw mut (*header).placement).write(raw.placement);
             (&raw mut (*header).file).write(block.file);
             (&raw mut (*header).size).write(block.size);
             (&raw mut (*header).alloc_stack).write(owner.alloc_stack);
-            (&raw mut (*header).raw_offset).write(block.raw_offset as u32);
+            (&raw mut (*header).raw_offset).write(raw.raw_offset as u32);
             (&raw mut (*header).cookie).write(AtomicUsize::new(cookie));
         }
+        header
     }
 
     fn address(&self) -> usize {

@@ -116,9 +116,9 @@ pub struct Shard {
     peak_bytes: AtomicU64,
     allocations: AtomicU64,
     frees: AtomicU64,
-    /// `live_bytes` when last added to the process-wide sum, and the band around it inside
-    /// which changes are not flushed (one compare per `new` or `delete`).
-    flushed_live_bytes: AtomicU64,
+    /// The band around `live_bytes` as last added to the process-wide sum (`flush_above` less
+    /// [`PEAK_FLUSH_BYTES`]) inside which changes are not flushed: one compare per `new` or
+    /// `delete`.
     flush_above: AtomicU64,
     flush_below: AtomicU64,
     /// Blocks of other shards this shard's owner freed, claimed and waiting to be settled.
@@ -142,7 +142,6 @@ const EMPTY_SHARD: Shard = Shard {
     peak_bytes: AtomicU64::new(0),
     allocations: AtomicU64::new(0),
     frees: AtomicU64::new(0),
-    flushed_live_bytes: AtomicU64::new(0),
     flush_above: AtomicU64::new(PEAK_FLUSH_BYTES),
     flush_below: AtomicU64::new(0),
     pending: UnsafeCell::new([core::ptr::null_mut(); PENDING_CAPACITY]),
@@ -248,10 +247,10 @@ impl Shard {
     #[cold]
     #[inline(never)]
     fn flush_live_bytes(&self, live: u64) {
-        let delta = live.wrapping_sub(self.flushed_live_bytes.load(Ordering::Relaxed)) as i64;
+        let flushed = self.flush_above.load(Ordering::Relaxed) - PEAK_FLUSH_BYTES;
+        let delta = live.wrapping_sub(flushed) as i64;
         let total = FLUSHED_LIVE_BYTES.fetch_add(delta, Ordering::Relaxed) + delta;
         FLUSHED_PEAK_BYTES.fetch_max(total.max(0) as u64, Ordering::Relaxed);
-        self.flushed_live_bytes.store(live, Ordering::Relaxed);
         self.flush_above
             .store(live + PEAK_FLUSH_BYTES, Ordering::Relaxed);
         self.flush_below

@@ -58,12 +58,8 @@ pub unsafe fn allocate(
         }
         return core::ptr::null_mut();
     };
-    let header = BlockHeader::of(block.user);
     let new_block = NewBlock {
         size,
-        raw_offset: block.raw_offset,
-        placement: block.placement,
-        class: block.class,
         kind,
         file,
         line,
@@ -74,11 +70,10 @@ pub unsafe fn allocate(
         shard: me.shard.index,
         alloc_stack,
     };
-    // SAFETY: acquire reserved HEADER_SIZE bytes in front of the user pointer; `file` is as
-    // the caller guarantees. A heap block is parked on this shard's list already; others are
-    // on no list until linked here.
+    // SAFETY: `block` is fresh from acquire; `file` is as the caller guarantees. A heap block
+    // is parked on this shard's list already; others are on no list until linked here.
     unsafe {
-        BlockHeader::write(header, &new_block, Some(owner));
+        let header = BlockHeader::write(&block, &new_block, Some(owner));
         if block.placement != Placement::Heap {
             held.link(header);
         }
@@ -96,15 +91,12 @@ fn allocate_untracked(size: usize, align: usize, kind: BlockKind) -> *mut u8 {
     };
     let new_block = NewBlock {
         size,
-        raw_offset: block.raw_offset,
-        placement: block.placement,
-        class: block.class,
         kind,
         file: core::ptr::null(),
         line: 0,
     };
-    // SAFETY: acquire reserved HEADER_SIZE bytes in front of the user pointer.
-    unsafe { BlockHeader::write(BlockHeader::of(block.user), &new_block, None) };
+    // SAFETY: `block` is fresh from acquire_system.
+    unsafe { BlockHeader::write(&block, &new_block, None) };
     block.user
 }
 
