@@ -23,9 +23,15 @@ fn main() {
     println!("cargo:rustc-link-search=native={out_dir}");
     println!("cargo:rustc-link-lib=static:+whole-archive=k15_memory_cpp");
     println!("cargo:rustc-link-lib=stdc++");
+    // libk15_memory.so for LD_PRELOAD: rustc's version script exports only Rust symbols, and GNU
+    // ld refuses a second one; gold merges ours (cpp/exports.map: the C++ operators) with it.
+    let manifest_dir = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
+    println!("cargo:rustc-cdylib-link-arg=-fuse-ld=gold");
+    println!("cargo:rustc-cdylib-link-arg=-Wl,--version-script={manifest_dir}/cpp/exports.map");
     for path in sources.iter().chain(&[
         "rust/ffi.rs",
         "cpp/entry.h",
+        "cpp/exports.map",
         "include/k15/memory.h",
         "include/k15/bullet.h",
         "include/k15/engine.h",

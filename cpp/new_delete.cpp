@@ -5,7 +5,11 @@
 #include "k15/memory.h"
 #include "entry.h"
 
+#include <dlfcn.h>
+#include <unistd.h>
+
 #include <cstddef>
+#include <cstdio>
 #include <new>
 
 extern "C" const char k15_memory_link_error_put_libk15_memory_a_after_your_sources = 0;
@@ -44,6 +48,29 @@ void release(void* ptr, BlockKind kind, std::size_t frame) noexcept {
 
 }  // namespace
 
+// This module's own operator new, under a name no other module can interpose. Defined below.
+extern "C" void* k15_memory_own_operator_new(std::size_t size)
+    __attribute__((alias("_Znwm"), visibility("hidden"), malloc, alloc_size(1)));
+
+namespace {
+
+// Whether the dynamic linker resolves operator new to this module's: true for the executable,
+// a shared library loaded at start before libstdc++, and LD_PRELOAD; false for a library loaded
+// by dlopen, whose blocks the process's operator delete (libstdc++'s) would free.
+bool operators_are_the_process() {
+    static const bool ours = dlsym(RTLD_DEFAULT, "_Znwm") == reinterpret_cast<void*>(&k15_memory_own_operator_new);
+    return ours;
+}
+
+// Where they are not, K15_NEW allocates and frees through the process's operators instead (the
+// start-up warning has said that nothing is tracked).
+template <class Function>
+[[gnu::cold]] Function process_operator(const char* mangled_name) {
+    return reinterpret_cast<Function>(dlsym(RTLD_DEFAULT, mangled_name));
+}
+
+}  // namespace
+
 #define K15_FRAME frame_of(__builtin_frame_address(0))
 
 // Plain, array, nothrow and aligned forms.
@@ -72,15 +99,23 @@ void* operator new[](std::size_t size, std::align_val_t align, const std::nothro
 
 // K15_NEW: the same, with the allocation site.
 void* operator new(std::size_t size, const char* file, int line) {
+    if (!operators_are_the_process()) return process_operator<void* (*)(std::size_t)>("_Znwm")(size);
     return allocate_or_throw(size, 0, BlockKind::New, file, line, K15_FRAME);
 }
 void* operator new[](std::size_t size, const char* file, int line) {
+    if (!operators_are_the_process()) return process_operator<void* (*)(std::size_t)>("_Znam")(size);
     return allocate_or_throw(size, 0, BlockKind::NewArray, file, line, K15_FRAME);
 }
 void* operator new(std::size_t size, std::align_val_t align, const char* file, int line) {
+    if (!operators_are_the_process()) {
+        return process_operator<void* (*)(std::size_t, std::align_val_t)>("_ZnwmSt11align_val_t")(size, align);
+    }
     return allocate_or_throw(size, alignment(align), BlockKind::New, file, line, K15_FRAME);
 }
 void* operator new[](std::size_t size, std::align_val_t align, const char* file, int line) {
+    if (!operators_are_the_process()) {
+        return process_operator<void* (*)(std::size_t, std::align_val_t)>("_ZnamSt11align_val_t")(size, align);
+    }
     return allocate_or_throw(size, alignment(align), BlockKind::NewArray, file, line, K15_FRAME);
 }
 
@@ -105,27 +140,70 @@ void operator delete[](void* ptr, std::align_val_t, const std::nothrow_t&) noexc
 }
 
 // Placement deletes of K15_NEW: called only when the constructor throws.
-void operator delete(void* ptr, const char*, int) noexcept { release(ptr, BlockKind::New, K15_FRAME); }
-void operator delete[](void* ptr, const char*, int) noexcept { release(ptr, BlockKind::NewArray, K15_FRAME); }
-void operator delete(void* ptr, std::align_val_t, const char*, int) noexcept {
+void operator delete(void* ptr, const char*, int) noexcept {
+    if (!operators_are_the_process()) return process_operator<void (*)(void*)>("_ZdlPv")(ptr);
     release(ptr, BlockKind::New, K15_FRAME);
 }
-void operator delete[](void* ptr, std::align_val_t, const char*, int) noexcept {
+void operator delete[](void* ptr, const char*, int) noexcept {
+    if (!operators_are_the_process()) return process_operator<void (*)(void*)>("_ZdaPv")(ptr);
+    release(ptr, BlockKind::NewArray, K15_FRAME);
+}
+void operator delete(void* ptr, std::align_val_t align, const char*, int) noexcept {
+    if (!operators_are_the_process()) {
+        return process_operator<void (*)(void*, std::align_val_t)>("_ZdlPvSt11align_val_t")(ptr, align);
+    }
+    release(ptr, BlockKind::New, K15_FRAME);
+}
+void operator delete[](void* ptr, std::align_val_t align, const char*, int) noexcept {
+    if (!operators_are_the_process()) {
+        return process_operator<void (*)(void*, std::align_val_t)>("_ZdaPvSt11align_val_t")(ptr, align);
+    }
     release(ptr, BlockKind::NewArray, K15_FRAME);
 }
 
-// The exit report. An atexit registered by the executable runs before the shared libraries'
-// static destructors, which may still free. Registered from .preinit_array (before any shared
-// library's initializer) without a DSO handle, the report runs after all of them.
+// The exit report, after every static destructor of the executable and of every shared library,
+// wherever this object was linked: into the executable, into a shared library loaded at start or
+// by dlopen, or into libk15_memory.so under LD_PRELOAD. This module's destructor runs inside the
+// dynamic linker's _dl_fini, and a handler registered there runs once _dl_fini has returned
+// (glibc's exit walk starts over when a handler registers another). A shared library holding the
+// tracker is pinned, so that dlclose neither runs that destructor early nor unmaps the tracker
+// while blocks it served are still live.
 extern "C" int __cxa_atexit(void (*function)(void*), void* argument, void* dso_handle);
+
 
 namespace {
 
 void report_at_exit(void*) { k15::memory::detail::report_at_exit(); }
 
-void register_exit_report(int, char**, char**) { __cxa_atexit(report_at_exit, nullptr, nullptr); }
+void pin_this_module() {
+    Dl_info self{};
+    if (dladdr(reinterpret_cast<void*>(&k15_memory_own_operator_new), &self) == 0 || self.dli_fname == nullptr) return;
+    // Fails harmlessly for the executable, which is never unloaded anyway.
+    static_cast<void>(dlopen(self.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE));
+}
 
-[[gnu::used, gnu::section(".preinit_array")]] void (*const register_exit_report_entry)(int, char**, char**) =
-    register_exit_report;
+// Where the tracker cannot be sure the link put it first (a library loaded by dlopen, an
+// executable that links libstdc++ before the library that holds it), say so once.
+void warn_unless_operator_new_is_ours() {
+    if (operators_are_the_process()) return;
+    Dl_info owner{};
+    const char* module = dladdr(dlsym(RTLD_DEFAULT, "_Znwm"), &owner) != 0 && owner.dli_fname != nullptr ? owner.dli_fname : "?";
+    char line[512];
+    const int length = std::snprintf(line, sizeof line,
+                                     "k15-memory: warning: operator new of this process is %s's, not the tracker's: "
+                                     "new/delete are not tracked (see README, \"Adding it to an engine\")\n",
+                                     module);
+    if (length > 0) {
+        const std::size_t size = static_cast<std::size_t>(length) < sizeof line ? static_cast<std::size_t>(length) : sizeof line - 1;
+        static_cast<void>(write(2, line, size));
+    }
+}
+
+[[gnu::constructor]] void start_up() {
+    pin_this_module();
+    warn_unless_operator_new_is_ours();
+}
+
+[[gnu::destructor]] void register_exit_report() { __cxa_atexit(report_at_exit, nullptr, nullptr); }
 
 }  // namespace

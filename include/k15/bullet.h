@@ -13,7 +13,8 @@
 
 #include <cstddef>
 
-namespace k15::memory {
+namespace k15 {
+namespace memory {
 
 #if defined(K15_MEMORY_DISABLED)
 
@@ -34,4 +35,5 @@ inline void install_bullet_hooks() {
 
 #endif
 
-}  // namespace k15::memory
+}  // namespace memory
+}  // namespace k15

@@ -21,7 +21,8 @@
 #include <utility>
 #include <vector>
 
-namespace k15::memory {
+namespace k15 {
+namespace memory {
 
 // Counters of one allocator; bytes are the sizes callers asked for.
 struct AllocatorStats {
@@ -85,11 +86,13 @@ struct MemStats {
     std::uint64_t live_bytes = 0;
 };
 
-}  // namespace k15::memory
+}  // namespace memory
+}  // namespace k15
 
 #if !defined(K15_MEMORY_DISABLED)
 
-namespace k15::memory {
+namespace k15 {
+namespace memory {
 
 namespace detail {
 struct TrackedAllocator;  // the Rust object behind each allocator
@@ -204,11 +207,13 @@ LeakSummary leaks_since(Checkpoint since);
 
 MemStats memstats(bool reset = false) noexcept;
 
-}  // namespace k15::memory
+}  // namespace memory
+}  // namespace k15
 
 #else  // K15_MEMORY_DISABLED: the same interface over the C++ runtime's own allocation
 
-namespace k15::memory {
+namespace k15 {
+namespace memory {
 
 class EngineAllocator {
 public:
@@ -287,11 +292,13 @@ inline Checkpoint checkpoint() noexcept { return Checkpoint{0}; }
 inline LeakSummary leaks_since(Checkpoint) { return LeakSummary{}; }
 inline MemStats memstats(bool = false) noexcept { return MemStats{}; }
 
-}  // namespace k15::memory
+}  // namespace memory
+}  // namespace k15
 
 #endif
 
-namespace k15::memory {
+namespace k15 {
+namespace memory {
 
 // Rewinds its StackAllocator to where it was at construction.
 class StackScope {
@@ -306,4 +313,5 @@ private:
     Marker marker_;
 };
 
-}  // namespace k15::memory
+}  // namespace memory
+}  // namespace k15

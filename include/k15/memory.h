@@ -6,6 +6,8 @@
 //
 //   g++ -std=c++17 -g -I include app.cpp target/release/libk15_memory.a -lpthread -ldl -o app
 //
+// Compiles as C++11 and later (g++, clang++, -Wall -Wextra -pedantic clean).
+//
 // -DK15_MEMORY_DISABLED turns it all off: K15_NEW is plain new and the library is not needed.
 #pragma once
 
@@ -24,7 +26,8 @@
 #endif
 #endif
 
-namespace k15::memory {
+namespace k15 {
+namespace memory {
 
 // Counters of the whole process. Bytes are the sizes the program asked for, headers excluded.
 struct Stats {
@@ -35,16 +38,19 @@ struct Stats {
     std::uint64_t total_frees = 0;
 };
 
-}  // namespace k15::memory
+}  // namespace memory
+}  // namespace k15
 
 #if defined(K15_MEMORY_DISABLED)
 
 #define K15_NEW new
 
-namespace k15::memory {
+namespace k15 {
+namespace memory {
 inline Stats stats() noexcept { return {}; }
 inline bool write_leak_report(const char* = nullptr) noexcept { return false; }
-}  // namespace k15::memory
+}  // namespace memory
+}  // namespace k15
 
 #else
 
@@ -53,16 +59,21 @@ inline bool write_leak_report(const char* = nullptr) noexcept { return false; }
 
 // Defined in the library beside the global replacements (never inline: a block allocated here
 // must be freed by the same allocator). The placement deletes run when a constructor throws.
+// The aligned forms exist where the language has std::align_val_t (C++17, or -faligned-new);
+// below that, over-aligned types get the plain forms, as with plain new.
 void* operator new(std::size_t size, const char* file, int line);
 void* operator new[](std::size_t size, const char* file, int line);
-void* operator new(std::size_t size, std::align_val_t align, const char* file, int line);
-void* operator new[](std::size_t size, std::align_val_t align, const char* file, int line);
 void operator delete(void* ptr, const char* file, int line) noexcept;
 void operator delete[](void* ptr, const char* file, int line) noexcept;
+#if defined(__cpp_aligned_new)
+void* operator new(std::size_t size, std::align_val_t align, const char* file, int line);
+void* operator new[](std::size_t size, std::align_val_t align, const char* file, int line);
 void operator delete(void* ptr, std::align_val_t align, const char* file, int line) noexcept;
 void operator delete[](void* ptr, std::align_val_t align, const char* file, int line) noexcept;
+#endif
 
-namespace k15::memory {
+namespace k15 {
+namespace memory {
 
 // The counters now.
 Stats stats() noexcept;
@@ -71,7 +82,8 @@ Stats stats() noexcept;
 // the configured log_path (K15_MEMORY_OPTIONS). Returns false if a file could not be written.
 bool write_leak_report(const char* path = nullptr) noexcept;
 
-}  // namespace k15::memory
+}  // namespace memory
+}  // namespace k15
 
 // Every translation unit that includes this header refers to this symbol, which lives in the
 // same object as the operator replacements: linking pulls them in, and a link line that puts

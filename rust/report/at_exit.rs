@@ -1,7 +1,8 @@
-//! The report at exit. `cpp/new_delete.cpp` registers [`run`] from the executable's
-//! `.preinit_array` with `__cxa_atexit(fn, nullptr, nullptr)`: registered before anything else,
-//! it runs after every static destructor of the executable and of its shared libraries
-//! (field notes; proven by `tests/exit_order.rs`). Frees that come later still work.
+//! The report at exit. `cpp/new_delete.cpp` registers [`run`] with `__cxa_atexit` from the
+//! destructor of the module that holds the tracker, inside the dynamic linker's `_dl_fini`: it
+//! runs after every static destructor of the executable and of its shared libraries, wherever the
+//! tracker was linked (proven by `tests/exit_order.rs` and `tests/shared_engine.rs`). Frees that
+//! come later still work.
 
 use core::sync::atomic::{AtomicBool, Ordering};
 

@@ -1,6 +1,7 @@
 // A block freed after the exit report has been written: the free must still work quietly.
-// This program's own .preinit_array entry runs before the library's, so the handler it
-// registers runs after the report.
+// This program's own .preinit_array entry registers its handler before the dynamic linker's
+// _dl_fini is registered, so it runs after _dl_fini and after the report (registered inside
+// _dl_fini).
 #include <k15/memory.h>
 
 #include <cstdio>
