@@ -69,6 +69,17 @@ pub const ENGINE_SAMPLE: [&str; 2] = ["samples/engine/main.cpp", "samples/engine
 
 /// A shared library of the test's own (for statics in another module, stacks through it).
 pub fn build_shared(dir: &Path, name: &str, sources: &[&str], flags: &[&str]) -> PathBuf {
+    link_shared(dir, name, sources, flags, &[])
+}
+
+/// A shared library with the tracker linked into it, as README says for engines built as
+/// shared libraries: `g++ -fPIC -shared <sources> libk15_memory.a -lpthread -ldl`.
+pub fn build_shared_with_tracker(dir: &Path, name: &str, sources: &[&str]) -> PathBuf {
+    let tracker = static_lib().to_str().expect("a UTF-8 path");
+    link_shared(dir, name, sources, &[], &[tracker, "-lpthread", "-ldl"])
+}
+
+fn link_shared(dir: &Path, name: &str, sources: &[&str], flags: &[&str], libs: &[&str]) -> PathBuf {
     let lib = dir.join(format!("lib{name}.so"));
     let out = Command::new("g++")
         .current_dir(repo())
@@ -85,6 +96,7 @@ pub fn build_shared(dir: &Path, name: &str, sources: &[&str], flags: &[&str]) ->
         ])
         .args(flags)
         .args(sources)
+        .args(libs)
         .arg("-o")
         .arg(&lib)
         .output()
@@ -95,6 +107,11 @@ pub fn build_shared(dir: &Path, name: &str, sources: &[&str], flags: &[&str]) ->
         String::from_utf8_lossy(&out.stderr)
     );
     lib
+}
+
+/// `target/release/libk15_memory.so`, for LD_PRELOAD (built with the static library).
+pub fn preload_lib() -> PathBuf {
+    static_lib().with_extension("so")
 }
 
 /// What one run left behind.

@@ -1,0 +1,49 @@
+// A launcher that knows nothing of the tracker: it runs the engine library of
+// tests/cpp/shared_engine.cpp, linked at start (-DENGINE_LINKED) or loaded with dlopen from
+// argv[1] and dlclosed before exit. Its own statics free at exit; it leaks one block on purpose.
+#include <dlfcn.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#if defined(ENGINE_LINKED)
+extern "C" int engine_run(int frames);
+#endif
+
+namespace {
+
+struct LauncherState {
+    std::vector<std::string>* history = new std::vector<std::string>(3, std::string(40, 'h'));
+    ~LauncherState() {
+        delete history;
+        std::fputs("launcher: statics destroyed\n", stderr);
+    }
+};
+
+LauncherState state;
+int* volatile sink;
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    sink = new int[7];  // LAUNCHER LEAK
+#if defined(ENGINE_LINKED)
+    static_cast<void>(argc);
+    static_cast<void>(argv);
+    const int meshes = engine_run(10);
+#else
+    if (argc < 2) return 2;
+    void* engine = dlopen(argv[1], RTLD_NOW);
+    if (engine == nullptr) {
+        std::fprintf(stderr, "launcher: %s\n", dlerror());
+        return 3;
+    }
+    auto run = reinterpret_cast<int (*)(int)>(dlsym(engine, "engine_run"));
+    const int meshes = run(10);
+    dlclose(engine);
+    std::fputs("launcher: engine closed\n", stderr);
+#endif
+    std::printf("launcher: %d meshes\n", meshes);
+    return 0;
+}
