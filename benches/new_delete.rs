@@ -1,6 +1,7 @@
 //! The churn benchmark: the same C++ workload (`programs/churn.cpp`, 2 million new/delete pairs
 //! per thread) under plain glibc and its peers and under the tracker, each in its own process,
-//! all in one run; prints nanoseconds per pair and the ratio to plain glibc. Peers that are not
+//! all in one run (the tracker also preloaded into the plain build, beside heaptrack on that
+//! same binary); prints nanoseconds per pair and the ratio to plain glibc. Peers that are not
 //! installed are skipped with a note. `cargo bench --bench new_delete`
 
 #[path = "../tests/support/mod.rs"]
@@ -166,6 +167,17 @@ fn variants(dir: &Path, opt: &'static str, with_slow_peers: bool) -> Vec<Variant
     if !with_slow_peers {
         return variants;
     }
+    // Side by side on the same unmodified binary: the tracker preloaded, then heaptrack.
+    variants.push(peer(
+        "k15, LD_PRELOAD on the plain build",
+        &[],
+        &plain,
+        vec![
+            ("LD_PRELOAD", support::preload_lib().display().to_string()),
+            ("K15_MEMORY_OPTIONS", "report=0".to_owned()),
+        ],
+        1,
+    ));
     if on_path("heaptrack") {
         let out = dir.join("heaptrack.out").display().to_string();
         variants.push(peer(
