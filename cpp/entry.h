@@ -1,5 +1,5 @@
 // The two calls of every tracked new and delete, straight into Rust (rust/ffi.rs): not through
-// the cxx bridge, whose wrapper and shim would add two calls to each.
+// the cxx bridge, whose wrapper and shim would add two calls to each; and the take-over.
 #pragma once
 
 #include "k15-memory/rust/ffi.rs.h"
@@ -10,4 +10,14 @@ extern "C" {
 void* k15_memory_allocate(std::size_t size, std::size_t align, k15::memory::detail::BlockKind kind, const char* file,
                           int line, std::size_t frame_address) noexcept;
 void k15_memory_deallocate(void* ptr, k15::memory::detail::BlockKind kind, std::size_t frame_address) noexcept;
+// After a take-over (cpp/take_over.cpp): blocks the previous allocator served are freed by it.
+void k15_memory_pass_foreign_blocks_to(void (*original_delete)(void*)) noexcept;
 }
+
+namespace k15::memory::detail {
+// Points every loaded module's calls of the global operators at `own_module`'s (a handle of the
+// module that holds the tracker), and so those of modules dlopen loads later; blocks the
+// tracker did not serve go to the process's operator delete. False if `own_module` does not
+// export all the operators (nothing is redirected then).
+bool take_over_operators(void* own_module) noexcept;
+}  // namespace k15::memory::detail

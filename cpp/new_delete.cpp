@@ -54,15 +54,28 @@ extern "C" void* k15_memory_own_operator_new(std::size_t size)
 
 namespace {
 
-// Whether the dynamic linker resolves operator new to this module's: true for the executable,
-// a shared library loaded at start before libstdc++, and LD_PRELOAD; false for a library loaded
-// by dlopen, whose blocks the process's operator delete (libstdc++'s) would free.
+// A handle of the shared library that holds the tracker, pinned: dlclose neither runs its
+// destructor early (see the exit report below) nor unmaps the tracker while blocks it served are
+// live. Null for the executable, which is never unloaded anyway.
+void* this_module() {
+    Dl_info self{};
+    if (dladdr(reinterpret_cast<void*>(&k15_memory_own_operator_new), &self) == 0 || self.dli_fname == nullptr) {
+        return nullptr;
+    }
+    return dlopen(self.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+}
+
+// Whether this module's operators serve the process. The dynamic linker resolves them to this
+// module's in the executable, a library loaded at start before libstdc++, and under LD_PRELOAD;
+// elsewhere (a library loaded by dlopen, or loaded at start after libstdc++), the tracker takes
+// them over (cpp/take_over.cpp).
 bool operators_are_the_process() {
-    static const bool ours = dlsym(RTLD_DEFAULT, "_Znwm") == reinterpret_cast<void*>(&k15_memory_own_operator_new);
+    static const bool ours = dlsym(RTLD_DEFAULT, "_Znwm") == reinterpret_cast<void*>(&k15_memory_own_operator_new) ||
+                             k15::memory::detail::take_over_operators(this_module());
     return ours;
 }
 
-// Where they are not, K15_NEW allocates and frees through the process's operators instead (the
+// Where neither holds, K15_NEW allocates and frees through the process's operators instead (the
 // start-up warning has said that nothing is tracked).
 template <class Function>
 [[gnu::cold]] Function process_operator(const char* mangled_name) {
@@ -166,8 +179,7 @@ void operator delete[](void* ptr, std::align_val_t align, const char*, int) noex
 // by dlopen, or into libk15_memory.so under LD_PRELOAD. This module's destructor runs inside the
 // dynamic linker's _dl_fini, and a handler registered there runs once _dl_fini has returned
 // (glibc's exit walk starts over when a handler registers another). A shared library holding the
-// tracker is pinned, so that dlclose neither runs that destructor early nor unmaps the tracker
-// while blocks it served are still live.
+// tracker is pinned at start-up (this_module).
 extern "C" int __cxa_atexit(void (*function)(void*), void* argument, void* dso_handle);
 
 
@@ -175,23 +187,17 @@ namespace {
 
 void report_at_exit(void*) { k15::memory::detail::report_at_exit(); }
 
-void pin_this_module() {
-    Dl_info self{};
-    if (dladdr(reinterpret_cast<void*>(&k15_memory_own_operator_new), &self) == 0 || self.dli_fname == nullptr) return;
-    // Fails harmlessly for the executable, which is never unloaded anyway.
-    static_cast<void>(dlopen(self.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE));
-}
-
-// Where the tracker cannot be sure the link put it first (a library loaded by dlopen, an
-// executable that links libstdc++ before the library that holds it), say so once.
+// Where the tracker could neither be the process's operator new nor take it over (a module whose
+// operators are not exported), say so once.
 void warn_unless_operator_new_is_ours() {
     if (operators_are_the_process()) return;
     Dl_info owner{};
     const char* module = dladdr(dlsym(RTLD_DEFAULT, "_Znwm"), &owner) != 0 && owner.dli_fname != nullptr ? owner.dli_fname : "?";
     char line[512];
     const int length = std::snprintf(line, sizeof line,
-                                     "k15-memory: warning: operator new of this process is %s's, not the tracker's: "
-                                     "new/delete are not tracked (see README, \"Adding it to an engine\")\n",
+                                     "k15-memory: warning: operator new of this process is %s's, not the tracker's, "
+                                     "which cannot take it over: new/delete are not tracked (see README, "
+                                     "\"Adding it to an engine\")\n",
                                      module);
     if (length > 0) {
         const std::size_t size = static_cast<std::size_t>(length) < sizeof line ? static_cast<std::size_t>(length) : sizeof line - 1;
@@ -200,7 +206,7 @@ void warn_unless_operator_new_is_ours() {
 }
 
 [[gnu::constructor]] void start_up() {
-    pin_this_module();
+    static_cast<void>(this_module());
     warn_unless_operator_new_is_ours();
 }
 

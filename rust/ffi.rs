@@ -146,8 +146,8 @@ use bridge::{
 };
 
 // Every `new` and `delete` (`cpp/new_delete.cpp`, `cpp/bullet_hooks.cpp`) calls the two
-// functions below directly, declared in `cpp/entry.h`, not through the bridge: cxx's C++
-// wrapper and Rust shim add two calls to each, measured at about 8% of a tracked new/delete
+// functions below directly (and `cpp/take_over.cpp` the third), declared in `cpp/entry.h`, not
+// through the bridge: cxx's C++ wrapper and Rust shim add two calls to each, measured at about 8% of a tracked new/delete
 // pair. Everything else crosses through the bridge.
 
 /// A tracked block, or null when memory is exhausted. `frame_address` is the frame of the
@@ -185,6 +185,16 @@ pub unsafe extern "C" fn k15_memory_deallocate(
     // SAFETY: forwarded from the caller's guarantee.
     let start = || unsafe { StartFrame::caller_of(frame_address) };
     tracker::deallocate(ptr, kind, start)
+}
+
+/// Called once by `cpp/take_over.cpp` when this tracker has taken `operator new` and `delete`
+/// over after the process started: blocks that `original_delete`'s allocator served before are
+/// freed by it.
+#[no_mangle]
+pub extern "C" fn k15_memory_pass_foreign_blocks_to(
+    original_delete: unsafe extern "C" fn(*mut u8),
+) {
+    tracker::pass_foreign_blocks_to(original_delete)
 }
 
 fn stats() -> Stats {

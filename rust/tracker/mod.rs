@@ -18,6 +18,7 @@ pub mod raw;
 use crate::ffi::{BlockKind, Stats};
 use crate::stack::{self, StackId, StartFrame};
 use core::ffi::c_char;
+use core::sync::atomic::{AtomicUsize, Ordering};
 use errors::{ErrorKind, MemoryError};
 use guard::Inside;
 use header::{BlockHeader, Lookup, NewBlock, Owner, Placement};
@@ -123,10 +124,25 @@ pub fn deallocate(ptr: *mut u8, kind: BlockKind, start: impl Fn() -> StartFrame 
             alloc_stack,
             ..MemoryError::at_free(ErrorKind::DoubleFree, ptr, kind, capture_stack_of(start()))
         }),
-        Lookup::Foreign => bad_free(|| {
-            MemoryError::at_free(ErrorKind::InvalidFree, ptr, kind, capture_stack_of(start()))
-        }),
+        Lookup::Foreign => match FOREIGN_DELETE.load(Ordering::Acquire) {
+            0 => bad_free(|| {
+                MemoryError::at_free(ErrorKind::InvalidFree, ptr, kind, capture_stack_of(start()))
+            }),
+            // SAFETY: stored by `pass_foreign_blocks_to` from a function of this very type.
+            delete => unsafe { core::mem::transmute::<usize, ForeignDelete>(delete)(ptr) },
+        },
     }
+}
+
+type ForeignDelete = unsafe extern "C" fn(*mut u8);
+
+/// The `operator delete` the tracker took over from after the process had started (an engine
+/// library loaded by `dlopen`: `cpp/take_over.cpp`), or 0. Blocks its allocator served before
+/// are handed back to it: they cannot be told from bad frees, which then go to it as well.
+static FOREIGN_DELETE: AtomicUsize = AtomicUsize::new(0);
+
+pub fn pass_foreign_blocks_to(delete: ForeignDelete) {
+    FOREIGN_DELETE.store(delete as usize, Ordering::Release);
 }
 
 #[inline]

@@ -1,6 +1,7 @@
 // A launcher that knows nothing of the tracker: it runs the engine library of
 // tests/cpp/shared_engine.cpp, linked at start (-DENGINE_LINKED) or loaded with dlopen from
-// argv[1] and dlclosed before exit. Its own statics free at exit; it leaks one block on purpose.
+// argv[1] and dlclosed before exit. Its own statics free at exit; it leaks one block before the
+// engine runs and one after, on purpose.
 #include <dlfcn.h>
 
 #include <cstdio>
@@ -22,12 +23,12 @@ struct LauncherState {
 };
 
 LauncherState state;
-int* volatile sink;
+void* volatile sink;
 
 }  // namespace
 
 int main(int argc, char** argv) {
-    sink = new int[7];  // LAUNCHER LEAK
+    sink = new int[7];  // LAUNCHER LEAK BEFORE
 #if defined(ENGINE_LINKED)
     static_cast<void>(argc);
     static_cast<void>(argv);
@@ -44,6 +45,7 @@ int main(int argc, char** argv) {
     dlclose(engine);
     std::fputs("launcher: engine closed\n", stderr);
 #endif
+    sink = new char[13];  // LAUNCHER LEAK AFTER
     std::printf("launcher: %d meshes\n", meshes);
     return 0;
 }

@@ -74,9 +74,14 @@ pub fn build_shared(dir: &Path, name: &str, sources: &[&str], flags: &[&str]) ->
 
 /// A shared library with the tracker linked into it, as README says for engines built as
 /// shared libraries: `g++ -fPIC -shared <sources> libk15_memory.a -lpthread -ldl`.
-pub fn build_shared_with_tracker(dir: &Path, name: &str, sources: &[&str]) -> PathBuf {
+pub fn build_shared_with_tracker(
+    dir: &Path,
+    name: &str,
+    sources: &[&str],
+    flags: &[&str],
+) -> PathBuf {
     let tracker = static_lib().to_str().expect("a UTF-8 path");
-    link_shared(dir, name, sources, &[], &[tracker, "-lpthread", "-ldl"])
+    link_shared(dir, name, sources, flags, &[tracker, "-lpthread", "-ldl"])
 }
 
 fn link_shared(dir: &Path, name: &str, sources: &[&str], flags: &[&str], libs: &[&str]) -> PathBuf {
