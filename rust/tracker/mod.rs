@@ -124,13 +124,10 @@ pub fn deallocate(ptr: *mut u8, kind: BlockKind, start: impl Fn() -> StartFrame 
             alloc_stack,
             ..MemoryError::at_free(ErrorKind::DoubleFree, ptr, kind, capture_stack_of(start()))
         }),
-        Lookup::Foreign => match FOREIGN_DELETE.load(Ordering::Acquire) {
-            0 => bad_free(|| {
-                MemoryError::at_free(ErrorKind::InvalidFree, ptr, kind, capture_stack_of(start()))
-            }),
-            // SAFETY: stored by `pass_foreign_blocks_to` from a function of this very type.
-            delete => unsafe { core::mem::transmute::<usize, ForeignDelete>(delete)(ptr) },
-        },
+        Lookup::Foreign if handed_back(ptr) => {}
+        Lookup::Foreign => bad_free(|| {
+            MemoryError::at_free(ErrorKind::InvalidFree, ptr, kind, capture_stack_of(start()))
+        }),
     }
 }
 
@@ -143,6 +140,20 @@ static FOREIGN_DELETE: AtomicUsize = AtomicUsize::new(0);
 
 pub fn pass_foreign_blocks_to(delete: ForeignDelete) {
     FOREIGN_DELETE.store(delete as usize, Ordering::Release);
+}
+
+/// Whether `ptr`, which the tracker never served, went to the allocator it took over from.
+#[cold]
+fn handed_back(ptr: *mut u8) -> bool {
+    match FOREIGN_DELETE.load(Ordering::Acquire) {
+        0 => false,
+        delete => {
+            // SAFETY: stored by `pass_foreign_blocks_to` from a function of this very type; that
+            // allocator's delete takes any pointer the program passes to `delete`.
+            unsafe { core::mem::transmute::<usize, ForeignDelete>(delete)(ptr) };
+            true
+        }
+    }
 }
 
 #[inline]
