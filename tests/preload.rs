@@ -32,14 +32,12 @@ fn preloaded_into_a_plain_build_reports_the_linked_builds_leaks() {
         &["-DK15_MEMORY_DISABLED"],
     );
     let preload = support::preload_lib();
+    let preloaded = |report: &str, options: &str| {
+        let env = [("LD_PRELOAD", preload.to_str().unwrap())];
+        support::run_with(&plain, report, options, &env, &[])
+    };
     let expected = support::run(&linked, "");
-    let run = support::run_with(
-        &plain,
-        "plain",
-        "",
-        &[("LD_PRELOAD", preload.to_str().unwrap())],
-        &[],
-    );
+    let run = preloaded("plain", "");
     let stderr = run.stderr();
     assert!(run.output.status.success(), "{stderr}");
     assert!(!stderr.contains("warning"), "{stderr}");
@@ -59,12 +57,6 @@ fn preloaded_into_a_plain_build_reports_the_linked_builds_leaks() {
     }
     assert!(run.errors().is_empty(), "{}", run.text);
     // Options reach the preloaded tracker too.
-    let quiet = support::run_with(
-        &plain,
-        "quiet",
-        "report=0",
-        &[("LD_PRELOAD", preload.to_str().unwrap())],
-        &[],
-    );
+    let quiet = preloaded("quiet", "report=0");
     assert!(quiet.json.is_null() && !quiet.stderr().contains("k15-memory"));
 }

@@ -1,6 +1,6 @@
 // A launcher that knows nothing of the tracker: it runs the engine library of
 // tests/cpp/shared_engine.cpp, linked at start (-DENGINE_LINKED) or loaded with dlopen from
-// argv[1] and dlclosed before exit. Its own statics free at exit; it leaks one block before the
+// argv[1] and dlclosed before exit, and has it load the plugin named last on the command line. Its own statics free at exit; it leaks one block before the
 // engine runs and one after, on purpose.
 #include <dlfcn.h>
 
@@ -10,6 +10,7 @@
 
 #if defined(ENGINE_LINKED)
 extern "C" int engine_run(int frames);
+extern "C" int engine_load_plugin(const char* path);
 #endif
 
 namespace {
@@ -30,11 +31,11 @@ void* volatile sink;
 int main(int argc, char** argv) {
     sink = new int[7];  // LAUNCHER LEAK BEFORE
 #if defined(ENGINE_LINKED)
-    static_cast<void>(argc);
-    static_cast<void>(argv);
-    const int meshes = engine_run(10);
-#else
     if (argc < 2) return 2;
+    const int meshes = engine_run(10);
+    const int plugin = engine_load_plugin(argv[1]);
+#else
+    if (argc < 3) return 2;
     void* engine = dlopen(argv[1], RTLD_NOW);
     if (engine == nullptr) {
         std::fprintf(stderr, "launcher: %s\n", dlerror());
@@ -42,10 +43,11 @@ int main(int argc, char** argv) {
     }
     auto run = reinterpret_cast<int (*)(int)>(dlsym(engine, "engine_run"));
     const int meshes = run(10);
+    const int plugin = reinterpret_cast<int (*)(const char*)>(dlsym(engine, "engine_load_plugin"))(argv[2]);
     dlclose(engine);
     std::fputs("launcher: engine closed\n", stderr);
 #endif
     sink = new char[13];  // LAUNCHER LEAK AFTER
-    std::printf("launcher: %d meshes\n", meshes);
+    std::printf("launcher: %d meshes, plugin made %d\n", meshes, plugin);
     return 0;
 }

@@ -1,6 +1,8 @@
 // An engine built as a shared library with the tracker linked into it (tests/shared_engine.rs):
-// its statics free their blocks at exit, and it leaks one block on purpose.
+// its statics free their blocks at exit, it leaks one block on purpose, and it loads a plugin.
 #include <k15/memory.h>
+
+#include <dlfcn.h>
 
 #include <cstdio>
 #include <map>
@@ -29,4 +31,16 @@ extern "C" int engine_run(int frames) {
     }
     sink = K15_NEW int[5];  // ENGINE LEAK
     return static_cast<int>(assets.meshes.size());
+}
+
+// The plugin's blocks are tracked even when it is loaded after a take-over: the tracker
+// redirects its calls as dlopen returns.
+extern "C" int engine_load_plugin(const char* path) {
+    void* plugin = dlopen(path, RTLD_NOW);
+    if (plugin == nullptr) return -1;
+    auto make = reinterpret_cast<std::string* (*)()>(dlsym(plugin, "plugin_make"));
+    std::string* made = make();
+    const int size = static_cast<int>(made->size());
+    delete made;
+    return size;
 }
