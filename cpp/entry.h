@@ -17,7 +17,7 @@ void k15_memory_pass_foreign_blocks_to(void (*original_delete)(void*)) noexcept;
 namespace k15::memory::detail {
 // Points every loaded module's calls of the global operators at `own_module`'s (a handle of the
 // module that holds the tracker), and so those of modules dlopen loads later; blocks the
-// tracker did not serve go to the process's operator delete. False if `own_module` does not
-// export all the operators (nothing is redirected then).
+// tracker did not serve go to the process's operator delete. False if the process's operators
+// are not libstdc++'s or `own_module` does not export them all (nothing is redirected then).
 bool take_over_operators(void* own_module) noexcept;
 }  // namespace k15::memory::detail

@@ -4,6 +4,7 @@
 // loaded at start first). Each loaded module's relocations of them (its GOT and PLT slots) are
 // pointed at this module's operators, and those of dlopen too, so that modules loaded later are
 // redirected as they come. Blocks libstdc++ served before are handed back to it when freed.
+// Operators that are not libstdc++'s (a program's own replacement) are left alone.
 
 #include "entry.h"
 
@@ -160,7 +161,14 @@ bool take_over_operators(void* own_module) noexcept {
     const auto original_delete = reinterpret_cast<void (*)(void*)>(dlsym(RTLD_DEFAULT, "_ZdlPv"));
     if (original_delete == nullptr) return false;
     k15_memory_pass_foreign_blocks_to(original_delete);
-    if (own_module == nullptr) return false;
+    // Only libstdc++'s operators are taken over: a program's own replacement (or another
+    // allocator's) serves blocks that its inlined or direct calls free, which the tracker must
+    // not come between.
+    void* libstdcxx = dlopen("libstdc++.so.6", RTLD_NOW | RTLD_NOLOAD);
+    if (own_module == nullptr || libstdcxx == nullptr ||
+        dlsym(libstdcxx, "_Znwm") != dlsym(RTLD_DEFAULT, "_Znwm")) {
+        return false;
+    }
     for (std::size_t which = 0; which < dlopen_index; ++which) {
         redirect_to[which] = dlsym(own_module, redirected_names[which]);
         if (redirect_to[which] == nullptr || !defined_here(redirect_to[which])) return false;

@@ -1,5 +1,6 @@
-//! Linking cannot silently go wrong: the library before the sources fails loudly, and the
-//! disabled build needs no library at all.
+//! Linking cannot silently go wrong: the library before the sources fails loudly (for an
+//! executable, and for a shared library at its users' link and at dlopen), and the disabled
+//! build needs no library at all.
 
 mod support;
 use std::process::Command;
@@ -50,4 +51,43 @@ fn disabled_build_links_without_the_library_and_reports_nothing() {
         !symbols.contains("k15_memory_link_error"),
         "no link anchor in a disabled build"
     );
+}
+
+#[test]
+fn archive_before_sources_of_a_shared_library_fails_at_link_and_at_dlopen() {
+    let dir = support::scratch("link_wrong_order_shared");
+    let archive = support::static_lib().to_str().unwrap();
+    // build_shared puts its flags before the sources: the wrong order.
+    let engine = support::build_shared(
+        &dir,
+        "engine",
+        &["tests/cpp/shared_engine.cpp"],
+        &[archive, "-ldl"],
+    );
+    let anchor = "k15_memory_link_error_put_libk15_memory_a_after_your_sources";
+    let out = Command::new("g++")
+        .current_dir(support::repo())
+        .args(["-DENGINE_LINKED", "tests/cpp/engine_launcher.cpp"])
+        .arg(&engine)
+        .arg("-o")
+        .arg(dir.join("linked"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "the launcher must not link");
+    assert!(String::from_utf8_lossy(&out.stderr).contains(anchor));
+    let launcher = support::build(
+        &dir,
+        "launcher",
+        &["tests/cpp/engine_launcher.cpp"],
+        &["-DK15_MEMORY_DISABLED", "-ldl"],
+    );
+    let run = support::run_with(
+        &launcher,
+        "launcher",
+        "",
+        &[],
+        &[engine.to_str().unwrap(), "unused"],
+    );
+    assert_eq!(run.output.status.code(), Some(3), "dlopen must fail");
+    assert!(run.stderr().contains(anchor), "{}", run.stderr());
 }

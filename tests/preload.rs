@@ -1,6 +1,7 @@
 //! `LD_PRELOAD=target/release/libk15_memory.so` on a program never built against the tracker:
 //! the plain build of the sample engine leaks the same blocks, from the same functions, as the
-//! build linked with the library, only without K15_NEW's file:line.
+//! build linked with the library, only without K15_NEW's file:line. A program with its own
+//! operator new keeps it, and is told so in one line.
 
 mod support;
 
@@ -59,4 +60,31 @@ fn preloaded_into_a_plain_build_reports_the_linked_builds_leaks() {
     // Options reach the preloaded tracker too.
     let quiet = preloaded("quiet", "report=0");
     assert!(quiet.json.is_null() && !quiet.stderr().contains("k15-memory"));
+}
+
+#[test]
+fn preloaded_into_a_program_with_its_own_operator_new_leaves_it_alone_and_says_so() {
+    let dir = support::scratch("preload_own_operator_new");
+    let exe = support::build(
+        &dir,
+        "own_operator_new",
+        &["tests/cpp/own_operator_new.cpp"],
+        &["-DK15_MEMORY_DISABLED"],
+    );
+    let preload = support::preload_lib();
+    let env = [("LD_PRELOAD", preload.to_str().unwrap())];
+    let run = support::run_with(&exe, "own", "", &env, &[]);
+    let stderr = run.stderr();
+    assert!(run.output.status.success(), "{stderr}");
+    assert!(
+        run.stdout().contains("own_operator_new: 500"),
+        "{}",
+        run.stdout()
+    );
+    let warning = format!(
+        "k15-memory: warning: operator new of this process is {}'s, not the tracker's",
+        exe.display()
+    );
+    assert_eq!(stderr.matches(&warning).count(), 1, "{stderr}");
+    assert!(!stderr.contains("Memory error"), "{stderr}");
 }
