@@ -7,7 +7,7 @@
 // leaks). Allocation failure (pool class or arena exhausted) returns nullptr.
 //
 // -DK15_MEMORY_DISABLED (also implied by sanitizer builds): the same classes over plain
-// aligned_alloc/free and new/delete, no library needed, so engine code still builds and runs (and
+// posix_memalign/free and new/delete, no library needed, so engine code still builds and runs (and
 // a sanitizer or valgrind sees every block).
 #pragma once
 
@@ -215,16 +215,24 @@ MemStats memstats(bool reset = false) noexcept;
 namespace k15 {
 namespace memory {
 
+// Zeros under a name (C++11 has no aggregate initialization of a struct with member defaults).
+inline AllocatorStats stats_named(const char* name) noexcept {
+    AllocatorStats stats;
+    stats.name = name;
+    return stats;
+}
+
 class EngineAllocator {
 public:
     EngineAllocator(const EngineAllocator&) = delete;
     EngineAllocator& operator=(const EngineAllocator&) = delete;
     void* allocate(std::size_t size, std::size_t align = alignof(std::max_align_t)) noexcept {
         align = align < alignof(std::max_align_t) ? alignof(std::max_align_t) : align;
-        return std::aligned_alloc(align, (size + align - 1) / align * align);
+        void* block = nullptr;
+        return posix_memalign(&block, align, size) == 0 ? block : nullptr;  // C++11: no std::aligned_alloc
     }
     void deallocate(void* ptr) noexcept { std::free(ptr); }
-    AllocatorStats stats() const noexcept { return AllocatorStats{name_, 0, 0, 0, 0, 0, 0, 0}; }
+    AllocatorStats stats() const noexcept { return stats_named(name_); }
     const char* name() const noexcept { return name_; }
 
 protected:
@@ -279,7 +287,7 @@ public:
         return new T(std::forward<Args>(args)...);
     }
     void destroy(T* object) noexcept { delete object; }
-    AllocatorStats stats() const noexcept { return AllocatorStats{name_, 0, 0, 0, 0, 0, 0, 0}; }
+    AllocatorStats stats() const noexcept { return stats_named(name_); }
     const char* name() const noexcept { return name_; }
 
 private:
