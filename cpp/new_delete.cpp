@@ -1,6 +1,7 @@
 // Every replaceable global operator new/delete of C++17, the K15_NEW placement forms, the link
-// anchor, and the exit hook that writes the report. One translation unit, so that whatever pulls
-// in one of these pulls in all of them.
+// anchor, the start-up check that these operators serve the process, and the exit hook that
+// writes the report. One translation unit, so that whatever pulls in one of these pulls in all
+// of them.
 
 #include "k15/memory.h"
 #include "entry.h"
@@ -182,13 +183,12 @@ void operator delete[](void* ptr, std::align_val_t align, const char*, int) noex
 // tracker is pinned at start-up (this_module).
 extern "C" int __cxa_atexit(void (*function)(void*), void* argument, void* dso_handle);
 
-
 namespace {
 
 void report_at_exit(void*) { k15::memory::detail::report_at_exit(); }
 
-// Where the tracker could neither be the process's operator new nor take it over (a module whose
-// operators are not exported), say so once.
+// Where the tracker could neither be the process's operator new nor take it over (a module that
+// hides its operators, a program with its own), say so once.
 void warn_unless_operator_new_is_ours() {
     if (operators_are_the_process()) return;
     Dl_info owner{};
