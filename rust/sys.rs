@@ -16,7 +16,10 @@ pub fn raw_alloc(size: usize, align: usize) -> *mut u8 {
         if align <= 16 {
             libc::malloc(size) as *mut u8
         } else {
-            libc::aligned_alloc(align, size.next_multiple_of(align)) as *mut u8
+            match size.checked_next_multiple_of(align) {
+                Some(rounded) => libc::aligned_alloc(align, rounded) as *mut u8,
+                None => core::ptr::null_mut(),
+            }
         }
     }
 }

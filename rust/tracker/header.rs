@@ -17,6 +17,11 @@
 //! The size, stack and cookie sit in the last 24 bytes, so they survive a free list's links in a
 //! freed block (the heap's use 16..40, glibc's at most 0..32): a second `delete` still finds
 //! `FREED`. A free heap block also keeps its shard-list links (`heap`).
+//!
+//! The cookie is also the check in front of the user's bytes: an underrun changes its top bytes
+//! first (they lie next to the user pointer), so a cookie whose low bytes still match names the
+//! block and how far the underrun reached. Behind the user's bytes lies a guard of
+//! [`GUARD_SIZE`] bytes of [`GUARD_BYTE`] (not aligned: it starts right at the requested size).
 
 use super::raw::{self, RawBlock};
 use crate::ffi::BlockKind;
@@ -25,6 +30,14 @@ use core::ffi::c_char;
 use core::sync::atomic::{AtomicUsize, Ordering};
 
 pub const HEADER_SIZE: usize = 64;
+/// The guard behind every block's user bytes (MSVC's debug heap has 4 such bytes, ASan a redzone).
+pub const GUARD_SIZE: usize = 8;
+/// The guard's fill, the CRT debug heap's "no man's land".
+pub const GUARD_BYTE: u8 = 0xfd;
+const GUARD: u64 = u64::from_ne_bytes([GUARD_BYTE; GUARD_SIZE]);
+/// Cookie bytes (from the low end) that must still match for a damaged cookie to count as an
+/// underrun of that block rather than a foreign pointer: a chance of 2^-32 to be fooled.
+const UNDERRUN_INTACT_BYTES: u32 = 4;
 
 const LIVE: usize = 0x4b31_354d_454d_4f52; // "K15MEMOR"
 const UNTRACKED: usize = LIVE ^ 0x00ff_00ff_00ff_00ff;
@@ -89,6 +102,11 @@ pub enum Lookup {
     Live(*mut BlockHeader),
     /// A live block allocated while the tracker was busy (its own memory): freed without lists.
     Untracked(*mut BlockHeader),
+    /// A live tracked block whose cookie's top `damaged` bytes were overwritten (an underrun).
+    Underrun {
+        header: *mut BlockHeader,
+        damaged: usize,
+    },
     /// A block that was freed before; what its header still tells.
     Freed { size: usize, alloc_stack: StackId },
     /// Not from us at all.
@@ -146,8 +164,85 @@ impl BlockHeader {
             (&raw mut (*header).alloc_stack).write(owner.alloc_stack);
             (&raw mut (*header).raw_offset).write(raw.raw_offset as u32);
             (&raw mut (*header).cookie).write(AtomicUsize::new(cookie));
+            raw.user
+                .wrapping_add(block.size)
+                .cast::<u64>()
+                .write_unaligned(GUARD);
         }
         header
+    }
+
+    /// The user's bytes of a live block: `size` of them, then the guard.
+    fn guard(&self) -> *mut u64 {
+        Self::user_ptr(self as *const _ as *mut _)
+            .wrapping_add(self.size)
+            .cast()
+    }
+
+    /// Whether the guard behind the user's bytes is as written.
+    #[inline]
+    pub fn guard_intact(&self) -> bool {
+        // SAFETY: a live block's header was written with its guard behind its user bytes.
+        unsafe { self.guard().read_unaligned() == GUARD }
+    }
+
+    /// The guard's bytes as they are now.
+    pub fn guard_bytes(&self) -> [u8; GUARD_SIZE] {
+        // SAFETY: as in guard_intact.
+        unsafe { self.guard().read_unaligned() }.to_ne_bytes()
+    }
+
+    /// Writes the guard again (after its damage was reported), so it is reported once.
+    pub fn restore_guard(&mut self) {
+        // SAFETY: as in guard_intact.
+        unsafe { self.guard().write_unaligned(GUARD) }
+    }
+
+    /// The cookie's bytes as they are now (the 8 bytes in front of the user pointer).
+    pub fn cookie_bytes(&self) -> [u8; 8] {
+        self.cookie.load(Ordering::Relaxed).to_ne_bytes()
+    }
+
+    /// Writes a live block's cookie again (after an underrun was reported).
+    pub fn restore_live_cookie(&mut self) {
+        self.cookie.store(LIVE ^ self.address(), Ordering::Relaxed);
+    }
+
+    /// How many of the cookie's top bytes an underrun changed, when the cookie is a live one
+    /// with at least its low [`UNDERRUN_INTACT_BYTES`] bytes intact; `None` for an intact cookie
+    /// or one damaged too far to tell.
+    pub fn underrun_bytes(&self) -> Option<usize> {
+        let changed = self.cookie.load(Ordering::Relaxed) ^ LIVE ^ self.address();
+        let intact = changed.trailing_zeros() / 8;
+        (changed != 0 && intact >= UNDERRUN_INTACT_BYTES).then(|| 8 - intact as usize)
+    }
+
+    /// Whether the cookie says the block is one of ours in any state (live, freed, claimed,
+    /// untracked): the check a header must pass before its links are followed.
+    pub fn cookie_valid(&self) -> bool {
+        let plain = self.cookie.load(Ordering::Relaxed) ^ self.address();
+        plain == LIVE || plain == FREED || plain == CLAIMED || plain == UNTRACKED
+    }
+
+    /// Marks a fresh heap block free (`heap` checks every block it hands out for this mark).
+    ///
+    /// # Safety
+    /// `header` is a fresh block of the heap that nobody uses.
+    pub unsafe fn mark_fresh_freed(header: *mut BlockHeader) {
+        let address = Self::user_ptr(header) as usize;
+        // SAFETY: guaranteed by the caller.
+        unsafe { (&raw mut (*header).cookie).write(AtomicUsize::new(FREED ^ address)) };
+    }
+
+    /// Whether the block at `header` (readable memory) carries a freed cookie.
+    ///
+    /// # Safety
+    /// The 64 bytes at `header` are readable.
+    #[inline]
+    pub unsafe fn is_freed_at(header: *const BlockHeader) -> bool {
+        let address = Self::user_ptr(header as *mut _) as usize;
+        // SAFETY: guaranteed by the caller.
+        unsafe { (*header).cookie.load(Ordering::Relaxed) == FREED ^ address }
     }
 
     fn address(&self) -> usize {
@@ -227,6 +322,11 @@ impl BlockHeader {
             Lookup::Live(header)
         } else if cookie == UNTRACKED ^ addr {
             Lookup::Untracked(header)
+        } else if let Some(damaged) = {
+            // SAFETY: as above: the header's words are readable.
+            unsafe { &*header }.underrun_bytes()
+        } {
+            Lookup::Underrun { header, damaged }
         } else if cookie == FREED ^ addr || cookie == CLAIMED ^ addr {
             // SAFETY: a FREED (or CLAIMED) cookie means bytes 40..64 are still our header (free
             // lists use at most the bytes before them; see the layout above).

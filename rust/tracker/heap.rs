@@ -51,12 +51,13 @@ const LARGEST_ALIGN: usize = 64;
 /// the heap does not serve that size or alignment.
 #[inline]
 pub fn class_for(total: usize, align: usize) -> Option<u8> {
+    if total > LARGEST_BLOCK || align > LARGEST_ALIGN {
+        return None; // checked first: rounding a size near usize::MAX up would wrap
+    }
     let total = if align <= 16 {
         total
-    } else if align <= LARGEST_ALIGN {
-        total.next_multiple_of(LARGEST_ALIGN)
     } else {
-        return None;
+        total.next_multiple_of(LARGEST_ALIGN)
     };
     (total <= LARGEST_BLOCK).then(|| class_of(total) as u8)
 }

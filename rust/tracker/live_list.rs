@@ -386,9 +386,9 @@ impl HeldShard<'_> {
         true
     }
 
-    /// Every live block on the list, head first (the list also holds the free heap blocks
-    /// parked on it; see `heap`).
-    pub fn live_blocks(&self) -> impl Iterator<Item = *mut BlockHeader> + '_ {
+    /// Every block on the list, head first: live ones and the free heap blocks parked on it
+    /// (see `heap`).
+    pub fn blocks(&self) -> impl Iterator<Item = *mut BlockHeader> + '_ {
         // SAFETY: the shard is held for as long as the iterator borrows `self`.
         let mut node = unsafe { *self.shard.head.get() };
         core::iter::from_fn(move || {
@@ -399,8 +399,6 @@ impl HeldShard<'_> {
                 current
             })
         })
-        // SAFETY: every node is a header of ours, on the held list.
-        .filter(|&header| unsafe { (*header).is_live() })
     }
 }
 

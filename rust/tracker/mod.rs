@@ -12,6 +12,7 @@ pub mod guard;
 pub mod header;
 mod heap;
 mod init;
+pub mod integrity;
 pub mod live_list;
 pub mod raw;
 
@@ -118,6 +119,10 @@ pub fn deallocate(ptr: *mut u8, kind: BlockKind, start: impl Fn() -> StartFrame 
                 raw::release(header, raw_offset);
             }
         }
+        Lookup::Underrun { header, .. } => {
+            integrity::report_at_delete(header, kind, start());
+            free_live(header, kind, start)
+        }
         Lookup::Freed { size, alloc_stack } => bad_free(|| MemoryError {
             size,
             alloc_stack,
@@ -134,6 +139,10 @@ fn free_live(header: *mut BlockHeader, kind: BlockKind, start: impl Fn() -> Star
     // SAFETY: lookup saw a LIVE cookie; the fields read before holding the shard are only used
     // to find it, and everything is checked again once it is held.
     let (shard, allocated_with) = unsafe { ((*header).shard, (*header).kind) };
+    // SAFETY: as above; only this thread frees the block it was given.
+    if unsafe { !(*header).guard_intact() } {
+        integrity::report_at_delete(header, kind, start());
+    }
     if allocated_with != kind {
         report_mismatch(header, kind, start());
     }
@@ -272,21 +281,12 @@ fn deallocate_raced(header: *mut BlockHeader, kind: BlockKind, start: StartFrame
 #[cold]
 #[inline(never)]
 fn report_mismatch(header: *mut BlockHeader, kind: BlockKind, start: StartFrame) {
-    // SAFETY: the block is live (LIVE cookie seen by lookup) and stays so until this thread
-    // frees it after this report.
-    let h = unsafe { &*header };
-    let user = BlockHeader::user_ptr(header);
-    bad_free(|| MemoryError {
-        size: h.size,
-        // SAFETY: `file` of a live block is null or a `__FILE__` literal of the program.
-        file: unsafe { crate::sys::c_str(h.file) }.map(str::to_owned),
-        line: h.line,
-        thread: h.thread,
-        allocated_with: Some(h.kind),
-        alloc_stack: h.alloc_stack,
-        ..MemoryError::at_free(
+    // The block is live (LIVE cookie seen by lookup) and stays so until this thread frees it
+    // after this report.
+    bad_free(|| {
+        integrity::block_error(
             ErrorKind::MismatchedDelete,
-            user,
+            header,
             kind,
             capture_stack_of(start),
         )
@@ -333,6 +333,11 @@ pub fn capture_stack(_inside: &Inside, start: StartFrame) -> StackId {
 fn bad_free(error: impl FnOnce() -> MemoryError) {
     let _inside = Inside::enter();
     errors::report(error());
+}
+
+/// `check_heap()`: see [`integrity::check_heap`].
+pub fn check_heap(start: StartFrame) -> usize {
+    integrity::check_heap(start)
 }
 
 /// Counters of the whole process.
