@@ -1,0 +1,243 @@
+//! Heap damage is caught with stacks and survived: overruns and underruns found at `delete`, by
+//! `check_heap()` and at exit, each checked for its kind, stacks, offset and bytes, the program
+//! reaching its last line, the report written and `stats()` matching what the program holds;
+//! valgrind (on the -DK15_MEMORY_DISABLED build) agrees on which blocks were damaged. Sizes at
+//! the edge of the address space are refused by every `operator new` form.
+
+mod support;
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+
+const SOURCE: &str = "tests/cpp/heap_damage.cpp";
+
+/// The tracked and the plain build of the damage program, made once per test binary.
+fn programs() -> &'static (PathBuf, PathBuf) {
+    static BUILT: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let dir = support::scratch("heap_integrity");
+        let tracked = support::build(&dir, "heap_damage", &[SOURCE], &[]);
+        let plain = support::build(
+            &dir,
+            "heap_damage_plain",
+            &[SOURCE],
+            &["-DK15_MEMORY_DISABLED"],
+        );
+        (tracked, plain)
+    })
+}
+
+/// Runs one kind of damage under the tracker and checks what every kind must give: the program
+/// reached its last line, the report was written, and the live blocks are those it holds.
+fn run_kind(kind: &str) -> support::Run {
+    let run = support::run_with(&programs().0, kind, "", &[], &[kind]);
+    let stdout = run.stdout();
+    assert!(
+        run.output.status.success(),
+        "{kind}: {:?}\n{}",
+        run.output.status,
+        run.stderr()
+    );
+    assert!(stdout.contains("last line"), "{kind}: {stdout}");
+    assert!(!run.json.is_null(), "{kind}: no report written");
+    let held = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("live blocks "))
+        .expect("the stats line");
+    let (live, held) = held.split_once(", held ").unwrap();
+    assert_eq!(live, held, "{kind}: stats() against what the program holds");
+    run
+}
+
+/// The damaged blocks valgrind names on the plain build, as ("after" | "before", size).
+fn valgrind_damaged(kind: &str) -> BTreeSet<(String, u64)> {
+    let out = Command::new("valgrind")
+        .args(["--error-exitcode=0"])
+        .arg(&programs().1)
+        .arg(kind)
+        .output()
+        .expect("valgrind is installed (.ci/run installs it)");
+    let text = String::from_utf8_lossy(&out.stderr);
+    text.lines()
+        .filter_map(|line| {
+            let (_, rest) = line.split_once(" bytes ")?;
+            let (direction, size) = rest.split_once(" a block of size ")?;
+            let size = size.split_whitespace().next()?.parse().ok()?;
+            Some((direction.to_owned(), size))
+        })
+        .collect()
+}
+
+/// What the tracker names, in valgrind's terms.
+fn tracker_damaged(run: &support::Run) -> BTreeSet<(String, u64)> {
+    run.errors()
+        .iter()
+        .filter_map(|e| {
+            let direction = match e["kind"].as_str()? {
+                "overrun" => "after",
+                "underrun" => "before",
+                _ => return None,
+            };
+            Some((direction.to_owned(), e["size"].as_u64()?))
+        })
+        .collect()
+}
+
+fn function_names(stack: &Value) -> Vec<String> {
+    stack
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["function"].as_str().unwrap_or("??").to_owned())
+        .collect()
+}
+
+/// The one error of a run, checked for kind, size, bytes, the allocation site and both stacks.
+fn only_error<'a>(run: &'a support::Run, kind: &str, size: u64) -> &'a Value {
+    assert_eq!(run.errors().len(), 1, "{}", run.text);
+    let error = &run.errors()[0];
+    assert_eq!(error["kind"], kind, "{}", run.text);
+    assert_eq!(error["size"], size, "{}", run.text);
+    let alloc = function_names(&error["alloc_stack"]);
+    assert!(alloc.iter().any(|f| f == "main"), "{alloc:?}");
+    assert!(!error["free_stack"].as_array().unwrap().is_empty());
+    assert_eq!(
+        run.stderr()
+            .matches(&format!("Memory error: {kind}"))
+            .count(),
+        1
+    );
+    error
+}
+
+fn agrees_with_valgrind(kind: &str, run: &support::Run) {
+    assert_eq!(
+        tracker_damaged(run),
+        valgrind_damaged(kind),
+        "{kind}: tracker and valgrind name different blocks\n{}",
+        run.text
+    );
+}
+
+#[test]
+fn a_one_byte_overrun_is_reported_at_delete_with_its_byte() {
+    let run = run_kind("overrun_by_one");
+    let error = only_error(&run, "overrun", 24);
+    assert_eq!(error["offset"], 24);
+    assert_eq!(error["bytes"], "41");
+    assert_eq!(error["file"], SOURCE);
+    assert_eq!(error["line"], support::line_of(SOURCE, "// ALLOC make"));
+    let freed = function_names(&error["free_stack"]);
+    assert!(freed[0].contains("release"), "{freed:?}");
+    assert!(freed[1].contains("overrun_by_one"), "{freed:?}");
+    assert!(
+        run.text
+            .contains("written past its end: 1 byte at offset 24: 41"),
+        "{}",
+        run.text
+    );
+    assert_eq!(run.leaks().len(), 0);
+    agrees_with_valgrind("overrun_by_one", &run);
+}
+
+#[test]
+fn a_sixteen_byte_overrun_into_the_next_block_is_survived() {
+    let run = run_kind("overrun_by_sixteen");
+    let error = only_error(&run, "overrun", 40);
+    assert_eq!(error["offset"], 40);
+    assert_eq!(error["bytes"], "42 42 42 42 42 42 42 42");
+    assert_eq!(run.leaks().len(), 0, "{}", run.text);
+    agrees_with_valgrind("overrun_by_sixteen", &run);
+}
+
+#[test]
+fn a_memcpy_one_byte_too_long_into_an_object_is_an_overrun() {
+    let run = run_kind("memcpy_overrun");
+    let error = only_error(&run, "overrun", 24);
+    assert_eq!(error["offset"], 24);
+    assert_eq!(error["bytes"], "00", "the string's terminating zero");
+    assert_eq!(error["line"], support::line_of(SOURCE, "// ALLOC pose"));
+    agrees_with_valgrind("memcpy_overrun", &run);
+}
+
+#[test]
+fn a_one_byte_underrun_is_an_underrun_and_the_block_is_freed() {
+    let run = run_kind("underrun");
+    let error = only_error(&run, "underrun", 56);
+    assert_eq!(error["offset"], -1);
+    assert_eq!(error["bytes"], "55");
+    assert_eq!(run.leaks().len(), 0, "the block was freed: {}", run.text);
+    assert!(run.text.contains("No leaks"), "{}", run.text);
+    agrees_with_valgrind("underrun", &run);
+}
+
+#[test]
+fn check_heap_finds_damage_once_and_the_exit_report_finds_the_rest() {
+    let run = run_kind("check_heap");
+    let stdout = run.stdout();
+    assert!(stdout.contains("check_heap: 2\n"), "{stdout}");
+    assert!(
+        stdout.contains("check_heap again: 0\n"),
+        "repaired: {stdout}"
+    );
+    let errors = run.errors();
+    let found: Vec<(&str, u64, &str)> = errors
+        .iter()
+        .map(|e| {
+            (
+                e["kind"].as_str().unwrap(),
+                e["size"].as_u64().unwrap(),
+                e["detail"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    let mut by_check: Vec<_> = found[..2].to_vec();
+    by_check.sort();
+    assert_eq!(
+        by_check,
+        [
+            ("overrun", 72, "found by check_heap()"),
+            ("underrun", 88, "found by check_heap()")
+        ],
+        "{}",
+        run.text
+    );
+    assert_eq!(
+        found[2],
+        ("overrun", 104, "found by the report's heap check")
+    );
+    assert_eq!(errors[2]["offset"], 107);
+    for error in &errors[..2] {
+        let checked = function_names(&error["free_stack"]);
+        assert!(checked[0].contains("found_by_check_heap"), "{checked:?}");
+        assert!(error["freed_with"].is_null());
+    }
+    assert_eq!(run.leaks().len(), 1);
+    assert_eq!(run.leaks()[0]["size"], 104);
+    agrees_with_valgrind("check_heap", &run);
+}
+
+#[test]
+fn every_operator_new_form_refuses_sizes_at_the_edge_of_the_address_space() {
+    let dir = support::scratch("edge_sizes");
+    let exe = support::build(&dir, "edge_sizes", &["tests/cpp/edge_sizes.cpp"], &[]);
+    for (seed, options) in [
+        ("1", "stack_depth=0"),
+        ("2", ""),
+        ("3", "stack_depth=0:budget=16M"),
+    ] {
+        let run = support::run_with(&exe, &format!("edge_{seed}"), options, &[], &[seed, "3000"]);
+        let stdout = run.stdout();
+        assert!(run.output.status.success(), "{options}: {}", run.stderr());
+        assert!(
+            stdout.contains("refused 3000 of 3000, wrong 0"),
+            "{options}: {stdout}"
+        );
+        assert!(stdout.contains("counts unchanged: yes"), "{stdout}");
+        assert!(stdout.contains("ordinary blocks misaligned: 0"), "{stdout}");
+        assert!(stdout.contains("last line"));
+        assert_eq!(run.leaks().len(), 0, "{}", run.text);
+    }
+}
