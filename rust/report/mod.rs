@@ -91,6 +91,7 @@ impl Report {
             });
         }
         drop(world);
+        integrity::report_found();
         integrity::report_all(problems, None, BlockKind::New);
         leaks.sort_by_key(|l| (l.thread, l.seq));
         crate::engine::for_each_live_block(&mut |info, block| {

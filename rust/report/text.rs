@@ -176,9 +176,13 @@ fn write_damage(out: &mut String, e: &MemoryError, stacks: &ErrorStacks) -> std:
         errors::ErrorKind::Overrun => "written past its end",
         errors::ErrorKind::Underrun => "written in front of its start",
         errors::ErrorKind::UseAfterFree => "written after it was freed",
-        _ => "its header overwritten",
+        _ => "a header overwritten",
     };
-    write!(out, ": {} bytes, {what}", e.size)?;
+    if e.kind == errors::ErrorKind::HeapCorruption {
+        write!(out, ": {what}")?;
+    } else {
+        write!(out, ": {} bytes, {what}", e.size)?;
+    }
     if let Some(damage) = &e.damage {
         write!(
             out,
@@ -193,15 +197,19 @@ fn write_damage(out: &mut String, e: &MemoryError, stacks: &ErrorStacks) -> std:
     if let Some(detail) = e.detail {
         writeln!(out, "  ({detail})")?;
     }
-    write_stack(out, "allocated", e, alloc)?;
+    if e.kind != errors::ErrorKind::HeapCorruption {
+        write_stack(out, "allocated", e, alloc)?;
+    }
     if e.kind == errors::ErrorKind::UseAfterFree {
         writeln!(out, "  freed from:")?;
         write_frames(out, previous_free, "    ")?;
     }
-    match e.detail {
-        None => writeln!(out, "  released from:")?,
-        Some(_) if !found.is_empty() => writeln!(out, "  checked from:")?,
-        Some(_) => return Ok(()),
+    let at_free = e.detail.is_none() || e.kind == errors::ErrorKind::HeapCorruption;
+    match found.is_empty() {
+        false if at_free => writeln!(out, "  released from:")?,
+        false => writeln!(out, "  checked from:")?,
+        true if at_free && e.detail.is_none() => writeln!(out, "  released from:")?,
+        true => return Ok(()),
     }
     write_frames(out, found, "    ")
 }

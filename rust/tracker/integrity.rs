@@ -8,6 +8,9 @@ use super::header::{BlockHeader, GUARD_BYTE, GUARD_SIZE};
 use super::live_list::{HeldShard, StoppedWorld};
 use crate::ffi::BlockKind;
 use crate::stack::{StackId, StartFrame};
+use core::ptr::null_mut;
+use core::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// Who found a problem: says so in the report, beside the stack of that call.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -140,7 +143,334 @@ pub fn check_heap(start: StartFrame) -> usize {
             check_list(&held, FoundBy::CheckHeap, &mut problems, |_| {});
         }
     }
-    let count = problems.len();
+    let count = problems.len() + found_count();
+    report_found();
     report_all(problems, Some(start), BlockKind::New);
     count
+}
+
+/// Damaged records found and not yet reported.
+fn found_count() -> usize {
+    let log = found_log();
+    log.entries.iter().flatten().count() + log.dropped
+}
+
+/// What of the tracker's own records was found damaged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Corrupted {
+    /// A block's list links (its header's first 16 bytes); the list was rebuilt around it.
+    Links,
+    /// The list links of blocks beside this one; the blocks between them are no longer listed.
+    LostBlocks,
+    /// A link of a free list of the heap; the blocks behind it stay unused.
+    FreeList,
+    /// A block's whole header (size, stack, check word), seen when it was freed.
+    Header,
+}
+
+impl Corrupted {
+    fn detail(self) -> &'static str {
+        match self {
+            Corrupted::Links => "the list links in this block's header were overwritten (by an overrun of the block in front of it in memory?); the tracker's list was repaired",
+            Corrupted::LostBlocks => "the list links of the blocks next to this one were overwritten; blocks between them are no longer listed in reports",
+            Corrupted::FreeList => "a free block's header was overwritten (by an overrun of the block in front of it in memory?); the heap leaves it and the blocks listed behind it unused",
+            Corrupted::Header => "this block's header (size, stack, check word) was overwritten (by an overrun of the block in front of it in memory?); the block is no longer tracked and is left alone",
+        }
+    }
+}
+
+/// One damaged record, kept without allocating (it is found with a shard held) until it is
+/// reported.
+#[derive(Clone, Copy)]
+struct Corruption {
+    header: usize,
+    what: Corrupted,
+    found: Option<[u8; 16]>,
+}
+
+/// Damaged records found and not yet reported: a leaf lock (nothing else is taken under it),
+/// held only to add or take records.
+struct FoundLog {
+    entries: [Option<Corruption>; 32],
+    /// Records beyond the room above, counted only.
+    dropped: usize,
+}
+
+static FOUND: Mutex<FoundLog> = Mutex::new(FoundLog {
+    entries: [None; 32],
+    dropped: 0,
+});
+static ANY_FOUND: AtomicBool = AtomicBool::new(false);
+
+fn found_log() -> MutexGuard<'static, FoundLog> {
+    FOUND.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Held by `fork` (see `tracker::fork`).
+pub(crate) fn lock_for_fork() -> MutexGuard<'static, impl Sized> {
+    found_log()
+}
+
+/// Records damage to the header at `header` (readable or not), to be reported by
+/// [`report_found`] once no shard is held.
+#[cold]
+pub fn found_corruption(header: usize, what: Corrupted) {
+    // Blocks lost from a list are named by a neighbour, whose bytes are intact.
+    let found = match what {
+        Corrupted::LostBlocks => None,
+        _ => header_bytes(header as *mut BlockHeader),
+    };
+    let mut log = found_log();
+    let seen = |e: &Option<Corruption>| e.is_some_and(|c| c.header == header && c.what == what);
+    if log.entries.iter().any(seen) {
+        return;
+    }
+    match log.entries.iter_mut().find(|e| e.is_none()) {
+        Some(slot) => {
+            *slot = Some(Corruption {
+                header,
+                what,
+                found,
+            })
+        }
+        None => log.dropped += 1,
+    }
+    ANY_FOUND.store(true, Ordering::Release);
+}
+
+/// Reports the damage found while shards were held, if any: one load when there is none.
+/// Called with no shard held.
+#[inline]
+pub fn report_found() {
+    if ANY_FOUND.load(Ordering::Relaxed) {
+        report_found_now();
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn report_found_now() {
+    let _inside = Inside::enter();
+    let (entries, dropped) = {
+        let mut log = found_log();
+        ANY_FOUND.store(false, Ordering::Relaxed);
+        let entries: Vec<Corruption> = log.entries.iter_mut().filter_map(Option::take).collect();
+        (entries, core::mem::take(&mut log.dropped))
+    };
+    for c in entries {
+        errors::report(corruption_error(
+            c.header as *mut BlockHeader,
+            c.what,
+            c.found,
+            BlockKind::New,
+            StackId(0),
+        ));
+    }
+    if dropped > 0 {
+        let line = format!("k15-memory: {dropped} more damaged headers found, not listed\n");
+        crate::sys::write_fd(2, line.as_bytes());
+    }
+}
+
+/// Whether `p` could be a header of ours at all (aligned, in user space): cheap enough for every
+/// unlink, and enough to keep overwritten links (text, numbers) from being followed.
+#[inline(always)]
+pub fn could_be_header(p: *mut BlockHeader) -> bool {
+    let p = p as usize;
+    p.is_multiple_of(16) && p >= crate::sys::PAGE_SIZE && p < USER_SPACE_END
+}
+
+/// The end of x86-64 user space (47-bit addresses).
+const USER_SPACE_END: usize = 1 << 47;
+
+/// Whether the 64 bytes of a header at `p` are mapped: at once for the heap, else asked of the
+/// OS (a syscall; for rare non-heap blocks and for repairs).
+pub fn readable(p: *mut BlockHeader) -> bool {
+    could_be_header(p)
+        && (super::heap::contains(p as usize) || {
+            let start = p as usize;
+            crate::sys::page_is_mapped(start)
+                && crate::sys::page_is_mapped(start + super::header::HEADER_SIZE - 1)
+        })
+}
+
+/// Whether the header at `p` is readable and one of ours: its cookie says so, or says a live
+/// block whose check word an underrun damaged.
+fn recognisable(p: *mut BlockHeader) -> bool {
+    // SAFETY: read once it is known to be readable.
+    readable(p) && unsafe { (*p).cookie_valid() || (*p).underrun_bytes().is_some() }
+}
+
+/// Whether `node` is a readable header whose back link leads to `from` (the block whose
+/// forward link led to it).
+///
+/// # Safety
+/// `from` is a header on a held list.
+pub unsafe fn links_back(node: *mut BlockHeader, from: *mut BlockHeader) -> bool {
+    // SAFETY: read once it is known to be readable.
+    readable(node) && unsafe { (*node).prev == from }
+}
+
+/// Rebuilds the list of `held` after a link was found damaged: forward from its head as long as
+/// the links lead to headers of ours, backward from its tail likewise, and joins the two where
+/// they meet (the block whose own links were damaged, now relinked) or, when more was damaged,
+/// across the gap (the blocks in it are no longer listed). What was damaged is recorded.
+pub fn repair_list(held: &HeldShard<'_>) {
+    let (head, tail) = held.ends();
+    // SAFETY: the shard is held; every header is read only once `recognisable` says it is ours.
+    unsafe {
+        let mut forward_end: *mut BlockHeader = null_mut();
+        let mut node = head;
+        while !node.is_null() && recognisable(node) {
+            let back = (*node).prev;
+            if back != forward_end && recognisable(back) {
+                break; // a link into the middle of the list (or a cycle): not followed
+            }
+            if back != forward_end {
+                found_corruption(node as usize, Corrupted::Links);
+                (*node).prev = forward_end;
+            }
+            forward_end = node;
+            node = (*node).next;
+        }
+        if node.is_null() {
+            held.set_ends(head, forward_end);
+            return; // the forward links were whole; the back links are mended
+        }
+        let mut backward_start: *mut BlockHeader = null_mut();
+        let mut node = tail;
+        while !node.is_null() && node != forward_end && recognisable(node) {
+            let ahead = (*node).next;
+            if ahead != backward_start && recognisable(ahead) {
+                break;
+            }
+            if ahead != backward_start {
+                found_corruption(node as usize, Corrupted::Links);
+                (*node).next = backward_start;
+            }
+            backward_start = node;
+            node = (*node).prev;
+        }
+        if node != forward_end {
+            found_corruption(
+                if forward_end.is_null() {
+                    backward_start as usize
+                } else {
+                    forward_end as usize
+                },
+                Corrupted::LostBlocks,
+            );
+        } else if !forward_end.is_null() && (*forward_end).next != backward_start {
+            found_corruption(forward_end as usize, Corrupted::Links);
+        }
+        if forward_end.is_null() {
+            held.set_ends(
+                backward_start,
+                if backward_start.is_null() {
+                    null_mut()
+                } else {
+                    tail
+                },
+            );
+        } else {
+            (*forward_end).next = backward_start;
+            held.set_ends(
+                head,
+                if backward_start.is_null() {
+                    forward_end
+                } else {
+                    tail
+                },
+            );
+        }
+        if !backward_start.is_null() {
+            (*backward_start).prev = forward_end;
+        }
+    }
+}
+
+/// Pages searched backwards for the start of a large block that a bad pointer falls into.
+const LARGE_BLOCK_SEARCH_PAGES: usize = 4096;
+
+/// The error for a `delete` of `ptr`, at which no block of ours starts: a pointer into a live
+/// block (past its start, such as a second base class) names that block and the offset; a
+/// pointer to a heap block whose header was overwritten is `heap_corruption`; anything else is
+/// a plain `invalid_free`. Nothing is freed either way.
+#[cold]
+pub fn foreign_free_error(ptr: *mut u8, freed_with: BlockKind, free_stack: StackId) -> MemoryError {
+    let plain = MemoryError::at_free(ErrorKind::InvalidFree, ptr, freed_with, free_stack);
+    let addr = ptr as usize;
+    let header = match super::heap::block_containing(addr) {
+        Some(block) => block.start as *mut BlockHeader,
+        None => match large_block_start(addr) {
+            Some(header) => header,
+            None => return plain,
+        },
+    };
+    let user = BlockHeader::user_ptr(header) as usize;
+    // SAFETY: a heap block's header, or one found mapped; only read.
+    let h = unsafe { &*header };
+    if h.is_live() && addr > user {
+        return MemoryError {
+            interior_offset: Some(addr - user),
+            ..block_error(ErrorKind::InvalidFree, header, freed_with, free_stack)
+        };
+    }
+    if addr == user && !h.cookie_valid() {
+        return corruption_error(
+            header,
+            Corrupted::Header,
+            header_bytes(header),
+            freed_with,
+            free_stack,
+        );
+    }
+    plain
+}
+
+/// The first 16 bytes of a readable header (its list links), as found.
+fn header_bytes(header: *mut BlockHeader) -> Option<[u8; 16]> {
+    // SAFETY: read only when readable.
+    readable(header).then(|| unsafe { (header as *const [u8; 16]).read() })
+}
+
+/// A `heap_corruption` error about the header at `header`, with the bytes found there.
+fn corruption_error(
+    header: *mut BlockHeader,
+    what: Corrupted,
+    found: Option<[u8; 16]>,
+    freed_with: BlockKind,
+    free_stack: StackId,
+) -> MemoryError {
+    let user = BlockHeader::user_ptr(header);
+    let at = -(super::header::HEADER_SIZE as isize);
+    MemoryError {
+        detail: Some(what.detail()),
+        damage: found.map(|found| Damage {
+            offset: at,
+            found,
+            len: found.len() as u8,
+        }),
+        ..MemoryError::at_free(ErrorKind::HeapCorruption, user, freed_with, free_stack)
+    }
+}
+
+/// The header of a live block of our own mapping (`raw`: page-aligned user pointers, the header
+/// at the end of the page before) that `addr` falls into, found page by page backwards.
+fn large_block_start(addr: usize) -> Option<*mut BlockHeader> {
+    use crate::sys::{page_is_mapped, PAGE_SIZE};
+    let mut page = addr & !(PAGE_SIZE - 1);
+    for _ in 0..LARGE_BLOCK_SEARCH_PAGES {
+        if page < PAGE_SIZE || !page_is_mapped(page - 1) {
+            return None;
+        }
+        let header = BlockHeader::of(page as *mut u8);
+        // SAFETY: the header lies at the end of the page before `page`, mapped (checked above).
+        let h = unsafe { &*header };
+        if h.is_live() {
+            return (addr < page + h.size).then_some(header);
+        }
+        page -= PAGE_SIZE;
+    }
+    None
 }

@@ -80,6 +80,8 @@ pub unsafe fn allocate(
         }
     }
     held.count_allocation(size);
+    drop(held);
+    integrity::report_found();
     block.user
 }
 
@@ -128,9 +130,9 @@ pub fn deallocate(ptr: *mut u8, kind: BlockKind, start: impl Fn() -> StartFrame 
             alloc_stack,
             ..MemoryError::at_free(ErrorKind::DoubleFree, ptr, kind, capture_stack_of(start()))
         }),
-        Lookup::Foreign => bad_free(|| {
-            MemoryError::at_free(ErrorKind::InvalidFree, ptr, kind, capture_stack_of(start()))
-        }),
+        Lookup::Foreign => {
+            bad_free(|| integrity::foreign_free_error(ptr, kind, capture_stack_of(start())))
+        }
     }
 }
 
@@ -198,6 +200,7 @@ unsafe fn free_on_own_list(mut held: live_list::HeldShard<'_>, header: *mut Bloc
     let raw_offset = h.raw_offset();
     h.mark_freed();
     drop(held);
+    integrity::report_found();
     // SAFETY: the block is off its list and marked freed; this thread owns its memory now.
     unsafe { raw::release(header, raw_offset) };
 }
@@ -218,6 +221,7 @@ unsafe fn free_off_list(mut held: live_list::HeldShard<'_>, header: *mut BlockHe
     let (placement, class, raw_offset) = (h.placement, h.class, h.raw_offset());
     h.mark_freed();
     drop(held);
+    integrity::report_found();
     // SAFETY: the block is off every list and marked freed; this thread owns its memory now.
     unsafe {
         if placement == Placement::Heap {

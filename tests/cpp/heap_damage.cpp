@@ -96,6 +96,23 @@ std::uint64_t held_blocks = 0;
     std::printf("smashed: %s\n", victim == block + 272 ? "neighbour" : "elsewhere");
 }
 
+[[gnu::noinline]] void interior_delete() {
+    char* block = make(120);
+    release(block + 8 * one);  // INTERIOR small
+    char* large = make(1 << 20);
+    release(large + 5000 * one);  // INTERIOR large
+    release(block);
+    release(large);
+}
+
+[[gnu::noinline]] void second_base_delete() {
+    Both* both = K15_NEW Both;  // ALLOC both
+    Extra* extra = both;
+    sink = extra;
+    delete static_cast<Extra*>(sink);  // no virtual destructor: a pointer 8 bytes into the block
+    delete both;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -107,6 +124,8 @@ int main(int argc, char** argv) {
     else if (is("underrun")) underrun();
     else if (is("check_heap")) found_by_check_heap();
     else if (is("smashed_header")) smashed_header();
+    else if (is("interior_delete")) interior_delete();
+    else if (is("second_base_delete")) second_base_delete();
     else {
         std::printf("unknown kind %s\n", kind);
         return 2;
