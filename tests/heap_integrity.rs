@@ -32,6 +32,12 @@ fn programs() -> &'static (PathBuf, PathBuf) {
 /// Runs one kind of damage under the tracker and checks what every kind must give: the program
 /// reached its last line, the report was written, and the live blocks are those it holds.
 fn run_kind(kind: &str) -> support::Run {
+    run_kind_losing(kind, 0)
+}
+
+/// As [`run_kind`], where `lost` blocks had their whole header overwritten: `stats()` keeps
+/// counting them (their size is gone with the header).
+fn run_kind_losing(kind: &str, lost: u64) -> support::Run {
     let run = support::run_with(&programs().0, kind, "", &[], &[kind]);
     let stdout = run.stdout();
     assert!(
@@ -47,7 +53,12 @@ fn run_kind(kind: &str) -> support::Run {
         .find_map(|l| l.strip_prefix("live blocks "))
         .expect("the stats line");
     let (live, held) = held.split_once(", held ").unwrap();
-    assert_eq!(live, held, "{kind}: stats() against what the program holds");
+    let (live, held): (u64, u64) = (live.parse().unwrap(), held.parse().unwrap());
+    assert_eq!(
+        live,
+        held + lost,
+        "{kind}: stats() against what the program holds"
+    );
     run
 }
 
@@ -64,7 +75,12 @@ fn valgrind_damaged(kind: &str) -> BTreeSet<(String, u64)> {
         .filter_map(|line| {
             let (_, rest) = line.split_once(" bytes ")?;
             let (direction, size) = rest.split_once(" a block of size ")?;
-            let size = size.split_whitespace().next()?.parse().ok()?;
+            let size = size
+                .split_whitespace()
+                .next()?
+                .replace(',', "")
+                .parse()
+                .ok()?;
             Some((direction.to_owned(), size))
         })
         .collect()
@@ -78,6 +94,7 @@ fn tracker_damaged(run: &support::Run) -> BTreeSet<(String, u64)> {
             let direction = match e["kind"].as_str()? {
                 "overrun" => "after",
                 "underrun" => "before",
+                "invalid_free" if e["offset"].is_u64() => "inside",
                 _ => return None,
             };
             Some((direction.to_owned(), e["size"].as_u64()?))
@@ -145,9 +162,30 @@ fn a_one_byte_overrun_is_reported_at_delete_with_its_byte() {
 #[test]
 fn a_sixteen_byte_overrun_into_the_next_block_is_survived() {
     let run = run_kind("overrun_by_sixteen");
-    let error = only_error(&run, "overrun", 40);
+    assert_eq!(
+        run.error_kinds(),
+        ["overrun", "heap_corruption"],
+        "{}",
+        run.text
+    );
+    let (error, neighbour) = (&run.errors()[0], &run.errors()[1]);
+    assert_eq!(error["size"], 40);
     assert_eq!(error["offset"], 40);
     assert_eq!(error["bytes"], "42 42 42 42 42 42 42 42");
+    // The other 8 bytes overwrote the list link at the start of the next block's header (112
+    // bytes on: header, 40 bytes, guard): found by the report's walk and the list repaired.
+    let address =
+        |e: &Value| u64::from_str_radix(&e["address"].as_str().unwrap()[2..], 16).unwrap();
+    assert_eq!(address(neighbour), address(error) + 112, "{}", run.text);
+    assert_eq!(neighbour["offset"], -64);
+    assert!(neighbour["bytes"]
+        .as_str()
+        .unwrap()
+        .starts_with("42 42 42 42 42 42 42 42 "));
+    assert!(neighbour["detail"]
+        .as_str()
+        .unwrap()
+        .contains("list was repaired"));
     assert_eq!(run.leaks().len(), 0, "{}", run.text);
     agrees_with_valgrind("overrun_by_sixteen", &run);
 }
@@ -240,4 +278,81 @@ fn every_operator_new_form_refuses_sizes_at_the_edge_of_the_address_space() {
         assert!(stdout.contains("last line"));
         assert_eq!(run.leaks().len(), 0, "{}", run.text);
     }
+}
+
+#[test]
+fn a_delete_inside_a_block_names_the_block_and_frees_nothing() {
+    let run = run_kind("interior_delete");
+    let errors = run.errors();
+    assert_eq!(
+        run.error_kinds(),
+        ["invalid_free", "invalid_free"],
+        "{}",
+        run.text
+    );
+    assert_eq!(
+        (errors[0]["size"].as_u64(), errors[0]["offset"].as_u64()),
+        (Some(120), Some(8))
+    );
+    assert_eq!(
+        (errors[1]["size"].as_u64(), errors[1]["offset"].as_u64()),
+        (Some(1 << 20), Some(5000))
+    );
+    for error in errors {
+        assert_eq!(error["line"], support::line_of(SOURCE, "// ALLOC make"));
+        assert!(function_names(&error["alloc_stack"])
+            .iter()
+            .any(|f| f.contains("interior_delete")));
+    }
+    assert!(run
+        .text
+        .contains("delete[] of a pointer 8 bytes into a live block of 120 bytes"));
+    assert_eq!(
+        run.leaks().len(),
+        0,
+        "the blocks were freed afterwards: {}",
+        run.text
+    );
+    agrees_with_valgrind("interior_delete", &run);
+}
+
+#[test]
+fn a_delete_through_a_second_base_class_names_the_object() {
+    let run = run_kind("second_base_delete");
+    let error = only_error(&run, "invalid_free", 24);
+    assert_eq!(error["offset"], 8);
+    assert_eq!(error["line"], support::line_of(SOURCE, "// ALLOC both"));
+    agrees_with_valgrind("second_base_delete", &run);
+}
+
+#[test]
+fn an_overrun_that_wipes_the_next_header_is_reported_and_the_report_still_written() {
+    let run = run_kind_losing("smashed_header", 1);
+    assert!(
+        run.stdout().contains("smashed: neighbour"),
+        "the layout this test relies on"
+    );
+    let kinds = run.error_kinds();
+    assert_eq!(kinds[0], "overrun", "{}", run.text);
+    assert_eq!(
+        kinds[1], "heap_corruption",
+        "at the victim's delete: {}",
+        run.text
+    );
+    assert!(
+        kinds[2..].iter().all(|k| k == "heap_corruption"),
+        "{kinds:?}"
+    );
+    let victim = &run.errors()[1];
+    assert_eq!(victim["offset"], -64);
+    assert_eq!(
+        victim["bytes"],
+        "48 48 48 48 48 48 48 48 48 48 48 48 48 48 48 48"
+    );
+    assert!(victim["detail"]
+        .as_str()
+        .unwrap()
+        .contains("no longer tracked"));
+    assert!(run.text.contains("SUMMARY"), "{}", run.text);
+    agrees_with_valgrind("smashed_header", &run);
 }

@@ -48,13 +48,14 @@ const CLASS_COUNT: usize = FINE_CLASSES + 4 * 8;
 /// it have every block (and so every user pointer, `HEADER_SIZE` after it) aligned to it.
 const LARGEST_ALIGN: usize = 64;
 
-/// The class of a block of `total` bytes whose user pointer is aligned to `align`, `None` when
-/// the heap does not serve that size or alignment.
+/// The class of a block of `size` user bytes and `overhead` bytes of ours whose user pointer is
+/// aligned to `align`, `None` when the heap does not serve that size or alignment.
 #[inline]
-pub fn class_for(total: usize, align: usize) -> Option<u8> {
-    if total > LARGEST_BLOCK || align > LARGEST_ALIGN {
-        return None; // checked first: rounding a size near usize::MAX up would wrap
+pub fn class_for(size: usize, overhead: usize, align: usize) -> Option<u8> {
+    if size > LARGEST_BLOCK || align > LARGEST_ALIGN {
+        return None; // checked first: adding to a size near usize::MAX would wrap
     }
+    let total = size + overhead;
     let total = if align <= 16 {
         total
     } else {
@@ -706,15 +707,19 @@ mod tests {
         use super::super::header::HEADER_SIZE;
         for total in (HEADER_SIZE + 1..=LARGEST_BLOCK).step_by(7) {
             for align in [32, 64] {
-                let class = class_for(total, align).unwrap() as usize;
+                let class = class_for(total - HEADER_SIZE, HEADER_SIZE, align).unwrap() as usize;
                 assert!(class_size(class) >= total);
                 assert!(class_size(class).is_multiple_of(LARGEST_ALIGN), "{total}");
             }
         }
-        assert_eq!(class_for(HEADER_SIZE + 1, 128), None);
-        assert_eq!(class_for(LARGEST_BLOCK + 1, 16), None);
+        assert_eq!(class_for(1, HEADER_SIZE, 128), None);
+        assert_eq!(
+            class_for(LARGEST_BLOCK + 1 - HEADER_SIZE, HEADER_SIZE, 16),
+            None
+        );
+        assert_eq!(class_for(usize::MAX - 60, HEADER_SIZE, 64), None);
         // Enough blocks of a small class to cross many page starts (where carving skips ahead).
-        let class = class_for(HEADER_SIZE + 100, 64).unwrap();
+        let class = class_for(100, HEADER_SIZE, 64).unwrap();
         with_my_shard(|mine| {
             let blocks: Vec<*mut u8> = (0..2000).map(|_| take(class, mine).unwrap()).collect();
             for &block in &blocks {
@@ -730,7 +735,7 @@ mod tests {
 
     #[test]
     fn a_parked_block_is_reused_and_blocks_never_overlap() {
-        let class = class_for(100, 16).unwrap();
+        let class = class_for(100, 0, 16).unwrap();
         with_my_shard(|mine| {
             let a = take(class, mine).unwrap();
             let b = take(class, mine).unwrap();
@@ -750,7 +755,7 @@ mod tests {
 
     #[test]
     fn blocks_parked_by_an_exited_thread_are_handed_out_again() {
-        let class = class_for(30 * 1024, 16).unwrap(); // a class no other test uses
+        let class = class_for(30 * 1024, 0, 16).unwrap(); // a class no other test uses
         let blocks = std::thread::spawn(move || {
             with_my_shard(|mine| {
                 let blocks: [usize; 20] =
@@ -774,7 +779,7 @@ mod tests {
 
     #[test]
     fn blocks_given_back_one_by_one_come_back_as_one_list() {
-        let class = class_for(20 * 1024, 16).unwrap(); // a class no other test uses
+        let class = class_for(20 * 1024, 0, 16).unwrap(); // a class no other test uses
         let given: [usize; 3] = with_my_shard(|mine| {
             core::array::from_fn(|_| {
                 let block = take(class, mine).unwrap();

@@ -8,6 +8,7 @@ use super::header::{BlockHeader, GUARD_BYTE, GUARD_SIZE};
 use super::live_list::{HeldShard, StoppedWorld};
 use crate::ffi::BlockKind;
 use crate::stack::{StackId, StartFrame};
+use core::fmt::Write;
 use core::ptr::null_mut;
 use core::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -235,7 +236,17 @@ pub fn found_corruption(header: usize, what: Corrupted) {
         }
         None => log.dropped += 1,
     }
+    drop(log);
     ANY_FOUND.store(true, Ordering::Release);
+    // Said at once, without allocating (a shard is held): the full error, with its stacks, comes
+    // at the next free that leaves the heap, bad free, stats(), check_heap() or report.
+    let mut line = crate::sys::StackBuffer::<160>::new();
+    let _ = writeln!(
+        line,
+        "k15-memory: heap_corruption at {:#x} ({what:?}); details follow in the report",
+        header + super::header::HEADER_SIZE
+    );
+    line.flush_to_stderr();
 }
 
 /// Reports the damage found while shards were held, if any: one load when there is none.

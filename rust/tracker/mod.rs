@@ -80,8 +80,6 @@ pub unsafe fn allocate(
         }
     }
     held.count_allocation(size);
-    drop(held);
-    integrity::report_found();
     block.user
 }
 
@@ -336,6 +334,7 @@ pub fn capture_stack(_inside: &Inside, start: StartFrame) -> StackId {
 #[inline(never)]
 fn bad_free(error: impl FnOnce() -> MemoryError) {
     let _inside = Inside::enter();
+    integrity::report_found();
     errors::report(error());
 }
 
@@ -346,6 +345,7 @@ pub fn check_heap(start: StartFrame) -> usize {
 
 /// Counters of the whole process.
 pub fn stats() -> Stats {
+    integrity::report_found();
     if live_list::any_pending() {
         let _inside = Inside::enter();
         drop(StoppedWorld::stop(guard::thread_number())); // settles them

@@ -35,11 +35,12 @@ pub fn acquire(
     budgeted: bool,
     mine: &mut HeldShard<'_>,
 ) -> Option<RawBlock> {
-    let size = size.checked_add(GUARD_SIZE)?;
     if budgeted {
+        let size = size.checked_add(GUARD_SIZE)?;
         return super::budget::active().and_then(|budget| acquire_budgeted(budget, size, align));
     }
-    if let Some(class) = heap::class_for(HEADER_SIZE.saturating_add(size), align) {
+    // No overflow: the heap's sizes are far below usize::MAX, and larger ones are refused first.
+    if let Some(class) = heap::class_for(size, HEADER_SIZE + GUARD_SIZE, align) {
         if let Some(raw) = heap::take(class, mine) {
             return Some(RawBlock {
                 user: raw.wrapping_add(HEADER_SIZE),
@@ -49,7 +50,7 @@ pub fn acquire(
             });
         }
     }
-    acquire_from_system(size, align)
+    acquire_from_system(size.checked_add(GUARD_SIZE)?, align)
 }
 
 /// Memory from glibc or our own mappings, never the heap: the tracker's own memory (a signal
