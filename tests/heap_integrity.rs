@@ -38,7 +38,12 @@ fn run_kind(kind: &str) -> support::Run {
 /// As [`run_kind`], where `lost` blocks had their whole header overwritten: `stats()` keeps
 /// counting them (their size is gone with the header).
 fn run_kind_losing(kind: &str, lost: u64) -> support::Run {
-    let run = support::run_with(&programs().0, kind, "", &[], &[kind]);
+    run_kind_with(kind, lost, "")
+}
+
+/// As [`run_kind_losing`], with `options`.
+fn run_kind_with(kind: &str, lost: u64, options: &str) -> support::Run {
+    let run = support::run_with(&programs().0, kind, options, &[], &[kind]);
     let stdout = run.stdout();
     assert!(
         run.output.status.success(),
@@ -95,6 +100,7 @@ fn tracker_damaged(run: &support::Run) -> BTreeSet<(String, u64)> {
                 "overrun" => "after",
                 "underrun" => "before",
                 "invalid_free" if e["offset"].is_u64() => "inside",
+                "double_free" => "inside",
                 _ => return None,
             };
             Some((direction.to_owned(), e["size"].as_u64()?))
@@ -355,4 +361,36 @@ fn an_overrun_that_wipes_the_next_header_is_reported_and_the_report_still_writte
         .contains("no longer tracked"));
     assert!(run.text.contains("SUMMARY"), "{}", run.text);
     agrees_with_valgrind("smashed_header", &run);
+}
+
+#[test]
+fn a_double_free_names_the_first_delete_with_free_stacks() {
+    let sizes = [24, 64 << 10, 1 << 20, 64, 3000];
+    let run = run_kind_with("double_frees", 0, "free_stacks=1");
+    assert_eq!(run.error_kinds(), ["double_free"; 5], "{}", run.text);
+    for (error, size) in run.errors().iter().zip(sizes) {
+        assert_eq!(error["size"], size, "{}", run.text);
+        let first = function_names(&error["previous_free_stack"]);
+        let second = function_names(&error["free_stack"]);
+        assert!(first[0].contains("first_delete"), "{size}: {first:?}");
+        assert!(second[0].contains("second_delete"), "{size}: {second:?}");
+    }
+    // The block freed first on another thread: its first delete ran there.
+    let other = function_names(&run.errors()[4]["previous_free_stack"]);
+    assert!(!other.iter().any(|f| f == "main"), "{other:?}");
+    assert_eq!(
+        run.text.matches("first released from:").count(),
+        5,
+        "{}",
+        run.text
+    );
+    agrees_with_valgrind("double_frees", &run);
+
+    // Off by default (each delete would pay a stack capture): no previous stack then.
+    let plain = run_kind("double_frees");
+    assert_eq!(plain.error_kinds(), ["double_free"; 5]);
+    assert!(plain
+        .errors()
+        .iter()
+        .all(|e| e.get("previous_free_stack").is_none()));
 }

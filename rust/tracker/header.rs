@@ -107,8 +107,13 @@ pub enum Lookup {
         header: *mut BlockHeader,
         damaged: usize,
     },
-    /// A block that was freed before; what its header still tells.
-    Freed { size: usize, alloc_stack: StackId },
+    /// A block that was freed before; what its header (and, for a large block, the record of
+    /// its unmapping) still tells.
+    Freed {
+        size: usize,
+        alloc_stack: StackId,
+        previous_free_stack: StackId,
+    },
     /// Not from us at all.
     Foreign,
 }
@@ -310,6 +315,7 @@ impl BlockHeader {
                 Some(freed) => Lookup::Freed {
                     size: freed.size,
                     alloc_stack: freed.alloc_stack,
+                    previous_free_stack: freed.free_stack,
                 },
                 None => Lookup::Foreign,
             };
@@ -334,6 +340,12 @@ impl BlockHeader {
             Lookup::Freed {
                 size: h.size,
                 alloc_stack: h.alloc_stack,
+                previous_free_stack: if super::heap::contains(addr) {
+                    // SAFETY: a freed block of the heap.
+                    unsafe { super::recorded_free_stack(user) }
+                } else {
+                    StackId(0)
+                },
             }
         } else {
             Lookup::Foreign

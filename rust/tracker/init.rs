@@ -11,6 +11,7 @@ pub struct Hot(u32);
 
 const HOT_READY: u32 = 1 << 31;
 const HOT_BUDGET: u32 = 1 << 30;
+const HOT_FREE_STACKS: u32 = 1 << 29;
 
 impl Hot {
     /// Frames to capture per allocation; 0: no call stacks.
@@ -23,6 +24,12 @@ impl Hot {
     #[inline]
     pub fn budget(self) -> bool {
         self.0 & HOT_BUDGET != 0
+    }
+
+    /// Whether each `delete` records its call stack in the freed block (`free_stacks=1`).
+    #[inline]
+    pub fn free_stacks(self) -> bool {
+        self.0 & HOT_FREE_STACKS != 0
     }
 }
 
@@ -63,8 +70,13 @@ fn set_up_once() {
     } else {
         0
     };
+    let free_stacks = if options.free_stacks && options.stack_depth > 0 {
+        HOT_FREE_STACKS
+    } else {
+        0
+    };
     HOT.store(
-        HOT_READY | budget | options.stack_depth as u32,
+        HOT_READY | budget | free_stacks | options.stack_depth as u32,
         Ordering::Release,
     );
 }

@@ -123,9 +123,14 @@ pub fn deallocate(ptr: *mut u8, kind: BlockKind, start: impl Fn() -> StartFrame 
             integrity::report_at_delete(header, kind, start());
             free_live(header, kind, start)
         }
-        Lookup::Freed { size, alloc_stack } => bad_free(|| MemoryError {
+        Lookup::Freed {
             size,
             alloc_stack,
+            previous_free_stack,
+        } => bad_free(|| MemoryError {
+            size,
+            alloc_stack,
+            previous_free_stack,
             ..MemoryError::at_free(ErrorKind::DoubleFree, ptr, kind, capture_stack_of(start()))
         }),
         Lookup::Foreign => {
@@ -142,6 +147,9 @@ fn free_live(header: *mut BlockHeader, kind: BlockKind, start: impl Fn() -> Star
     // SAFETY: as above; only this thread frees the block it was given.
     if unsafe { !(*header).guard_intact() } {
         integrity::report_at_delete(header, kind, start());
+    }
+    if init::hot().free_stacks() {
+        record_free_stack(header, start());
     }
     if allocated_with != kind {
         report_mismatch(header, kind, start());
@@ -272,6 +280,36 @@ pub(crate) unsafe fn settle_claimed_block(header: *mut BlockHeader, world: &Stop
             free_off_list(world.shard((*header).shard), header);
         }
     }
+}
+
+/// Keeps the stack of this `delete` in the block's first user bytes, which a free block of the
+/// heap (or a large block until it is unmapped) does not use otherwise: a second `delete` then
+/// names the first. Blocks of glibc and of the budget are reused by them at once: not kept there.
+#[cold]
+#[inline(never)]
+fn record_free_stack(header: *mut BlockHeader, start: StartFrame) {
+    let user = BlockHeader::user_ptr(header);
+    // SAFETY: the block is live and being freed by this thread.
+    let placement = unsafe { (*header).placement };
+    if matches!(placement, Placement::Heap | Placement::Mapped) {
+        let _inside = Inside::enter();
+        let stack = capture_stack_of(start);
+        // SAFETY: every block has room for its guard (8 bytes) behind its user bytes.
+        unsafe { user.cast::<StackId>().write_unaligned(stack) };
+    }
+}
+
+/// The stack of the `delete` that freed the block at `user` (see [`record_free_stack`]), when
+/// free stacks are kept.
+///
+/// # Safety
+/// `user` is a freed block of the heap, or a large block being unmapped.
+unsafe fn recorded_free_stack(user: *mut u8) -> StackId {
+    if !init::hot().free_stacks() {
+        return StackId(0);
+    }
+    // SAFETY: guaranteed by the caller: such blocks hold the stack recorded above.
+    unsafe { user.cast::<StackId>().read_unaligned() }
 }
 
 /// Another thread freed the same block between our lookup and our lock: a double free.

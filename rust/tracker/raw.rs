@@ -195,6 +195,8 @@ pub unsafe fn release(header: *mut BlockHeader, raw_offset: usize) {
                 user: user as usize,
                 size,
                 alloc_stack,
+                // SAFETY: a large block being unmapped.
+                free_stack: unsafe { super::recorded_free_stack(user) },
             });
             let kept = (raw_offset + size + GUARD_SIZE).next_multiple_of(PAGE_SIZE);
             // SAFETY: the kept range of acquire_mapped for this block, no longer referenced.
@@ -209,6 +211,8 @@ pub struct UnmappedBlock {
     pub user: usize,
     pub size: usize,
     pub alloc_stack: StackId,
+    /// The stack of the `delete` that unmapped it (`free_stacks=1`), else 0.
+    pub free_stack: StackId,
 }
 
 const UNMAPPED_HISTORY: usize = 1024;

@@ -113,6 +113,39 @@ std::uint64_t held_blocks = 0;
     delete both;
 }
 
+struct alignas(64) Line {
+    char bytes[64];
+};
+
+[[gnu::noinline]] void first_delete(char* block) { delete[] block; }  // FIRST DELETE
+[[gnu::noinline]] void second_delete(char* block) { delete[] block; }  // SECOND DELETE
+[[gnu::noinline]] void first_delete_line(Line* line) { delete line; }
+[[gnu::noinline]] void second_delete_line(Line* line) { delete line; }
+
+[[gnu::noinline]] void free_twice(std::size_t size) {
+    char* block = make(size);
+    first_delete(block);
+    sink = block;
+    second_delete(static_cast<char*>(sink));
+}
+
+// Each block is freed twice, nothing allocated in between on the freeing thread (which would
+// reuse the block), except that the thread's own allocations come from other size classes.
+// One call site per size: valgrind lists an error once per distinct stack.
+[[gnu::noinline]] void double_frees() {
+    free_twice(24);
+    free_twice(64 << 10);
+    free_twice(1 << 20);
+    Line* line = K15_NEW Line;  // ALLOC line
+    first_delete_line(line);
+    sink = line;
+    second_delete_line(static_cast<Line*>(sink));
+    char* shared = make(3000);
+    std::thread([shared] { first_delete(shared); }).join();
+    sink = shared;
+    second_delete(static_cast<char*>(sink));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -126,6 +159,7 @@ int main(int argc, char** argv) {
     else if (is("smashed_header")) smashed_header();
     else if (is("interior_delete")) interior_delete();
     else if (is("second_base_delete")) second_base_delete();
+    else if (is("double_frees")) double_frees();
     else {
         std::printf("unknown kind %s\n", kind);
         return 2;
