@@ -394,3 +394,50 @@ fn a_double_free_names_the_first_delete_with_free_stacks() {
         .iter()
         .all(|e| e.get("previous_free_stack").is_none()));
 }
+
+#[test]
+fn break_on_stops_in_the_debugger_at_the_allocation_the_report_numbers() {
+    let run = run_kind("check_heap");
+    let leak = &run.leaks()[0];
+    let (thread, seq) = (
+        leak["thread"].as_u64().unwrap(),
+        leak["seq"].as_u64().unwrap(),
+    );
+    assert!(run
+        .text
+        .contains(&format!("blocks (thread/seq): {thread}/{seq}")));
+    let options = format!("break_on={thread}/{seq}:report=0");
+
+    // Without a debugger, SIGTRAP ends the program there, before its last line.
+    let alone = support::run_with(&programs().0, "break_alone", &options, &[], &["check_heap"]);
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        alone.output.status.signal(),
+        Some(5),
+        "{:?}",
+        alone.output.status
+    );
+    assert!(!alone.stdout().contains("last line"));
+    assert!(alone
+        .stderr()
+        .contains(&format!("break_on={thread}/{seq}: allocation of 104 bytes")));
+
+    // README's recipe: gdb stops inside the allocation; the stack shows who made the block.
+    let gdb = Command::new("timeout")
+        .args(["120", "gdb", "-batch", "-nx", "-ex", "run", "-ex", "bt"])
+        .arg("--args")
+        .arg(&programs().0)
+        .arg("check_heap")
+        .env("K15_MEMORY_OPTIONS", &options)
+        .output()
+        .expect("gdb is installed");
+    let text = String::from_utf8_lossy(&gdb.stdout);
+    assert!(text.contains("SIGTRAP"), "{text}");
+    let frames = text
+        .lines()
+        .filter(|l| l.starts_with('#'))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(frames.contains("make"), "{frames}");
+    assert!(frames.contains("found_by_check_heap"), "{frames}");
+}

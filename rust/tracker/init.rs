@@ -70,6 +70,9 @@ fn set_up_once() {
     } else {
         0
     };
+    if let Some((thread, seq)) = options.break_on {
+        super::integrity::break_on(thread, seq);
+    }
     let free_stacks = if options.free_stacks && options.stack_depth > 0 {
         HOT_FREE_STACKS
     } else {

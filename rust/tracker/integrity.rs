@@ -10,7 +10,7 @@ use crate::ffi::BlockKind;
 use crate::stack::{StackId, StartFrame};
 use core::fmt::Write;
 use core::ptr::null_mut;
-use core::sync::atomic::{AtomicBool, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// Who found a problem: says so in the report, beside the stack of that call.
@@ -484,4 +484,40 @@ fn large_block_start(addr: usize) -> Option<*mut BlockHeader> {
         page -= PAGE_SIZE;
     }
     None
+}
+
+/// `break_on=THREAD/SEQ`: the sequence number to stop at (0: never; numbers start at 1), and
+/// the thread.
+static BREAK_SEQ: AtomicU32 = AtomicU32::new(0);
+static BREAK_THREAD: AtomicU32 = AtomicU32::new(0);
+
+/// Sets the allocation to stop at (the tracker's set-up, from the options).
+pub fn break_on(thread: u32, seq: u32) {
+    BREAK_THREAD.store(thread, Ordering::Relaxed);
+    BREAK_SEQ.store(seq, Ordering::Relaxed);
+}
+
+/// Stops in the debugger if this is the allocation `break_on` names: one load and a compare.
+#[inline(always)]
+pub fn maybe_break(thread: u32, seq: u32, size: usize) {
+    if seq == BREAK_SEQ.load(Ordering::Relaxed) {
+        break_here(thread, seq, size);
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn break_here(thread: u32, seq: u32, size: usize) {
+    if thread != BREAK_THREAD.load(Ordering::Relaxed) {
+        return;
+    }
+    let mut line = crate::sys::StackBuffer::<160>::new();
+    let _ = writeln!(
+        line,
+        "k15-memory: break_on={thread}/{seq}: allocation of {size} bytes; raising SIGTRAP"
+    );
+    line.flush_to_stderr();
+    // SAFETY: a breakpoint instruction: SIGTRAP at this very point (a debugger stops here, and
+    // `continue` goes on; without one the default action ends the process, as asked for).
+    unsafe { core::arch::asm!("int3", options(nomem, nostack)) };
 }

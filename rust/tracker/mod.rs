@@ -80,6 +80,8 @@ pub unsafe fn allocate(
         }
     }
     held.count_allocation(size);
+    drop(held);
+    integrity::maybe_break(me.number, seq, size);
     block.user
 }
 
