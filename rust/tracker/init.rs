@@ -12,6 +12,7 @@ pub struct Hot(u32);
 const HOT_READY: u32 = 1 << 31;
 const HOT_BUDGET: u32 = 1 << 30;
 const HOT_FREE_STACKS: u32 = 1 << 29;
+const HOT_BREAK_ON: u32 = 1 << 28;
 
 impl Hot {
     /// Frames to capture per allocation; 0: no call stacks.
@@ -24,6 +25,12 @@ impl Hot {
     #[inline]
     pub fn budget(self) -> bool {
         self.0 & HOT_BUDGET != 0
+    }
+
+    /// Whether an allocation is to stop in the debugger (`break_on=`).
+    #[inline]
+    pub fn break_on(self) -> bool {
+        self.0 & HOT_BREAK_ON != 0
     }
 
     /// Whether each `delete` records its call stack in the freed block (`free_stacks=1`).
@@ -45,6 +52,12 @@ pub fn hot() -> Hot {
         0 => set_up(),
         hot => Hot(hot),
     }
+}
+
+/// The hot-path options where the tracker is known to be set up (a free of a block it made).
+#[inline]
+pub fn set_up_hot() -> Hot {
+    Hot(HOT.load(Ordering::Relaxed))
 }
 
 /// Once per process; a second thread arriving meanwhile waits for the first.
@@ -70,16 +83,20 @@ fn set_up_once() {
     } else {
         0
     };
-    if let Some((thread, seq)) = options.break_on {
-        super::integrity::break_on(thread, seq);
-    }
+    let break_on = match options.break_on {
+        Some((thread, seq)) => {
+            super::integrity::break_on(thread, seq);
+            HOT_BREAK_ON
+        }
+        None => 0,
+    };
     let free_stacks = if options.free_stacks && options.stack_depth > 0 {
         HOT_FREE_STACKS
     } else {
         0
     };
     HOT.store(
-        HOT_READY | budget | free_stacks | options.stack_depth as u32,
+        HOT_READY | budget | free_stacks | break_on | options.stack_depth as u32,
         Ordering::Release,
     );
 }

@@ -486,8 +486,7 @@ fn large_block_start(addr: usize) -> Option<*mut BlockHeader> {
     None
 }
 
-/// `break_on=THREAD/SEQ`: the sequence number to stop at (0: never; numbers start at 1), and
-/// the thread.
+/// `break_on=THREAD/SEQ`: the allocation to stop at.
 static BREAK_SEQ: AtomicU32 = AtomicU32::new(0);
 static BREAK_THREAD: AtomicU32 = AtomicU32::new(0);
 
@@ -497,18 +496,11 @@ pub fn break_on(thread: u32, seq: u32) {
     BREAK_SEQ.store(seq, Ordering::Relaxed);
 }
 
-/// Stops in the debugger if this is the allocation `break_on` names: one load and a compare.
-#[inline(always)]
-pub fn maybe_break(thread: u32, seq: u32, size: usize) {
-    if seq == BREAK_SEQ.load(Ordering::Relaxed) {
-        break_here(thread, seq, size);
-    }
-}
-
+/// Stops in the debugger if this is the allocation `break_on` names (called only when it is set).
 #[cold]
 #[inline(never)]
-fn break_here(thread: u32, seq: u32, size: usize) {
-    if thread != BREAK_THREAD.load(Ordering::Relaxed) {
+pub fn break_if_asked(thread: u32, seq: u32, size: usize) {
+    if seq != BREAK_SEQ.load(Ordering::Relaxed) || thread != BREAK_THREAD.load(Ordering::Relaxed) {
         return;
     }
     let mut line = crate::sys::StackBuffer::<160>::new();

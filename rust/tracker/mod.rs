@@ -80,8 +80,9 @@ pub unsafe fn allocate(
         }
     }
     held.count_allocation(size);
-    drop(held);
-    integrity::maybe_break(me.number, seq, size);
+    if hot.break_on() {
+        integrity::break_if_asked(me.number, seq, size);
+    }
     block.user
 }
 
@@ -150,7 +151,7 @@ fn free_live(header: *mut BlockHeader, kind: BlockKind, start: impl Fn() -> Star
     if unsafe { !(*header).guard_intact() } {
         integrity::report_at_delete(header, kind, start());
     }
-    if init::hot().free_stacks() {
+    if init::set_up_hot().free_stacks() {
         record_free_stack(header, start());
     }
     if allocated_with != kind {
