@@ -73,6 +73,8 @@ pub struct Options {
     /// `break_on=THREAD/SEQ`: the allocation (as the report numbers it) that raises SIGTRAP just
     /// before it returns, so that a debugger stops there; `None`: off.
     pub break_on: Option<(u32, u32)>,
+    /// Bytes of freed blocks held back, filled, to catch writes after free (0 = off).
+    pub quarantine: usize,
 }
 
 /// `pool_classes=64x1000,256x500`: block size x block count per class (':' separates options).
@@ -129,6 +131,7 @@ impl Options {
         pool_classes: PoolClasses::EMPTY,
         free_stacks: false,
         break_on: None,
+        quarantine: 0,
     };
 
     /// Applies `key=value:key=value`, warning once on stderr for each bad pair.
@@ -174,6 +177,11 @@ impl Options {
             }
             b"halt_on_error" => parse_flag(value).map(|v| self.halt_on_error = v),
             b"free_stacks" => parse_flag(value).map(|v| self.free_stacks = v),
+            b"quarantine" => {
+                self.quarantine =
+                    parse_size(value).ok_or("bad value (bytes, with K, M or G: quarantine=16M)")?;
+                Ok(())
+            }
             b"break_on" => {
                 let (thread, seq) = parse_pair(value)
                     .ok_or("bad value (THREAD/SEQ from the report's blocks list: break_on=1/42)")?;
@@ -317,9 +325,11 @@ mod tests {
 
     #[test]
     fn heap_checking_keys() {
-        let o = Options::parse(b"break_on=2/1234:free_stacks=1");
+        let o = Options::parse(b"break_on=2/1234:free_stacks=1:quarantine=16M");
         assert_eq!(o.break_on, Some((2, 1234)));
         assert!(o.free_stacks);
+        assert_eq!(o.quarantine, 16 << 20);
+        assert_eq!(Options::parse(b"quarantine=lots").quarantine, 0);
         for bad in [
             &b"break_on=1"[..],
             b"break_on=0/5",

@@ -100,7 +100,7 @@ fn tracker_damaged(run: &support::Run) -> BTreeSet<(String, u64)> {
                 "overrun" => "after",
                 "underrun" => "before",
                 "invalid_free" if e["offset"].is_u64() => "inside",
-                "double_free" => "inside",
+                "double_free" | "use_after_free" => "inside",
                 _ => return None,
             };
             Some((direction.to_owned(), e["size"].as_u64()?))
@@ -440,4 +440,55 @@ fn break_on_stops_in_the_debugger_at_the_allocation_the_report_numbers() {
         .join("\n");
     assert!(frames.contains("make"), "{frames}");
     assert!(frames.contains("found_by_check_heap"), "{frames}");
+}
+
+#[test]
+fn writes_after_delete_are_caught_by_the_quarantine() {
+    let run = run_kind_with("use_after_free", 0, "quarantine=64K");
+    assert!(
+        run.stdout().contains("uaf check_heap: 1\n"),
+        "{}",
+        run.stdout()
+    );
+    assert_eq!(run.error_kinds(), ["use_after_free"; 3], "{}", run.text);
+    let errors = run.errors();
+    let found: Vec<(u64, i64, &str, &str)> = errors
+        .iter()
+        .map(|e| {
+            (
+                e["size"].as_u64().unwrap(),
+                e["offset"].as_i64().unwrap(),
+                e["bytes"].as_str().unwrap(),
+                e["detail"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        found,
+        [
+            (40, 5, "5a", "found by check_heap()"),
+            (56, 0, "59", "found when the block left quarantine"),
+            (72, 71, "58", "found by the report's heap check"),
+        ],
+        "{}",
+        run.text
+    );
+    for error in errors {
+        assert!(function_names(&error["alloc_stack"])
+            .iter()
+            .any(|f| f.contains("freed")));
+        let freed_by = function_names(&error["previous_free_stack"]);
+        assert!(
+            freed_by[0].contains("release") && freed_by[1].contains("freed"),
+            "{freed_by:?}"
+        );
+    }
+    let checked = function_names(&errors[0]["free_stack"]);
+    assert!(checked[0].contains("use_after_free"), "{checked:?}");
+    assert!(run.text.contains("freed from:"), "{}", run.text);
+    agrees_with_valgrind("use_after_free", &run);
+
+    // Without quarantine, nothing is caught (and nothing breaks).
+    let off = run_kind("use_after_free");
+    assert!(off.error_kinds().is_empty(), "{}", off.text);
 }

@@ -92,7 +92,8 @@ impl Report {
         }
         drop(world);
         integrity::report_found();
-        integrity::report_all(problems, None, BlockKind::New);
+        integrity::report_all(problems, StackId(0), BlockKind::New);
+        integrity::check_quarantine(FoundBy::Report);
         leaks.sort_by_key(|l| (l.thread, l.seq));
         crate::engine::for_each_live_block(&mut |info, block| {
             leaks.push(Leak {

@@ -93,9 +93,17 @@ impl Damage {
     /// The bytes of `found` (which begin at `start`) from the first one that differs from
     /// `expected` to the last one that does; `None` when none does.
     pub fn between(start: isize, found: &[u8], expected: &[u8]) -> Option<Damage> {
-        let differs = |(a, b): (&u8, &u8)| a != b;
-        let first = found.iter().zip(expected).position(differs)?;
-        let last = found.iter().zip(expected).rposition(differs)?;
+        Self::where_differs(start, found, |i| expected[i])
+    }
+
+    /// As [`Damage::between`], against bytes that should all be `fill`.
+    pub fn against_fill(start: isize, found: &[u8], fill: u8) -> Option<Damage> {
+        Self::where_differs(start, found, |_| fill)
+    }
+
+    fn where_differs(start: isize, found: &[u8], expected: impl Fn(usize) -> u8) -> Option<Damage> {
+        let first = (0..found.len()).position(|i| found[i] != expected(i))?;
+        let last = (0..found.len()).rposition(|i| found[i] != expected(i))?;
         let len = (last + 1 - first).min(Self::MAX_BYTES);
         let mut bytes = [0; Self::MAX_BYTES];
         bytes[..len].copy_from_slice(&found[first..first + len]);

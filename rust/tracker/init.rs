@@ -13,6 +13,7 @@ const HOT_READY: u32 = 1 << 31;
 const HOT_BUDGET: u32 = 1 << 30;
 const HOT_FREE_STACKS: u32 = 1 << 29;
 const HOT_BREAK_ON: u32 = 1 << 28;
+const HOT_QUARANTINE: u32 = 1 << 27;
 
 impl Hot {
     /// Frames to capture per allocation; 0: no call stacks.
@@ -25,6 +26,12 @@ impl Hot {
     #[inline]
     pub fn budget(self) -> bool {
         self.0 & HOT_BUDGET != 0
+    }
+
+    /// Whether freed blocks are held back (`quarantine=`).
+    #[inline]
+    pub fn quarantine(self) -> bool {
+        self.0 & HOT_QUARANTINE != 0
     }
 
     /// Whether an allocation is to stop in the debugger (`break_on=`).
@@ -90,13 +97,20 @@ fn set_up_once() {
         }
         None => 0,
     };
-    let free_stacks = if options.free_stacks && options.stack_depth > 0 {
+    let quarantine = if options.quarantine > 0 {
+        super::quarantine::set_limit(options.quarantine);
+        HOT_QUARANTINE
+    } else {
+        0
+    };
+    // A block in quarantine keeps its free stack beside it, so quarantine takes them too.
+    let free_stacks = if (options.free_stacks || quarantine != 0) && options.stack_depth > 0 {
         HOT_FREE_STACKS
     } else {
         0
     };
     HOT.store(
-        HOT_READY | budget | free_stacks | break_on | options.stack_depth as u32,
+        HOT_READY | budget | free_stacks | break_on | quarantine | options.stack_depth as u32,
         Ordering::Release,
     );
 }

@@ -97,7 +97,7 @@ pub fn report_at_delete(header: *mut BlockHeader, freed_with: BlockKind, start: 
     let _inside = Inside::enter();
     let mut problems = Vec::new();
     inspect(header, FoundBy::Delete, &mut problems);
-    report_all(problems, Some(start), freed_with);
+    report_all(problems, super::capture_stack_of(start), freed_with);
 }
 
 /// Every live block of `held`'s list, checked (and repaired) on the way; `visit` sees each.
@@ -117,13 +117,9 @@ pub fn check_list(
     }
 }
 
-/// Reports problems found with no stack yet: each gets `start`'s stack (the `delete` or the
-/// `check_heap()` call), none for a report's check. Called inside the tracker, no shard held.
-pub fn report_all(problems: Vec<MemoryError>, start: Option<StartFrame>, freed_with: BlockKind) {
-    if problems.is_empty() {
-        return;
-    }
-    let stack = start.map_or(StackId(0), super::capture_stack_of);
+/// Reports problems found with no stack yet: each gets `stack` (of the `delete` or the
+/// `check_heap()` call; none for a report's check). Called inside the tracker, no shard held.
+pub fn report_all(problems: Vec<MemoryError>, stack: StackId, freed_with: BlockKind) {
     for problem in problems {
         errors::report(MemoryError {
             free_stack: stack,
@@ -146,8 +142,9 @@ pub fn check_heap(start: StartFrame) -> usize {
     }
     let count = problems.len() + found_count();
     report_found();
-    report_all(problems, Some(start), BlockKind::New);
-    count
+    let stack = super::capture_stack_of(start);
+    report_all(problems, stack, BlockKind::New);
+    count + super::quarantine::check_all(FoundBy::CheckHeap, stack)
 }
 
 /// Damaged records found and not yet reported.
@@ -512,4 +509,9 @@ pub fn break_if_asked(thread: u32, seq: u32, size: usize) {
     // SAFETY: a breakpoint instruction: SIGTRAP at this very point (a debugger stops here, and
     // `continue` goes on; without one the default action ends the process, as asked for).
     unsafe { core::arch::asm!("int3", options(nomem, nostack)) };
+}
+
+/// The quarantine's blocks, checked for writes after free (reports).
+pub fn check_quarantine(found_by: FoundBy) {
+    super::quarantine::check_all(found_by, StackId(0));
 }

@@ -14,6 +14,7 @@ mod heap;
 mod init;
 pub mod integrity;
 pub mod live_list;
+mod quarantine;
 pub mod raw;
 
 use crate::ffi::{BlockKind, Stats};
@@ -133,7 +134,8 @@ pub fn deallocate(ptr: *mut u8, kind: BlockKind, start: impl Fn() -> StartFrame 
         } => bad_free(|| MemoryError {
             size,
             alloc_stack,
-            previous_free_stack,
+            previous_free_stack: quarantine::free_stack_of(BlockHeader::of(ptr))
+                .unwrap_or(previous_free_stack),
             ..MemoryError::at_free(ErrorKind::DoubleFree, ptr, kind, capture_stack_of(start()))
         }),
         Lookup::Foreign => {
@@ -151,7 +153,8 @@ fn free_live(header: *mut BlockHeader, kind: BlockKind, start: impl Fn() -> Star
     if unsafe { !(*header).guard_intact() } {
         integrity::report_at_delete(header, kind, start());
     }
-    if init::set_up_hot().free_stacks() {
+    let hot = init::set_up_hot();
+    if hot.free_stacks() {
         record_free_stack(header, start());
     }
     if allocated_with != kind {
@@ -180,7 +183,7 @@ fn free_live(header: *mut BlockHeader, kind: BlockKind, start: impl Fn() -> Star
             return deallocate_raced(header, kind, start());
         }
         if own {
-            free_on_own_list(held, header);
+            free_on_own_list(held, header, hot);
         } else {
             free_off_list(held, header);
         }
@@ -188,17 +191,22 @@ fn free_live(header: *mut BlockHeader, kind: BlockKind, start: impl Fn() -> Star
 }
 
 /// Frees a block on the calling thread's own shard (`held`): a heap block stays on the list,
-/// parked (see `heap`), so neither this free nor the allocation that reuses it touches the list.
+/// parked (see `heap`), so neither this free nor the allocation that reuses it touches the list;
+/// unless `hot` says freed blocks go into quarantine.
 ///
 /// # Safety
 /// `header` is a live block on the list of `held`, the calling thread's shard, and nobody else
 /// frees it.
 #[inline(always)]
-unsafe fn free_on_own_list(mut held: live_list::HeldShard<'_>, header: *mut BlockHeader) {
+unsafe fn free_on_own_list(
+    mut held: live_list::HeldShard<'_>,
+    header: *mut BlockHeader,
+    hot: init::Hot,
+) {
     // SAFETY: guaranteed by the caller.
     let h = unsafe { &mut *header };
     held.count_free(h.size);
-    if h.placement == Placement::Heap {
+    if h.placement == Placement::Heap && !hot.quarantine() {
         h.mark_freed();
         // SAFETY: a heap block of class `h.class`, freed, on the list of `held`.
         unsafe { heap::park(header as *mut u8, h.class, &mut held) };
@@ -206,12 +214,31 @@ unsafe fn free_on_own_list(mut held: live_list::HeldShard<'_>, header: *mut Bloc
     }
     // SAFETY: guaranteed by the caller.
     unsafe { held.unlink(header) };
-    let raw_offset = h.raw_offset();
     h.mark_freed();
     drop(held);
-    integrity::report_found();
     // SAFETY: the block is off its list and marked freed; this thread owns its memory now.
-    unsafe { raw::release(header, raw_offset) };
+    unsafe { release_freed(header, hot) };
+}
+
+/// The memory of a freed block on no list goes back (to the heap's class, or to where `raw`
+/// got it), or into quarantine.
+///
+/// # Safety
+/// `header` is a block of ours, marked freed, off its list, that nobody else uses.
+unsafe fn release_freed(header: *mut BlockHeader, hot: init::Hot) {
+    integrity::report_found();
+    // SAFETY: guaranteed by the caller.
+    unsafe {
+        let h = &*header;
+        if hot.quarantine() {
+            let _inside = Inside::enter(); // the quarantine's list is the tracker's own memory
+            quarantine::hold(header);
+        } else if h.placement == Placement::Heap {
+            heap::give_back_block(header as *mut u8, h.class);
+        } else {
+            raw::release(header, h.raw_offset());
+        }
+    }
 }
 
 /// Frees a block on another shard's list (`held` by its lock or a stopped world); a heap block
@@ -227,18 +254,10 @@ unsafe fn free_off_list(mut held: live_list::HeldShard<'_>, header: *mut BlockHe
     // SAFETY: guaranteed by the caller.
     unsafe { held.unlink(header) };
     held.count_free(h.size);
-    let (placement, class, raw_offset) = (h.placement, h.class, h.raw_offset());
     h.mark_freed();
     drop(held);
-    integrity::report_found();
     // SAFETY: the block is off every list and marked freed; this thread owns its memory now.
-    unsafe {
-        if placement == Placement::Heap {
-            heap::give_back_block(header as *mut u8, class);
-        } else {
-            raw::release(header, raw_offset);
-        }
-    }
+    unsafe { release_freed(header, init::set_up_hot()) };
 }
 
 /// A free of a block on a shard another thread owns: the block is claimed now (so a second

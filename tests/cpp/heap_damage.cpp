@@ -146,6 +146,26 @@ struct alignas(64) Line {
     second_delete(static_cast<char*>(sink));
 }
 
+// Writes after delete, run with quarantine=64K: one found by check_heap(), one when it leaves
+// the quarantine (pushed out by later frees), one by the report at exit.
+[[gnu::noinline]] char* freed(std::size_t size) {
+    char* block = make(size);
+    release(block);
+    sink = block;
+    return static_cast<char*>(sink);
+}
+
+[[gnu::noinline]] void use_after_free() {
+    char* first = freed(40);
+    first[5 * one] = 'Z';  // WRITE after free, found by check_heap
+    std::printf("uaf check_heap: %zu\n", k15::memory::check_heap());
+    char* second = freed(56);
+    second[0] = 'Y';  // WRITE after free, found when it leaves quarantine
+    for (int i = 0; i < 200; ++i) release(make(1000));
+    char* third = freed(72);
+    third[71 * one] = 'X';  // WRITE after free, found at exit
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -160,6 +180,7 @@ int main(int argc, char** argv) {
     else if (is("interior_delete")) interior_delete();
     else if (is("second_base_delete")) second_base_delete();
     else if (is("double_frees")) double_frees();
+    else if (is("use_after_free")) use_after_free();
     else {
         std::printf("unknown kind %s\n", kind);
         return 2;
