@@ -285,7 +285,7 @@ fn report_found_now() {
 #[inline(always)]
 pub fn could_be_header(p: *mut BlockHeader) -> bool {
     let p = p as usize;
-    p.is_multiple_of(16) && p >= crate::sys::PAGE_SIZE && p < USER_SPACE_END
+    p.is_multiple_of(16) && (crate::sys::PAGE_SIZE..USER_SPACE_END).contains(&p)
 }
 
 /// The end of x86-64 user space (47-bit addresses).

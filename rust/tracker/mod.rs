@@ -12,7 +12,7 @@ pub mod guard;
 pub mod header;
 mod heap;
 mod init;
-pub mod integrity;
+pub(crate) mod integrity;
 pub mod live_list;
 mod quarantine;
 pub mod raw;
