@@ -26,6 +26,11 @@
 //! most two lists per class: `active` (allocations pop from it, frees push onto it) and one full
 //! `spare`. Memory is never given back to the OS: a debug-run trade-off that keeps the hot path
 //! short.
+//!
+//! An overrun of the block in front may reach a free block's links, so every block handed out is
+//! checked first (in the heap's range, `FREED` cookie): a damaged list is given up, never
+//! followed. The heap's spans lie in one reserved range with a page map, which also finds the
+//! block any address falls into (bad frees of pointers inside a block, smashed headers).
 
 use super::header::BlockHeader;
 use super::live_list::HeldShard;
