@@ -1,11 +1,12 @@
 //! `fork` in a threaded program: every lock the tracker takes is held by the forking thread
 //! across the fork, so the child never finds one held by a thread it does not have.
 //!
-//! Taken in the order the other paths nest them: the engine registry, then the error log, the
-//! error symbolizer and the quarantine, then every shard (the world stopped, queued frees settled), and last
-//! the unmapped-block record, the small-block heap (settling frees blocks into them) and the
-//! record of damaged headers (found with shards held). Locks inside individual engine allocators are not
-//! covered: a child should not use an allocator another thread was using at the fork.
+//! Taken in the order the other paths nest them: the engine registry, then the error log and
+//! the error symbolizer, then every shard (the world stopped, queued frees settled), and last
+//! the quarantine, the unmapped-block record, the small-block heap (settling frees blocks into
+//! them) and the record of damaged headers (found with shards held). Locks inside individual
+//! engine allocators are not covered: a child should not use an allocator another thread was
+//! using at the fork.
 
 use super::guard::Inside;
 use super::live_list::{self, StoppedWorld};
@@ -30,9 +31,9 @@ extern "C" fn prepare() {
         Box::new(ranges),
         Box::new(errors::lock_for_fork()),
         Box::new(crate::report::text::lock_symbolizer_for_fork()),
-        Box::new(quarantine::lock_for_fork()),
     ];
     let world = StoppedWorld::stop(live_list::FORK_HOLDER);
+    guards.push(Box::new(quarantine::lock_for_fork()));
     guards.push(Box::new(raw::lock_for_fork()));
     guards.push(Box::new(heap::lock_for_fork()));
     guards.push(Box::new(integrity::lock_for_fork()));

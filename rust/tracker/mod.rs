@@ -185,7 +185,7 @@ fn free_live(header: *mut BlockHeader, kind: BlockKind, start: impl Fn() -> Star
         if own {
             free_on_own_list(held, header, hot);
         } else {
-            free_off_list(held, header);
+            free_off_list(held, header, Settling::No);
         }
     }
 }
@@ -217,7 +217,16 @@ unsafe fn free_on_own_list(
     h.mark_freed();
     drop(held);
     // SAFETY: the block is off its list and marked freed; this thread owns its memory now.
-    unsafe { release_freed(header, hot) };
+    unsafe { release_freed(header, hot, Settling::No) };
+}
+
+/// Whether a free runs while settling queued frees with the world stopped (`live_list`): the
+/// error log and the quarantine's lock may then be held by this very thread (`fork`), so
+/// nothing is reported and nothing leaves the quarantine.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Settling {
+    No,
+    WorldStopped,
 }
 
 /// The memory of a freed block on no list goes back (to the heap's class, or to where `raw`
@@ -225,14 +234,16 @@ unsafe fn free_on_own_list(
 ///
 /// # Safety
 /// `header` is a block of ours, marked freed, off its list, that nobody else uses.
-unsafe fn release_freed(header: *mut BlockHeader, hot: init::Hot) {
-    integrity::report_found();
+unsafe fn release_freed(header: *mut BlockHeader, hot: init::Hot, settling: Settling) {
+    if settling == Settling::No {
+        integrity::report_found();
+    }
     // SAFETY: guaranteed by the caller.
     unsafe {
         let h = &*header;
         if hot.quarantine() {
             let _inside = Inside::enter(); // the quarantine's list is the tracker's own memory
-            quarantine::hold(header);
+            quarantine::hold(header, settling == Settling::No);
         } else if h.placement == Placement::Heap {
             heap::give_back_block(header as *mut u8, h.class);
         } else {
@@ -248,7 +259,11 @@ unsafe fn release_freed(header: *mut BlockHeader, hot: init::Hot) {
 /// # Safety
 /// `header` is a live or claimed block on the list of `held`, and nobody else frees it.
 #[cold]
-unsafe fn free_off_list(mut held: live_list::HeldShard<'_>, header: *mut BlockHeader) {
+unsafe fn free_off_list(
+    mut held: live_list::HeldShard<'_>,
+    header: *mut BlockHeader,
+    settling: Settling,
+) {
     // SAFETY: guaranteed by the caller.
     let h = unsafe { &mut *header };
     // SAFETY: guaranteed by the caller.
@@ -257,7 +272,7 @@ unsafe fn free_off_list(mut held: live_list::HeldShard<'_>, header: *mut BlockHe
     h.mark_freed();
     drop(held);
     // SAFETY: the block is off every list and marked freed; this thread owns its memory now.
-    unsafe { release_freed(header, init::set_up_hot()) };
+    unsafe { release_freed(header, init::set_up_hot(), settling) };
 }
 
 /// A free of a block on a shard another thread owns: the block is claimed now (so a second
@@ -299,7 +314,7 @@ pub(crate) unsafe fn settle_claimed_block(header: *mut BlockHeader, world: &Stop
     // claimed block is still on the list of its shard.
     unsafe {
         if (*header).is_claimed() {
-            free_off_list(world.shard((*header).shard), header);
+            free_off_list(world.shard((*header).shard), header, Settling::WorldStopped);
         }
     }
 }

@@ -61,12 +61,13 @@ fn footprint(h: &BlockHeader) -> usize {
 }
 
 /// Takes a freed block (marked freed, on no list, its free stack in its first bytes when it
-/// has room) instead of giving its memory back; gives back the oldest blocks beyond the limit,
-/// reporting those written to meanwhile. Called inside the tracker, no shard held.
+/// has room) instead of giving its memory back; with `evict`, gives back the oldest blocks beyond
+/// the limit, reporting those written to meanwhile (without, the next `hold` does: the caller
+/// may not report now). Called inside the tracker, no shard held but for a stopped world.
 ///
 /// # Safety
 /// `header` is a block of ours, freed and off its list, that nobody else uses.
-pub unsafe fn hold(header: *mut BlockHeader) {
+pub unsafe fn hold(header: *mut BlockHeader, evict: bool) {
     // SAFETY: guaranteed by the caller.
     let h = unsafe { &*header };
     let user = BlockHeader::user_ptr(header);
@@ -80,7 +81,7 @@ pub unsafe fn hold(header: *mut BlockHeader) {
         q.blocks.push_back(Held { header, free_stack });
         let limit = LIMIT.load(Ordering::Relaxed);
         let mut leaving = Vec::new();
-        while q.bytes > limit {
+        while evict && q.bytes > limit {
             let Some(oldest) = q.blocks.pop_front() else {
                 break;
             };
