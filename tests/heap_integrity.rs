@@ -492,3 +492,37 @@ fn writes_after_delete_are_caught_by_the_quarantine() {
     let off = run_kind("use_after_free");
     assert!(off.error_kinds().is_empty(), "{}", off.text);
 }
+
+#[test]
+fn random_overruns_of_any_length_never_crash_the_tracker() {
+    let dir = support::scratch("random_overruns");
+    let exe = support::build(
+        &dir,
+        "random_overruns",
+        &["tests/cpp/random_overruns.cpp"],
+        &[],
+    );
+    for seed in 1..=6 {
+        for longest in ["8", "64", "300"] {
+            let seed = seed.to_string();
+            let run = support::run_with(&exe, "overruns", "stack_depth=2", &[], &[&seed, longest]);
+            let what = format!("seed {seed}, overruns up to {longest} bytes");
+            assert!(
+                run.output.status.success(),
+                "{what}: {:?}\n{}",
+                run.output.status,
+                run.stderr()
+            );
+            assert!(run.stdout().contains("last line"), "{what}");
+            assert!(run.text.contains("SUMMARY"), "{what}: no report");
+            let kinds = run.error_kinds();
+            assert!(kinds.iter().any(|k| k == "overrun"), "{what}: {kinds:?}");
+            assert!(
+                kinds
+                    .iter()
+                    .all(|k| ["overrun", "heap_corruption", "invalid_free"].contains(&k.as_str())),
+                "{what}: {kinds:?}"
+            );
+        }
+    }
+}

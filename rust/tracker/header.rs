@@ -12,11 +12,16 @@
 //! | 40 | `size` | user-requested size |
 //! | 48 | `alloc_stack` | stack depot id |
 //! | 52 | `raw_offset` | user pointer − raw allocation |
-//! | 56 | `cookie` | `LIVE`, `UNTRACKED`, `CLAIMED` or `FREED`, each `^ addr` |
+//! | 56 | `cookie` | `LIVE`, `UNTRACKED`, `CLAIMED` or `FREED`, each `^ addr`; all but `FREED` also `^` the words 24..56 |
 //!
 //! The size, stack and cookie sit in the last 24 bytes, so they survive a free list's links in a
 //! freed block (the heap's use 16..40, glibc's at most 0..32): a second `delete` still finds
 //! `FREED`. A free heap block also keeps its shard-list links (`heap`).
+//!
+//! A live cookie covers the header's words from `line` to `raw_offset` too: an overrun of the
+//! block in front reaches them only after the links (which are checked against the neighbours),
+//! and a block whose kind, class, placement, file, size or offset changed is then no longer
+//! taken for a live block, instead of being freed into the wrong place.
 //!
 //! The cookie is also the check in front of the user's bytes: an underrun changes its top bytes
 //! first (they lie next to the user pointer), so a cookie whose low bytes still match names the
@@ -118,6 +123,23 @@ pub enum Lookup {
     Foreign,
 }
 
+/// The header's words 3..7 (`line` .. `raw_offset`), folded into one, each rotated by an odd
+/// amount so that equal words (an overrun's repeated bytes) do not cancel out.
+///
+/// # Safety
+/// The header's 64 bytes are readable.
+#[inline(always)]
+unsafe fn covered(header: *const BlockHeader) -> usize {
+    let words = header as *const usize;
+    // SAFETY: guaranteed by the caller; plain reads of words the header holds.
+    unsafe {
+        words.add(3).read()
+            ^ words.add(4).read().rotate_left(7)
+            ^ words.add(5).read().rotate_left(23)
+            ^ words.add(6).read().rotate_left(41)
+    }
+}
+
 impl BlockHeader {
     /// The header in front of a user pointer.
     pub fn of(user: *mut u8) -> *mut BlockHeader {
@@ -130,6 +152,12 @@ impl BlockHeader {
 
     pub fn raw_offset(&self) -> usize {
         self.raw_offset as usize
+    }
+
+    /// The `placement` byte as stored, which an overrun may have set to any value.
+    pub fn placement_byte(&self) -> u8 {
+        // SAFETY: a plain read of a byte of the header.
+        unsafe { (&raw const self.placement).cast::<u8>().read() }
     }
 
     /// Writes the header of the new block in `raw`, all but its list links (a heap block is on
@@ -148,11 +176,7 @@ impl BlockHeader {
     ) -> *mut BlockHeader {
         let header = Self::of(raw.user);
         let user = raw.user as usize;
-        let cookie = if owner.is_some() {
-            LIVE ^ user
-        } else {
-            UNTRACKED ^ user
-        };
+        let state = if owner.is_some() { LIVE } else { UNTRACKED };
         let owner = owner.unwrap_or_default();
         // SAFETY: guaranteed by the caller. Written field by field through raw places: the
         // links (and, for a fresh block, everything else) are not to be read or overwritten.
@@ -168,6 +192,7 @@ impl BlockHeader {
             (&raw mut (*header).size).write(block.size);
             (&raw mut (*header).alloc_stack).write(owner.alloc_stack);
             (&raw mut (*header).raw_offset).write(raw.raw_offset as u32);
+            let cookie = state ^ user ^ covered(header);
             (&raw mut (*header).cookie).write(AtomicUsize::new(cookie));
             raw.user
                 .wrapping_add(block.size)
@@ -210,23 +235,29 @@ impl BlockHeader {
 
     /// Writes a live block's cookie again (after an underrun was reported).
     pub fn restore_live_cookie(&mut self) {
-        self.cookie.store(LIVE ^ self.address(), Ordering::Relaxed);
+        self.cookie.store(self.expected(LIVE), Ordering::Relaxed);
     }
 
     /// How many of the cookie's top bytes an underrun changed, when the cookie is a live one
-    /// with at least its low [`UNDERRUN_INTACT_BYTES`] bytes intact; `None` for an intact cookie
-    /// or one damaged too far to tell.
+    /// with at least its low [`UNDERRUN_INTACT_BYTES`] bytes intact and the rest of the header
+    /// holds together (`integrity::fields_hold_together`: the cookie covers those fields, so
+    /// once it is damaged they are checked one by one); `None` for an intact cookie or one
+    /// damaged too far to tell.
     pub fn underrun_bytes(&self) -> Option<usize> {
-        let changed = self.cookie.load(Ordering::Relaxed) ^ LIVE ^ self.address();
+        let changed = self.cookie.load(Ordering::Relaxed) ^ self.expected(LIVE);
         let intact = changed.trailing_zeros() / 8;
-        (changed != 0 && intact >= UNDERRUN_INTACT_BYTES).then(|| 8 - intact as usize)
+        (changed != 0
+            && intact >= UNDERRUN_INTACT_BYTES
+            && super::integrity::fields_hold_together(self))
+        .then(|| 8 - intact as usize)
     }
 
     /// Whether the cookie says the block is one of ours in any state (live, freed, claimed,
     /// untracked): the check a header must pass before its links are followed.
     pub fn cookie_valid(&self) -> bool {
-        let plain = self.cookie.load(Ordering::Relaxed) ^ self.address();
-        plain == LIVE || plain == FREED || plain == CLAIMED || plain == UNTRACKED
+        let cookie = self.cookie.load(Ordering::Relaxed);
+        cookie == FREED ^ self.address()
+            || [LIVE, CLAIMED, UNTRACKED].contains(&(cookie ^ self.expected(0)))
     }
 
     /// Marks a fresh heap block free (`heap` checks every block it hands out for this mark).
@@ -255,7 +286,14 @@ impl BlockHeader {
     }
 
     pub fn is_live(&self) -> bool {
-        self.cookie.load(Ordering::Relaxed) == LIVE ^ self.address()
+        self.cookie.load(Ordering::Relaxed) == self.expected(LIVE)
+    }
+
+    /// The cookie of a block in `state` (other than `FREED`) with this header's contents.
+    #[inline(always)]
+    fn expected(&self, state: usize) -> usize {
+        // SAFETY: the header is readable (we are reading it).
+        state ^ self.address() ^ unsafe { covered(self) }
     }
 
     /// Marks the block freed: a later free of the same pointer finds `FREED`.
@@ -266,11 +304,10 @@ impl BlockHeader {
     /// Claims a live block for a free by a thread that does not own its shard; false when
     /// another free got there first (a double free).
     pub fn claim(&self) -> bool {
-        let address = self.address();
         self.cookie
             .compare_exchange(
-                LIVE ^ address,
-                CLAIMED ^ address,
+                self.expected(LIVE),
+                self.expected(CLAIMED),
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             )
@@ -279,22 +316,22 @@ impl BlockHeader {
 
     /// Whether the block is still claimed and waiting to be settled.
     pub fn is_claimed(&self) -> bool {
-        self.cookie.load(Ordering::Relaxed) == CLAIMED ^ self.address()
+        self.cookie.load(Ordering::Relaxed) == self.expected(CLAIMED)
     }
 
-    /// Classifies `user`. Reads memory only where it is known to be mapped: the cookie lies in
-    /// the same page as `user` unless `user` is page-aligned, and page-aligned pointers (our
-    /// large blocks, or foreign ones) are probed first.
+    /// Classifies `user`. Reads memory only where it is known to be mapped: the header lies in
+    /// the same page as `user` unless `user` is within its first 64 bytes, and such pointers
+    /// (our large blocks, or foreign ones) are looked up in the heap or probed first.
     #[inline]
     pub fn lookup(user: *mut u8) -> Lookup {
         let addr = user as usize;
         if addr > crate::sys::PAGE_SIZE
-            && !addr.is_multiple_of(crate::sys::PAGE_SIZE)
+            && addr % crate::sys::PAGE_SIZE >= HEADER_SIZE
             && addr.is_multiple_of(16)
         {
-            // SAFETY: the cookie word lies in the same (mapped) page as `user`.
-            let cookie = unsafe { (*Self::of(user)).cookie.load(Ordering::Relaxed) };
-            if cookie == LIVE ^ addr {
+            // SAFETY: the header lies in the same (mapped) page as `user`.
+            let h = unsafe { &*Self::of(user) };
+            if h.cookie.load(Ordering::Relaxed) == h.expected(LIVE) {
                 return Lookup::Live(Self::of(user));
             }
         }
@@ -321,19 +358,26 @@ impl BlockHeader {
             };
         }
         let header = Self::of(user);
-        // SAFETY: the cookie word is in a mapped page (see above); it is read as a plain value
-        // and only trusted when it matches this very address.
-        let cookie = unsafe { (*header).cookie.load(Ordering::Relaxed) };
-        if cookie == LIVE ^ addr {
+        if addr % crate::sys::PAGE_SIZE < HEADER_SIZE
+            && !super::heap::contains(header as usize)
+            && !crate::sys::page_is_mapped(header as usize)
+        {
+            return Lookup::Foreign;
+        }
+        // SAFETY: the header is in mapped pages (see above); it is read as plain values and
+        // only trusted when the cookie matches this very address and header.
+        let h = unsafe { &*header };
+        let cookie = h.cookie.load(Ordering::Relaxed);
+        if cookie == h.expected(LIVE) {
             Lookup::Live(header)
-        } else if cookie == UNTRACKED ^ addr {
+        } else if cookie == h.expected(UNTRACKED) {
             Lookup::Untracked(header)
         } else if let Some(damaged) = {
             // SAFETY: as above: the header's words are readable.
             unsafe { &*header }.underrun_bytes()
         } {
             Lookup::Underrun { header, damaged }
-        } else if cookie == FREED ^ addr || cookie == CLAIMED ^ addr {
+        } else if cookie == FREED ^ addr || cookie == h.expected(CLAIMED) {
             // SAFETY: a FREED (or CLAIMED) cookie means bytes 40..64 are still our header (free
             // lists use at most the bytes before them; see the layout above).
             let h = unsafe { &*header };

@@ -609,6 +609,7 @@ fn reserve(region: &mut Region) -> Option<()> {
 pub struct HeapBlock {
     pub start: usize,
     pub size: usize,
+    pub class: u8,
 }
 
 /// The heap block whose bytes hold `addr`, from the page map and the order in which `carve`
@@ -633,7 +634,11 @@ pub fn block_containing(addr: usize) -> Option<HeapBlock> {
             continue;
         }
         if addr < block + size {
-            return (addr >= block).then_some(HeapBlock { start: block, size });
+            return (addr >= block).then_some(HeapBlock {
+                start: block,
+                size,
+                class: class as u8,
+            });
         }
         block += size;
     }

@@ -515,3 +515,33 @@ pub fn break_if_asked(thread: u32, seq: u32, size: usize) {
 pub fn check_quarantine(found_by: FoundBy) {
     super::quarantine::check_all(found_by, StackId(0));
 }
+
+/// Whether the fields a live block's cookie covers are plausible one by one, for a block whose
+/// cookie is damaged (an underrun) and so no longer vouches for them: a known placement, an
+/// offset and size that fit where the block lies, its guard intact, its file readable.
+pub fn fields_hold_together(h: &BlockHeader) -> bool {
+    use super::header::{Placement, GUARD_SIZE, HEADER_SIZE};
+    use crate::sys::{page_is_mapped, PAGE_SIZE};
+    let header = h as *const BlockHeader as usize;
+    let user = header + HEADER_SIZE;
+    let placement = h.placement_byte();
+    let fits = if placement == Placement::Heap as u8 {
+        super::heap::block_containing(header).is_some_and(|block| {
+            block.start == header
+                && block.class == h.class
+                && h.raw_offset() == HEADER_SIZE
+                && h.size <= block.size - HEADER_SIZE - GUARD_SIZE
+        })
+    } else if placement <= Placement::Budget as u8 {
+        let offset = h.raw_offset();
+        offset >= HEADER_SIZE
+            && offset.is_multiple_of(16)
+            && (placement != Placement::Mapped as u8 || offset == PAGE_SIZE)
+            && h.size < 1 << 47
+            && page_is_mapped(user + h.size)
+            && page_is_mapped(user + h.size + GUARD_SIZE - 1)
+    } else {
+        false
+    };
+    fits && h.guard_intact() && (h.file.is_null() || page_is_mapped(h.file as usize))
+}
