@@ -75,13 +75,11 @@ impl Report {
             integrity::check_list(&held, FoundBy::Report, &mut problems, |header| {
                 // SAFETY: headers on a held list are live and stay so while the world is stopped.
                 let h = unsafe { &*header };
-                // SAFETY: the `file` of a live block is null or a `__FILE__` literal.
-                let file = unsafe { crate::sys::c_str(h.file) };
                 leaks.push(Leak {
                     address: BlockHeader::user_ptr(header) as usize,
                     size: h.size,
                     kind: h.kind,
-                    file: file.map(str::to_owned),
+                    file: integrity::file_of(h),
                     line: h.line,
                     seq: h.seq,
                     thread: h.thread,

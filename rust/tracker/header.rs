@@ -12,16 +12,17 @@
 //! | 40 | `size` | user-requested size |
 //! | 48 | `alloc_stack` | stack depot id |
 //! | 52 | `raw_offset` | user pointer − raw allocation |
-//! | 56 | `cookie` | `LIVE`, `UNTRACKED`, `CLAIMED` or `FREED`, each `^ addr`; all but `FREED` also `^` the words 24..56 |
+//! | 56 | `cookie` | `LIVE`, `UNTRACKED`, `CLAIMED` or `FREED`, each `^ addr`; all but `FREED` also `^` the words at 24 and 40 |
 //!
 //! The size, stack and cookie sit in the last 24 bytes, so they survive a free list's links in a
 //! freed block (the heap's use 16..40, glibc's at most 0..32): a second `delete` still finds
 //! `FREED`. A free heap block also keeps its shard-list links (`heap`).
 //!
-//! A live cookie covers the header's words from `line` to `raw_offset` too: an overrun of the
-//! block in front reaches them only after the links (which are checked against the neighbours),
-//! and a block whose kind, class, placement, file, size or offset changed is then no longer
-//! taken for a live block, instead of being freed into the wrong place.
+//! A live cookie covers the words at 24 (`shard`, `class`, `kind`, `placement`) and 40 (`size`)
+//! too: an overrun of the block in front reaches them only after the links (which are checked
+//! against the neighbours), and a block whose kind, class, placement or size changed (or, past
+//! them, its file or offset) is then no longer taken for a live block, instead of being freed
+//! into the wrong place.
 //!
 //! The cookie is also the check in front of the user's bytes: an underrun changes its top bytes
 //! first (they lie next to the user pointer), so a cookie whose low bytes still match names the
@@ -104,7 +105,9 @@ pub struct Owner {
 /// What a pointer given to a free function turned out to be.
 pub enum Lookup {
     /// A live tracked block.
-    Live(*mut BlockHeader),
+    /// A live tracked block, and its cookie as seen (a free checks it again once it holds the
+    /// block's shard, without recomputing it).
+    Live(*mut BlockHeader, usize),
     /// A live block allocated while the tracker was busy (its own memory): freed without lists.
     Untracked(*mut BlockHeader),
     /// A live tracked block whose cookie's top `damaged` bytes were overwritten (an underrun).
@@ -123,8 +126,9 @@ pub enum Lookup {
     Foreign,
 }
 
-/// The header's words 3..7 (`line` .. `raw_offset`), folded into one, each rotated by an odd
-/// amount so that equal words (an overrun's repeated bytes) do not cancel out.
+/// The header's word 3 (`line`, `shard`, `class`, `kind`, `placement`) and word 5 (`size`), folded
+/// into one (rotated by an odd amount, so that equal words do not cancel out). An overrun from
+/// the block in front that reaches `file` or `raw_offset` has gone through word 3 first.
 ///
 /// # Safety
 /// The header's 64 bytes are readable.
@@ -132,12 +136,7 @@ pub enum Lookup {
 unsafe fn covered(header: *const BlockHeader) -> usize {
     let words = header as *const usize;
     // SAFETY: guaranteed by the caller; plain reads of words the header holds.
-    unsafe {
-        words.add(3).read()
-            ^ words.add(4).read().rotate_left(7)
-            ^ words.add(5).read().rotate_left(23)
-            ^ words.add(6).read().rotate_left(41)
-    }
+    unsafe { words.add(3).read() ^ words.add(5).read().rotate_left(23) }
 }
 
 impl BlockHeader {
@@ -289,6 +288,17 @@ impl BlockHeader {
         self.cookie.load(Ordering::Relaxed) == self.expected(LIVE)
     }
 
+    /// The cookie of this block while it is live.
+    pub fn live_cookie(&self) -> usize {
+        self.expected(LIVE)
+    }
+
+    /// Whether the cookie is still `seen` (nobody freed or claimed the block since).
+    #[inline]
+    pub fn cookie_is(&self, seen: usize) -> bool {
+        self.cookie.load(Ordering::Relaxed) == seen
+    }
+
     /// The cookie of a block in `state` (other than `FREED`) with this header's contents.
     #[inline(always)]
     fn expected(&self, state: usize) -> usize {
@@ -331,8 +341,9 @@ impl BlockHeader {
         {
             // SAFETY: the header lies in the same (mapped) page as `user`.
             let h = unsafe { &*Self::of(user) };
-            if h.cookie.load(Ordering::Relaxed) == h.expected(LIVE) {
-                return Lookup::Live(Self::of(user));
+            let cookie = h.cookie.load(Ordering::Relaxed);
+            if cookie == h.expected(LIVE) {
+                return Lookup::Live(Self::of(user), cookie);
             }
         }
         Self::lookup_slow(user)
@@ -369,7 +380,7 @@ impl BlockHeader {
         let h = unsafe { &*header };
         let cookie = h.cookie.load(Ordering::Relaxed);
         if cookie == h.expected(LIVE) {
-            Lookup::Live(header)
+            Lookup::Live(header, cookie)
         } else if cookie == h.expected(UNTRACKED) {
             Lookup::Untracked(header)
         } else if let Some(damaged) = {

@@ -50,8 +50,7 @@ pub fn block_error(
     let h = unsafe { &*header };
     MemoryError {
         size: h.size,
-        // SAFETY: `file` of a live block is null or a `__FILE__` literal of the program.
-        file: unsafe { crate::sys::c_str(h.file) }.map(str::to_owned),
+        file: file_of(h),
         line: h.line,
         thread: h.thread,
         allocated_with: Some(h.kind),
@@ -544,4 +543,14 @@ pub fn fields_hold_together(h: &BlockHeader) -> bool {
         false
     };
     fits && h.guard_intact() && (h.file.is_null() || page_is_mapped(h.file as usize))
+}
+
+/// The `K15_NEW` file of a block, read only where its pointer leads to mapped memory (a stray
+/// write may have changed it; the cookie does not cover it).
+pub fn file_of(h: &BlockHeader) -> Option<String> {
+    if h.file.is_null() || !crate::sys::page_is_mapped(h.file as usize) {
+        return None;
+    }
+    // SAFETY: the `file` of a live block is null or a `__FILE__` literal, here in mapped memory.
+    unsafe { crate::sys::c_str(h.file) }.map(str::to_owned)
 }

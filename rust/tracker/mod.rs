@@ -113,7 +113,7 @@ pub fn deallocate(ptr: *mut u8, kind: BlockKind, start: impl Fn() -> StartFrame 
         return;
     }
     match BlockHeader::lookup(ptr) {
-        Lookup::Live(header) => free_live(header, kind, start),
+        Lookup::Live(header, cookie) => free_live(header, cookie, kind, start),
         Lookup::Untracked(header) => {
             // SAFETY: an untracked header is ours, on no list, from glibc or our mappings (not
             // the heap), and freed only here.
@@ -125,7 +125,8 @@ pub fn deallocate(ptr: *mut u8, kind: BlockKind, start: impl Fn() -> StartFrame 
         }
         Lookup::Underrun { header, .. } => {
             integrity::report_at_delete(header, kind, start());
-            free_live(header, kind, start)
+            // SAFETY: the header is ours (its cookie was repaired just above).
+            free_live(header, unsafe { (*header).live_cookie() }, kind, start)
         }
         Lookup::Freed {
             size,
@@ -145,7 +146,12 @@ pub fn deallocate(ptr: *mut u8, kind: BlockKind, start: impl Fn() -> StartFrame 
 }
 
 #[inline]
-fn free_live(header: *mut BlockHeader, kind: BlockKind, start: impl Fn() -> StartFrame + Copy) {
+fn free_live(
+    header: *mut BlockHeader,
+    cookie: usize,
+    kind: BlockKind,
+    start: impl Fn() -> StartFrame + Copy,
+) {
     // SAFETY: lookup saw a LIVE cookie; the fields read before holding the shard are only used
     // to find it, and everything is checked again once it is held.
     let (shard, allocated_with) = unsafe { ((*header).shard, (*header).kind) };
@@ -178,7 +184,7 @@ fn free_live(header: *mut BlockHeader, kind: BlockKind, start: impl Fn() -> Star
     // SAFETY: with the shard held, a LIVE cookie and this shard mean the block is on this
     // list; a racing second free of the same pointer sees FREED or CLAIMED here instead.
     unsafe {
-        if !(*header).is_live() || (*header).shard != shard {
+        if !(*header).cookie_is(cookie) || (*header).shard != shard {
             drop(held);
             return deallocate_raced(header, kind, start());
         }
