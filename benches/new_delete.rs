@@ -149,6 +149,8 @@ fn variants(dir: &Path, opt: &'static str, with_slow_peers: bool) -> Vec<Variant
         "k15, stacks (frame pointers)",
         "stack_depth=32:unwinder=frame_pointer",
     ));
+    variants.push(tracker("k15, stacks, free_stacks=1", "free_stacks=1"));
+    variants.push(tracker("k15, stacks, quarantine=16M", "quarantine=16M"));
     if let Some(lsan) = compile(
         dir,
         &name("lsan"),

@@ -12,4 +12,8 @@ Stats stats() noexcept {
 
 bool write_leak_report(const char* path) noexcept { return detail::write_leak_report(path); }
 
+std::size_t check_heap() noexcept {
+    return detail::check_heap(reinterpret_cast<std::size_t>(__builtin_frame_address(0)));
+}
+
 }  // namespace k15::memory

@@ -133,6 +133,9 @@ pub mod bridge {
         fn engine_memstats(reset: bool) -> EngineMemStats;
 
         fn stats() -> Stats;
+        /// `check_heap()`: the number of problems found, each reported; `frame_address` is the
+        /// frame of the C++ `check_heap`, whose caller the reported stack starts at.
+        unsafe fn check_heap(frame_address: usize) -> usize;
         /// Writes the text and JSON reports now; null means the configured `log_path`.
         unsafe fn write_leak_report(path: *const c_char) -> bool;
         /// Called once by the exit hook in `cpp/new_delete.cpp`, after every static destructor.
@@ -199,6 +202,13 @@ pub extern "C" fn k15_memory_pass_foreign_blocks_to(
 
 fn stats() -> Stats {
     tracker::stats()
+}
+
+/// # Safety
+/// `frame_address` is the frame of a live function compiled with frame pointers.
+unsafe fn check_heap(frame_address: usize) -> usize {
+    // SAFETY: forwarded from the caller's guarantee.
+    tracker::check_heap(unsafe { StartFrame::caller_of(frame_address) })
 }
 
 /// # Safety

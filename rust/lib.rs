@@ -34,6 +34,13 @@ pub fn stats() -> Stats {
     tracker::stats()
 }
 
+/// Checks every live block now and reports each problem found (see C++'s
+/// `k15::memory::check_heap()`); returns how many there were.
+#[inline(never)]
+pub fn check_heap() -> usize {
+    tracker::check_heap(stack::StartFrame::here())
+}
+
 /// Writes the text report to `path` and the JSON report to `path` + `.json` now (`None`: the
 /// configured `log_path`/`json_path`); false if a file could not be written.
 pub fn write_leak_report(path: Option<&str>) -> bool {

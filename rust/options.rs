@@ -67,6 +67,14 @@ pub struct Options {
     pub budget: usize,
     /// The budget's pool size classes; empty = derived from the budget.
     pub pool_classes: PoolClasses,
+    /// Capture the call stack of every `delete` (kept in the freed block), so that a double free
+    /// names the first one; `quarantine` turns it on too.
+    pub free_stacks: bool,
+    /// `break_on=THREAD/SEQ`: the allocation (as the report numbers it) that raises SIGTRAP just
+    /// before it returns, so that a debugger stops there; `None`: off.
+    pub break_on: Option<(u32, u32)>,
+    /// Bytes of freed blocks held back, filled, to catch writes after free (0 = off).
+    pub quarantine: usize,
 }
 
 /// `pool_classes=64x1000,256x500`: block size x block count per class (':' separates options).
@@ -121,6 +129,9 @@ impl Options {
         unwinder: UnwindMode::Dwarf,
         budget: 0,
         pool_classes: PoolClasses::EMPTY,
+        free_stacks: false,
+        break_on: None,
+        quarantine: 0,
     };
 
     /// Applies `key=value:key=value`, warning once on stderr for each bad pair.
@@ -165,6 +176,18 @@ impl Options {
                 Ok(())
             }
             b"halt_on_error" => parse_flag(value).map(|v| self.halt_on_error = v),
+            b"free_stacks" => parse_flag(value).map(|v| self.free_stacks = v),
+            b"quarantine" => {
+                self.quarantine =
+                    parse_size(value).ok_or("bad value (bytes, with K, M or G: quarantine=16M)")?;
+                Ok(())
+            }
+            b"break_on" => {
+                let (thread, seq) = parse_pair(value)
+                    .ok_or("bad value (THREAD/SEQ from the report's blocks list: break_on=1/42)")?;
+                self.break_on = Some((thread, seq));
+                Ok(())
+            }
             b"budget" => {
                 self.budget =
                     parse_size(value).ok_or("bad value (bytes, with K, M or G: budget=64M)")?;
@@ -209,6 +232,13 @@ fn parse_size(value: &[u8]) -> Option<usize> {
         _ => (value, 1),
     };
     usize::try_from(parse_int(digits)?).ok()?.checked_mul(unit)
+}
+
+/// `1/42`: two positive numbers.
+fn parse_pair(value: &[u8]) -> Option<(u32, u32)> {
+    let slash = value.iter().position(|&b| b == b'/')?;
+    let number = |digits: &[u8]| u32::try_from(parse_int(digits)?).ok().filter(|&n| n > 0);
+    Some((number(&value[..slash])?, number(&value[slash + 1..])?))
 }
 
 fn parse_flag(value: &[u8]) -> Result<bool, &'static str> {
@@ -291,6 +321,23 @@ mod tests {
         assert_eq!(o.stack_depth, 0);
         assert_eq!(o.exitcode, 23);
         assert!(o.report);
+    }
+
+    #[test]
+    fn heap_checking_keys() {
+        let o = Options::parse(b"break_on=2/1234:free_stacks=1:quarantine=16M");
+        assert_eq!(o.break_on, Some((2, 1234)));
+        assert!(o.free_stacks);
+        assert_eq!(o.quarantine, 16 << 20);
+        assert_eq!(Options::parse(b"quarantine=lots").quarantine, 0);
+        for bad in [
+            &b"break_on=1"[..],
+            b"break_on=0/5",
+            b"break_on=1/x",
+            b"break_on=/3",
+        ] {
+            assert_eq!(Options::parse(bad).break_on, None);
+        }
     }
 
     #[test]

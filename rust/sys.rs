@@ -16,7 +16,10 @@ pub fn raw_alloc(size: usize, align: usize) -> *mut u8 {
         if align <= 16 {
             libc::malloc(size) as *mut u8
         } else {
-            libc::aligned_alloc(align, size.next_multiple_of(align)) as *mut u8
+            match size.checked_next_multiple_of(align) {
+                Some(rounded) => libc::aligned_alloc(align, rounded) as *mut u8,
+                None => core::ptr::null_mut(),
+            }
         }
     }
 }
@@ -48,6 +51,40 @@ pub fn map_pages(len: usize) -> *mut u8 {
         core::ptr::null_mut()
     } else {
         p as *mut u8
+    }
+}
+
+/// Address space for `len` bytes that nothing may touch yet (no memory is committed to it), or
+/// null; parts of it are made usable with [`commit_pages`].
+pub fn reserve_pages(len: usize) -> *mut u8 {
+    // SAFETY: an inaccessible anonymous private mapping touches no existing memory.
+    let p = unsafe {
+        libc::mmap(
+            core::ptr::null_mut(),
+            len,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        core::ptr::null_mut()
+    } else {
+        p as *mut u8
+    }
+}
+
+/// Makes `len` bytes at `ptr` of a reservation from [`reserve_pages`] readable and writable;
+/// false if the OS refused (out of memory).
+pub fn commit_pages(ptr: *mut u8, len: usize) -> bool {
+    // SAFETY: changes the protection of part of a reservation that only the caller uses.
+    unsafe {
+        libc::mprotect(
+            ptr as *mut libc::c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+        ) == 0
     }
 }
 

@@ -49,6 +49,7 @@ namespace k15 {
 namespace memory {
 inline Stats stats() noexcept { return {}; }
 inline bool write_leak_report(const char* = nullptr) noexcept { return false; }
+inline std::size_t check_heap() noexcept { return 0; }
 }  // namespace memory
 }  // namespace k15
 
@@ -81,6 +82,11 @@ Stats stats() noexcept;
 // Writes the text report to `path` and the JSON report to `path` + ".json" now; nullptr means
 // the configured log_path (K15_MEMORY_OPTIONS). Returns false if a file could not be written.
 bool write_leak_report(const char* path = nullptr) noexcept;
+
+// Checks every live block now (the guard behind its bytes, the check word in front, the
+// tracker's links), reports each problem found with the block's allocation stack and this
+// call's stack, repairs what it can, and returns the number of problems (0: all intact).
+std::size_t check_heap() noexcept;
 
 }  // namespace memory
 }  // namespace k15

@@ -1,8 +1,9 @@
 //! The JSON report, format `k15-leaks/1` (SPEC): one entry per leaked block and per error.
 
 use super::Report;
+use crate::stack::StackId;
 use crate::symbolize::Frame;
-use crate::tracker::errors;
+use crate::tracker::errors::{self, MemoryError};
 use std::fmt::Write;
 
 pub fn render(report: &Report) -> String {
@@ -64,13 +65,14 @@ fn write_report(out: &mut String, report: &Report) -> std::fmt::Result {
             e.file.as_deref().map_or("null".to_owned(), quoted),
             e.line,
             e.allocated_with.map_or("null".to_owned(), |k| quoted(errors::family(k))),
-            if e.allocator.is_some() { "null".to_owned() } else { quoted(errors::release_family(e.freed_with)) },
+            if e.allocator.is_some() || (e.kind.is_damage() && e.detail.is_some()) { "null".to_owned() } else { quoted(errors::release_family(e.freed_with)) },
             e.allocator.map_or("null".to_owned(), quoted),
             e.detail.map_or("null".to_owned(), quoted),
         )?;
         write_stack(out, report.frames(e.alloc_stack))?;
         write!(out, ", \"free_stack\": ")?;
         write_stack(out, report.frames(e.free_stack))?;
+        write_damage_fields(out, e, report)?;
         writeln!(
             out,
             " }}{}",
@@ -79,6 +81,26 @@ fn write_report(out: &mut String, report: &Report) -> std::fmt::Result {
     }
     writeln!(out, "  ]")?;
     writeln!(out, "}}")
+}
+
+/// The fields of the error kinds that name bytes or a first free: `offset` and `bytes` (hex
+/// pairs as found) for damage, `offset` for a pointer inside a block, `previous_free_stack`.
+fn write_damage_fields(out: &mut String, e: &MemoryError, report: &Report) -> std::fmt::Result {
+    if let Some(damage) = &e.damage {
+        write!(
+            out,
+            ", \"offset\": {}, \"bytes\": \"{}\"",
+            damage.offset,
+            damage.hex()
+        )?;
+    } else if let Some(offset) = e.interior_offset {
+        write!(out, ", \"offset\": {offset}")?;
+    }
+    if e.previous_free_stack != StackId(0) {
+        write!(out, ", \"previous_free_stack\": ")?;
+        write_stack(out, report.frames(e.previous_free_stack))?;
+    }
+    Ok(())
 }
 
 fn write_stack(out: &mut String, frames: &[Frame]) -> std::fmt::Result {

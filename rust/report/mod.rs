@@ -11,6 +11,7 @@ use crate::symbolize::{Frame, Symbolizer};
 use crate::tracker::errors::{self, MemoryError};
 use crate::tracker::guard::Inside;
 use crate::tracker::header::BlockHeader;
+use crate::tracker::integrity::{self, FoundBy};
 use crate::tracker::live_list::StoppedWorld;
 use std::collections::HashMap;
 
@@ -68,27 +69,29 @@ impl Report {
     /// symbolizes every stack they name.
     pub fn collect() -> Report {
         let mut leaks = Vec::new();
+        let mut problems = Vec::new();
         let world = StoppedWorld::stop(crate::tracker::guard::thread_number());
         for held in world.shards() {
-            leaks.extend(held.live_blocks().map(|header| {
+            integrity::check_list(&held, FoundBy::Report, &mut problems, |header| {
                 // SAFETY: headers on a held list are live and stay so while the world is stopped.
                 let h = unsafe { &*header };
-                // SAFETY: the `file` of a live block is null or a `__FILE__` literal.
-                let file = unsafe { crate::sys::c_str(h.file) };
-                Leak {
+                leaks.push(Leak {
                     address: BlockHeader::user_ptr(header) as usize,
                     size: h.size,
                     kind: h.kind,
-                    file: file.map(str::to_owned),
+                    file: integrity::file_of(h),
                     line: h.line,
                     seq: h.seq,
                     thread: h.thread,
                     stack: h.alloc_stack,
                     allocator: None,
-                }
-            }));
+                })
+            });
         }
         drop(world);
+        integrity::report_found();
+        integrity::report_all(problems, StackId(0), BlockKind::New);
+        integrity::check_quarantine(FoundBy::Report);
         leaks.sort_by_key(|l| (l.thread, l.seq));
         crate::engine::for_each_live_block(&mut |info, block| {
             leaks.push(Leak {
@@ -106,10 +109,11 @@ impl Report {
         let (errors, error_count) = errors::all();
         let mut symbolizer = Symbolizer::new();
         let mut stacks = HashMap::new();
-        let ids = leaks
-            .iter()
-            .map(|l| l.stack)
-            .chain(errors.iter().flat_map(|e| [e.alloc_stack, e.free_stack]));
+        let ids = leaks.iter().map(|l| l.stack).chain(
+            errors
+                .iter()
+                .flat_map(|e| [e.alloc_stack, e.free_stack, e.previous_free_stack]),
+        );
         for id in ids {
             stacks
                 .entry(id)

@@ -2,7 +2,7 @@
 //! largest total first, each with its symbolized stack; memory errors with both stacks.
 
 use super::Report;
-use crate::stack;
+use crate::stack::{self, StackId};
 use crate::symbolize::{Frame, Symbolizer, UNKNOWN_MODULE};
 use crate::tracker::errors::{self, MemoryError};
 use std::fmt::Write;
@@ -73,8 +73,11 @@ fn write_report(out: &mut String, report: &Report) -> std::fmt::Result {
         write_error(
             out,
             error,
-            report.frames(error.alloc_stack),
-            report.frames(error.free_stack),
+            &[
+                report.frames(error.alloc_stack),
+                report.frames(error.free_stack),
+                report.frames(error.previous_free_stack),
+            ],
         )?;
     }
     if report.runtime_blocks > 0 {
@@ -125,12 +128,12 @@ fn write_frames(out: &mut String, frames: &[Frame], indent: &str) -> std::fmt::R
     Ok(())
 }
 
-fn write_error(
-    out: &mut String,
-    e: &MemoryError,
-    alloc: &[Frame],
-    free: &[Frame],
-) -> std::fmt::Result {
+/// An error's stacks, symbolized: allocation, free (or the call that found the damage), and the
+/// previous free (of a double free, or of a block written after it was freed).
+type ErrorStacks<'a> = [&'a [Frame]; 3];
+
+fn write_error(out: &mut String, e: &MemoryError, stacks: &ErrorStacks) -> std::fmt::Result {
+    let [alloc, free, previous_free] = stacks;
     if e.kind == errors::ErrorKind::BudgetExceeded {
         writeln!(
             out,
@@ -141,6 +144,9 @@ fn write_error(
         return write_stack(out, "allocation", e, alloc);
     }
     write!(out, "Memory error: {} of {:#x}", e.kind.name(), e.address)?;
+    if e.kind.is_damage() {
+        return write_damage(out, e, stacks);
+    }
     if let Some(allocator) = e.allocator {
         writeln!(
             out,
@@ -151,11 +157,61 @@ fn write_error(
     } else {
         write_description(out, e)?;
     }
-    if e.kind != errors::ErrorKind::InvalidFree {
+    if e.kind != errors::ErrorKind::InvalidFree || !alloc.is_empty() {
         write_stack(out, "allocated", e, alloc)?;
+    }
+    if e.kind == errors::ErrorKind::DoubleFree && e.previous_free_stack != StackId(0) {
+        writeln!(out, "  first released from:")?;
+        write_frames(out, previous_free, "    ")?;
     }
     writeln!(out, "  released from:")?;
     write_frames(out, free, "    ")
+}
+
+/// Bytes overwritten around or inside a block: which, where, and the stacks of the block and of
+/// the call that found them.
+fn write_damage(out: &mut String, e: &MemoryError, stacks: &ErrorStacks) -> std::fmt::Result {
+    let [alloc, found, previous_free] = stacks;
+    let what = match e.kind {
+        errors::ErrorKind::Overrun => "written past its end",
+        errors::ErrorKind::Underrun => "written in front of its start",
+        errors::ErrorKind::UseAfterFree => "written after it was freed",
+        _ => "a header overwritten",
+    };
+    if e.kind == errors::ErrorKind::HeapCorruption {
+        write!(out, ": {what}")?;
+    } else {
+        write!(out, ": {} bytes, {what}", e.size)?;
+    }
+    if let Some(damage) = &e.damage {
+        write!(
+            out,
+            ": {} byte{} at offset {}: {}",
+            damage.len,
+            if damage.len == 1 { "" } else { "s" },
+            damage.offset,
+            damage.hex()
+        )?;
+    }
+    writeln!(out)?;
+    if let Some(detail) = e.detail {
+        writeln!(out, "  ({detail})")?;
+    }
+    if e.kind != errors::ErrorKind::HeapCorruption {
+        write_stack(out, "allocated", e, alloc)?;
+    }
+    if e.kind == errors::ErrorKind::UseAfterFree {
+        writeln!(out, "  freed from:")?;
+        write_frames(out, previous_free, "    ")?;
+    }
+    let at_free = e.detail.is_none() || e.kind == errors::ErrorKind::HeapCorruption;
+    match found.is_empty() {
+        false if at_free => writeln!(out, "  released from:")?,
+        false => writeln!(out, "  checked from:")?,
+        true if at_free && e.detail.is_none() => writeln!(out, "  released from:")?,
+        true => return Ok(()),
+    }
+    write_frames(out, found, "    ")
 }
 
 /// What went wrong with a `new`/`delete`-family free.
@@ -176,11 +232,19 @@ fn write_description(out: &mut String, e: &MemoryError) -> std::fmt::Result {
                 errors::release_family(e.freed_with)
             )
         }
-        errors::ErrorKind::InvalidFree | errors::ErrorKind::BudgetExceeded => writeln!(
-            out,
-            ": {} of a pointer that no tracked allocation returned (left alone)",
-            errors::release_family(e.freed_with)
-        ),
+        _ => match e.interior_offset {
+            Some(offset) => writeln!(
+                out,
+                ": {} of a pointer {offset} bytes into a live block of {} bytes (left alone)",
+                errors::release_family(e.freed_with),
+                e.size
+            ),
+            None => writeln!(
+                out,
+                ": {} of a pointer that no tracked allocation returned (left alone)",
+                errors::release_family(e.freed_with)
+            ),
+        },
     }
 }
 
@@ -207,23 +271,23 @@ pub fn print_error(error: &MemoryError) {
     let mut cached = lock_symbolizer_for_fork();
     let symbolizer = cached.get_or_insert_with(Symbolizer::new);
     let symbolize = |symbolizer: &mut Symbolizer| {
-        let alloc = symbolizer.symbolize_stack(stack::frames(error.alloc_stack));
-        let free = symbolizer.symbolize_stack(stack::frames(error.free_stack));
-        (alloc, free)
+        [
+            error.alloc_stack,
+            error.free_stack,
+            error.previous_free_stack,
+        ]
+        .map(|id| symbolizer.symbolize_stack(stack::frames(id)))
     };
-    let (mut alloc, mut free) = symbolize(symbolizer);
-    if alloc
-        .iter()
-        .chain(&free)
-        .any(|f| f.module == UNKNOWN_MODULE)
-    {
+    let mut stacks = symbolize(symbolizer);
+    if stacks.iter().flatten().any(|f| f.module == UNKNOWN_MODULE) {
         // A library loaded since the symbolizer was made: look again with a fresh one.
         *symbolizer = Symbolizer::new();
-        (alloc, free) = symbolize(symbolizer);
+        stacks = symbolize(symbolizer);
     }
     drop(cached);
     let mut out = String::from("k15-memory: ");
-    let _ = write_error(&mut out, error, &alloc, &free);
+    let [alloc, free, previous_free] = &stacks;
+    let _ = write_error(&mut out, error, &[alloc, free, previous_free]);
     crate::sys::write_fd(2, out.as_bytes());
 }
 

@@ -11,9 +11,28 @@ pub enum ErrorKind {
     InvalidFree,
     /// Budget mode: an allocation the budget could not serve.
     BudgetExceeded,
+    /// The guard behind a block's bytes was overwritten.
+    Overrun,
+    /// The check word in front of a block's bytes was overwritten.
+    Underrun,
+    /// A freed block held in quarantine was written to.
+    UseAfterFree,
+    /// The tracker's own records (a header's links, a free list) were overwritten.
+    HeapCorruption,
 }
 
 impl ErrorKind {
+    /// Bytes overwritten that should not have been (reported with the offset and bytes found).
+    pub fn is_damage(self) -> bool {
+        matches!(
+            self,
+            ErrorKind::Overrun
+                | ErrorKind::Underrun
+                | ErrorKind::UseAfterFree
+                | ErrorKind::HeapCorruption
+        )
+    }
+
     /// The name used in the reports (SPEC's `errors[].kind`).
     pub fn name(self) -> &'static str {
         match self {
@@ -21,11 +40,16 @@ impl ErrorKind {
             ErrorKind::DoubleFree => "double_free",
             ErrorKind::InvalidFree => "invalid_free",
             ErrorKind::BudgetExceeded => "budget_exceeded",
+            ErrorKind::Overrun => "overrun",
+            ErrorKind::Underrun => "underrun",
+            ErrorKind::UseAfterFree => "use_after_free",
+            ErrorKind::HeapCorruption => "heap_corruption",
         }
     }
 }
 
-/// One bad free, with what the block's header still told about its allocation.
+/// One memory error (a bad free, damaged bytes), with what the block's header still told about
+/// its allocation.
 #[derive(Clone, Debug)]
 pub struct MemoryError {
     pub kind: ErrorKind,
@@ -44,6 +68,61 @@ pub struct MemoryError {
     pub detail: Option<&'static str>,
     pub alloc_stack: StackId,
     pub free_stack: StackId,
+    /// Where the bytes that should not have changed did, for `overrun`, `underrun`,
+    /// `use_after_free` and `heap_corruption`.
+    pub damage: Option<Damage>,
+    /// For an `invalid_free` of a pointer inside a live block: how far inside (the block's size,
+    /// site and stack are the error's).
+    pub interior_offset: Option<usize>,
+    /// For a `double_free`: the stack of the `delete` that freed the block first, where kept.
+    pub previous_free_stack: StackId,
+}
+
+/// Changed bytes: from `offset` (relative to the block's user pointer; negative in front of it)
+/// on, `len` bytes as found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Damage {
+    pub offset: isize,
+    pub found: [u8; Damage::MAX_BYTES],
+    pub len: u8,
+}
+
+impl Damage {
+    pub const MAX_BYTES: usize = 16;
+
+    /// The bytes of `found` (which begin at `start`) from the first one that differs from
+    /// `expected` to the last one that does; `None` when none does.
+    pub fn between(start: isize, found: &[u8], expected: &[u8]) -> Option<Damage> {
+        Self::where_differs(start, found, |i| expected[i])
+    }
+
+    /// As [`Damage::between`], against bytes that should all be `fill`.
+    pub fn against_fill(start: isize, found: &[u8], fill: u8) -> Option<Damage> {
+        Self::where_differs(start, found, |_| fill)
+    }
+
+    fn where_differs(start: isize, found: &[u8], expected: impl Fn(usize) -> u8) -> Option<Damage> {
+        let first = (0..found.len()).position(|i| found[i] != expected(i))?;
+        let last = (0..found.len()).rposition(|i| found[i] != expected(i))?;
+        let len = (last + 1 - first).min(Self::MAX_BYTES);
+        let mut bytes = [0; Self::MAX_BYTES];
+        bytes[..len].copy_from_slice(&found[first..first + len]);
+        Some(Damage {
+            offset: start + first as isize,
+            found: bytes,
+            len: len as u8,
+        })
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.found[..self.len as usize]
+    }
+
+    /// The bytes as hex pairs: `41 41 00`.
+    pub fn hex(&self) -> String {
+        let pairs: Vec<String> = self.bytes().iter().map(|b| format!("{b:02x}")).collect();
+        pairs.join(" ")
+    }
 }
 
 impl MemoryError {
@@ -67,6 +146,9 @@ impl MemoryError {
             detail: None,
             alloc_stack: StackId(0),
             free_stack,
+            damage: None,
+            interior_offset: None,
+            previous_free_stack: StackId(0),
         }
     }
 }

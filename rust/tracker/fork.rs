@@ -3,12 +3,14 @@
 //!
 //! Taken in the order the other paths nest them: the engine registry, then the error log and
 //! the error symbolizer, then every shard (the world stopped, queued frees settled), and last
-//! the unmapped-block record and the small-block heap (settling frees blocks into them). Locks inside individual engine allocators are not
-//! covered: a child should not use an allocator another thread was using at the fork.
+//! the quarantine, the unmapped-block record, the small-block heap (settling frees blocks into
+//! them) and the record of damaged headers (found with shards held). Locks inside individual
+//! engine allocators are not covered: a child should not use an allocator another thread was
+//! using at the fork.
 
 use super::guard::Inside;
 use super::live_list::{self, StoppedWorld};
-use super::{errors, heap, raw};
+use super::{errors, heap, integrity, quarantine, raw};
 use std::any::Any;
 use std::cell::RefCell;
 
@@ -31,8 +33,10 @@ extern "C" fn prepare() {
         Box::new(crate::report::text::lock_symbolizer_for_fork()),
     ];
     let world = StoppedWorld::stop(live_list::FORK_HOLDER);
+    guards.push(Box::new(quarantine::lock_for_fork()));
     guards.push(Box::new(raw::lock_for_fork()));
     guards.push(Box::new(heap::lock_for_fork()));
+    guards.push(Box::new(integrity::lock_for_fork()));
     HELD.with(|held| *held.borrow_mut() = (Some(world), guards));
 }
 

@@ -12,11 +12,22 @@
 //! | 40 | `size` | user-requested size |
 //! | 48 | `alloc_stack` | stack depot id |
 //! | 52 | `raw_offset` | user pointer − raw allocation |
-//! | 56 | `cookie` | `LIVE`, `UNTRACKED`, `CLAIMED` or `FREED`, each `^ addr` |
+//! | 56 | `cookie` | `LIVE`, `UNTRACKED`, `CLAIMED` or `FREED`, each `^ addr`; all but `FREED` also `^` the words at 24 and 40 |
 //!
 //! The size, stack and cookie sit in the last 24 bytes, so they survive a free list's links in a
 //! freed block (the heap's use 16..40, glibc's at most 0..32): a second `delete` still finds
 //! `FREED`. A free heap block also keeps its shard-list links (`heap`).
+//!
+//! A live cookie covers the words at 24 (`shard`, `class`, `kind`, `placement`) and 40 (`size`)
+//! too: an overrun of the block in front reaches them only after the links (which are checked
+//! against the neighbours), and a block whose kind, class, placement or size changed (or, past
+//! them, its file or offset) is then no longer taken for a live block, instead of being freed
+//! into the wrong place.
+//!
+//! The cookie is also the check in front of the user's bytes: an underrun changes its top bytes
+//! first (they lie next to the user pointer), so a cookie whose low bytes still match names the
+//! block and how far the underrun reached. Behind the user's bytes lies a guard of
+//! [`GUARD_SIZE`] bytes of [`GUARD_BYTE`] (not aligned: it starts right at the requested size).
 
 use super::raw::{self, RawBlock};
 use crate::ffi::BlockKind;
@@ -25,6 +36,14 @@ use core::ffi::c_char;
 use core::sync::atomic::{AtomicUsize, Ordering};
 
 pub const HEADER_SIZE: usize = 64;
+/// The guard behind every block's user bytes (MSVC's debug heap has 4 such bytes, ASan a redzone).
+pub const GUARD_SIZE: usize = 8;
+/// The guard's fill, the CRT debug heap's "no man's land".
+pub const GUARD_BYTE: u8 = 0xfd;
+const GUARD: u64 = u64::from_ne_bytes([GUARD_BYTE; GUARD_SIZE]);
+/// Cookie bytes (from the low end) that must still match for a damaged cookie to count as an
+/// underrun of that block rather than a foreign pointer: a chance of 2^-32 to be fooled.
+const UNDERRUN_INTACT_BYTES: u32 = 4;
 
 const LIVE: usize = 0x4b31_354d_454d_4f52; // "K15MEMOR"
 const UNTRACKED: usize = LIVE ^ 0x00ff_00ff_00ff_00ff;
@@ -86,13 +105,38 @@ pub struct Owner {
 /// What a pointer given to a free function turned out to be.
 pub enum Lookup {
     /// A live tracked block.
-    Live(*mut BlockHeader),
+    /// A live tracked block, and its cookie as seen (a free checks it again once it holds the
+    /// block's shard, without recomputing it).
+    Live(*mut BlockHeader, usize),
     /// A live block allocated while the tracker was busy (its own memory): freed without lists.
     Untracked(*mut BlockHeader),
-    /// A block that was freed before; what its header still tells.
-    Freed { size: usize, alloc_stack: StackId },
+    /// A live tracked block whose cookie's top `damaged` bytes were overwritten (an underrun).
+    Underrun {
+        header: *mut BlockHeader,
+        damaged: usize,
+    },
+    /// A block that was freed before; what its header (and, for a large block, the record of
+    /// its unmapping) still tells.
+    Freed {
+        size: usize,
+        alloc_stack: StackId,
+        previous_free_stack: StackId,
+    },
     /// Not from us at all.
     Foreign,
+}
+
+/// The header's word 3 (`line`, `shard`, `class`, `kind`, `placement`) and word 5 (`size`), folded
+/// into one (rotated by an odd amount, so that equal words do not cancel out). An overrun from
+/// the block in front that reaches `file` or `raw_offset` has gone through word 3 first.
+///
+/// # Safety
+/// The header's 64 bytes are readable.
+#[inline(always)]
+unsafe fn covered(header: *const BlockHeader) -> usize {
+    let words = header as *const usize;
+    // SAFETY: guaranteed by the caller; plain reads of words the header holds.
+    unsafe { words.add(3).read() ^ words.add(5).read().rotate_left(23) }
 }
 
 impl BlockHeader {
@@ -107,6 +151,12 @@ impl BlockHeader {
 
     pub fn raw_offset(&self) -> usize {
         self.raw_offset as usize
+    }
+
+    /// The `placement` byte as stored, which an overrun may have set to any value.
+    pub fn placement_byte(&self) -> u8 {
+        // SAFETY: a plain read of a byte of the header.
+        unsafe { (&raw const self.placement).cast::<u8>().read() }
     }
 
     /// Writes the header of the new block in `raw`, all but its list links (a heap block is on
@@ -125,11 +175,7 @@ impl BlockHeader {
     ) -> *mut BlockHeader {
         let header = Self::of(raw.user);
         let user = raw.user as usize;
-        let cookie = if owner.is_some() {
-            LIVE ^ user
-        } else {
-            UNTRACKED ^ user
-        };
+        let state = if owner.is_some() { LIVE } else { UNTRACKED };
         let owner = owner.unwrap_or_default();
         // SAFETY: guaranteed by the caller. Written field by field through raw places: the
         // links (and, for a fresh block, everything else) are not to be read or overwritten.
@@ -145,9 +191,93 @@ impl BlockHeader {
             (&raw mut (*header).size).write(block.size);
             (&raw mut (*header).alloc_stack).write(owner.alloc_stack);
             (&raw mut (*header).raw_offset).write(raw.raw_offset as u32);
+            let cookie = state ^ user ^ covered(header);
             (&raw mut (*header).cookie).write(AtomicUsize::new(cookie));
+            raw.user
+                .wrapping_add(block.size)
+                .cast::<u64>()
+                .write_unaligned(GUARD);
         }
         header
+    }
+
+    /// The user's bytes of a live block: `size` of them, then the guard.
+    fn guard(&self) -> *mut u64 {
+        Self::user_ptr(self as *const _ as *mut _)
+            .wrapping_add(self.size)
+            .cast()
+    }
+
+    /// Whether the guard behind the user's bytes is as written.
+    #[inline]
+    pub fn guard_intact(&self) -> bool {
+        // SAFETY: a live block's header was written with its guard behind its user bytes.
+        unsafe { self.guard().read_unaligned() == GUARD }
+    }
+
+    /// The guard's bytes as they are now.
+    pub fn guard_bytes(&self) -> [u8; GUARD_SIZE] {
+        // SAFETY: as in guard_intact.
+        unsafe { self.guard().read_unaligned() }.to_ne_bytes()
+    }
+
+    /// Writes the guard again (after its damage was reported), so it is reported once.
+    pub fn restore_guard(&mut self) {
+        // SAFETY: as in guard_intact.
+        unsafe { self.guard().write_unaligned(GUARD) }
+    }
+
+    /// The cookie's bytes as they are now (the 8 bytes in front of the user pointer).
+    pub fn cookie_bytes(&self) -> [u8; 8] {
+        self.cookie.load(Ordering::Relaxed).to_ne_bytes()
+    }
+
+    /// Writes a live block's cookie again (after an underrun was reported).
+    pub fn restore_live_cookie(&mut self) {
+        self.cookie.store(self.expected(LIVE), Ordering::Relaxed);
+    }
+
+    /// How many of the cookie's top bytes an underrun changed, when the cookie is a live one
+    /// with at least its low [`UNDERRUN_INTACT_BYTES`] bytes intact and the rest of the header
+    /// holds together (`integrity::fields_hold_together`: the cookie covers those fields, so
+    /// once it is damaged they are checked one by one); `None` for an intact cookie or one
+    /// damaged too far to tell.
+    pub fn underrun_bytes(&self) -> Option<usize> {
+        let changed = self.cookie.load(Ordering::Relaxed) ^ self.expected(LIVE);
+        let intact = changed.trailing_zeros() / 8;
+        (changed != 0
+            && intact >= UNDERRUN_INTACT_BYTES
+            && super::integrity::fields_hold_together(self))
+        .then(|| 8 - intact as usize)
+    }
+
+    /// Whether the cookie says the block is one of ours in any state (live, freed, claimed,
+    /// untracked): the check a header must pass before its links are followed.
+    pub fn cookie_valid(&self) -> bool {
+        let cookie = self.cookie.load(Ordering::Relaxed);
+        cookie == FREED ^ self.address()
+            || [LIVE, CLAIMED, UNTRACKED].contains(&(cookie ^ self.expected(0)))
+    }
+
+    /// Marks a fresh heap block free (`heap` checks every block it hands out for this mark).
+    ///
+    /// # Safety
+    /// `header` is a fresh block of the heap that nobody uses.
+    pub unsafe fn mark_fresh_freed(header: *mut BlockHeader) {
+        let address = Self::user_ptr(header) as usize;
+        // SAFETY: guaranteed by the caller.
+        unsafe { (&raw mut (*header).cookie).write(AtomicUsize::new(FREED ^ address)) };
+    }
+
+    /// Whether the block at `header` (readable memory) carries a freed cookie.
+    ///
+    /// # Safety
+    /// The 64 bytes at `header` are readable.
+    #[inline]
+    pub unsafe fn is_freed_at(header: *const BlockHeader) -> bool {
+        let address = Self::user_ptr(header as *mut _) as usize;
+        // SAFETY: guaranteed by the caller.
+        unsafe { (*header).cookie.load(Ordering::Relaxed) == FREED ^ address }
     }
 
     fn address(&self) -> usize {
@@ -155,7 +285,25 @@ impl BlockHeader {
     }
 
     pub fn is_live(&self) -> bool {
-        self.cookie.load(Ordering::Relaxed) == LIVE ^ self.address()
+        self.cookie.load(Ordering::Relaxed) == self.expected(LIVE)
+    }
+
+    /// The cookie of this block while it is live.
+    pub fn live_cookie(&self) -> usize {
+        self.expected(LIVE)
+    }
+
+    /// Whether the cookie is still `seen` (nobody freed or claimed the block since).
+    #[inline]
+    pub fn cookie_is(&self, seen: usize) -> bool {
+        self.cookie.load(Ordering::Relaxed) == seen
+    }
+
+    /// The cookie of a block in `state` (other than `FREED`) with this header's contents.
+    #[inline(always)]
+    fn expected(&self, state: usize) -> usize {
+        // SAFETY: the header is readable (we are reading it).
+        state ^ self.address() ^ unsafe { covered(self) }
     }
 
     /// Marks the block freed: a later free of the same pointer finds `FREED`.
@@ -166,11 +314,10 @@ impl BlockHeader {
     /// Claims a live block for a free by a thread that does not own its shard; false when
     /// another free got there first (a double free).
     pub fn claim(&self) -> bool {
-        let address = self.address();
         self.cookie
             .compare_exchange(
-                LIVE ^ address,
-                CLAIMED ^ address,
+                self.expected(LIVE),
+                self.expected(CLAIMED),
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             )
@@ -179,23 +326,24 @@ impl BlockHeader {
 
     /// Whether the block is still claimed and waiting to be settled.
     pub fn is_claimed(&self) -> bool {
-        self.cookie.load(Ordering::Relaxed) == CLAIMED ^ self.address()
+        self.cookie.load(Ordering::Relaxed) == self.expected(CLAIMED)
     }
 
-    /// Classifies `user`. Reads memory only where it is known to be mapped: the cookie lies in
-    /// the same page as `user` unless `user` is page-aligned, and page-aligned pointers (our
-    /// large blocks, or foreign ones) are probed first.
+    /// Classifies `user`. Reads memory only where it is known to be mapped: the header lies in
+    /// the same page as `user` unless `user` is within its first 64 bytes, and such pointers
+    /// (our large blocks, or foreign ones) are looked up in the heap or probed first.
     #[inline]
     pub fn lookup(user: *mut u8) -> Lookup {
         let addr = user as usize;
         if addr > crate::sys::PAGE_SIZE
-            && !addr.is_multiple_of(crate::sys::PAGE_SIZE)
+            && addr % crate::sys::PAGE_SIZE >= HEADER_SIZE
             && addr.is_multiple_of(16)
         {
-            // SAFETY: the cookie word lies in the same (mapped) page as `user`.
-            let cookie = unsafe { (*Self::of(user)).cookie.load(Ordering::Relaxed) };
-            if cookie == LIVE ^ addr {
-                return Lookup::Live(Self::of(user));
+            // SAFETY: the header lies in the same (mapped) page as `user`.
+            let h = unsafe { &*Self::of(user) };
+            let cookie = h.cookie.load(Ordering::Relaxed);
+            if cookie == h.expected(LIVE) {
+                return Lookup::Live(Self::of(user), cookie);
             }
         }
         Self::lookup_slow(user)
@@ -215,25 +363,44 @@ impl BlockHeader {
                 Some(freed) => Lookup::Freed {
                     size: freed.size,
                     alloc_stack: freed.alloc_stack,
+                    previous_free_stack: freed.free_stack,
                 },
                 None => Lookup::Foreign,
             };
         }
         let header = Self::of(user);
-        // SAFETY: the cookie word is in a mapped page (see above); it is read as a plain value
-        // and only trusted when it matches this very address.
-        let cookie = unsafe { (*header).cookie.load(Ordering::Relaxed) };
-        if cookie == LIVE ^ addr {
-            Lookup::Live(header)
-        } else if cookie == UNTRACKED ^ addr {
+        if addr % crate::sys::PAGE_SIZE < HEADER_SIZE
+            && !super::heap::contains(header as usize)
+            && !crate::sys::page_is_mapped(header as usize)
+        {
+            return Lookup::Foreign;
+        }
+        // SAFETY: the header is in mapped pages (see above); it is read as plain values and
+        // only trusted when the cookie matches this very address and header.
+        let h = unsafe { &*header };
+        let cookie = h.cookie.load(Ordering::Relaxed);
+        if cookie == h.expected(LIVE) {
+            Lookup::Live(header, cookie)
+        } else if cookie == h.expected(UNTRACKED) {
             Lookup::Untracked(header)
-        } else if cookie == FREED ^ addr || cookie == CLAIMED ^ addr {
+        } else if let Some(damaged) = {
+            // SAFETY: as above: the header's words are readable.
+            unsafe { &*header }.underrun_bytes()
+        } {
+            Lookup::Underrun { header, damaged }
+        } else if cookie == FREED ^ addr || cookie == h.expected(CLAIMED) {
             // SAFETY: a FREED (or CLAIMED) cookie means bytes 40..64 are still our header (free
             // lists use at most the bytes before them; see the layout above).
             let h = unsafe { &*header };
             Lookup::Freed {
                 size: h.size,
                 alloc_stack: h.alloc_stack,
+                previous_free_stack: if super::heap::contains(addr) {
+                    // SAFETY: a freed block of the heap.
+                    unsafe { super::recorded_free_stack(user) }
+                } else {
+                    StackId(0)
+                },
             }
         } else {
             Lookup::Foreign

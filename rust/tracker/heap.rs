@@ -26,12 +26,18 @@
 //! most two lists per class: `active` (allocations pop from it, frees push onto it) and one full
 //! `spare`. Memory is never given back to the OS: a debug-run trade-off that keeps the hot path
 //! short.
+//!
+//! An overrun of the block in front may reach a free block's links, so every block handed out is
+//! checked first (in the heap's range, `FREED` cookie): a damaged list is given up, never
+//! followed. The heap's spans lie in one reserved range with a page map, which also finds the
+//! block any address falls into (bad frees of pointers inside a block, smashed headers).
 
 use super::header::BlockHeader;
 use super::live_list::HeldShard;
 use crate::sys::{self, PAGE_SIZE};
 use core::cell::Cell;
 use core::ptr::null_mut;
+use core::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// The largest block (header included) served here; larger ones get their own mapping (`raw`).
@@ -47,16 +53,18 @@ const CLASS_COUNT: usize = FINE_CLASSES + 4 * 8;
 /// it have every block (and so every user pointer, `HEADER_SIZE` after it) aligned to it.
 const LARGEST_ALIGN: usize = 64;
 
-/// The class of a block of `total` bytes whose user pointer is aligned to `align`, `None` when
-/// the heap does not serve that size or alignment.
+/// The class of a block of `size` user bytes and `overhead` bytes of ours whose user pointer is
+/// aligned to `align`, `None` when the heap does not serve that size or alignment.
 #[inline]
-pub fn class_for(total: usize, align: usize) -> Option<u8> {
+pub fn class_for(size: usize, overhead: usize, align: usize) -> Option<u8> {
+    if size > LARGEST_BLOCK || align > LARGEST_ALIGN {
+        return None; // checked first: adding to a size near usize::MAX would wrap
+    }
+    let total = size + overhead;
     let total = if align <= 16 {
         total
-    } else if align <= LARGEST_ALIGN {
-        total.next_multiple_of(LARGEST_ALIGN)
     } else {
-        return None;
+        total.next_multiple_of(LARGEST_ALIGN)
     };
     (total <= LARGEST_BLOCK).then(|| class_of(total) as u8)
 }
@@ -156,6 +164,40 @@ impl List {
         self.count += 1;
     }
 
+    /// The list up to its first link that does not lead to a free block of the heap (an
+    /// overrun may have reached it), reported; the blocks behind it stay unused.
+    ///
+    /// # Safety
+    /// The list's head is a free block held by the caller, and so is each block it links to.
+    unsafe fn checked(self) -> List {
+        let mut good = List {
+            head: self.head,
+            count: 0,
+        };
+        let mut last: *mut u8 = null_mut();
+        let mut block = self.head;
+        while good.count < self.count {
+            // SAFETY: in the heap, so readable.
+            if !contains(block as usize) || unsafe { !BlockHeader::is_freed_at(block.cast()) } {
+                super::integrity::found_corruption(
+                    block as usize,
+                    super::integrity::Corrupted::FreeList,
+                );
+                if last.is_null() {
+                    return EMPTY;
+                }
+                // SAFETY: `last` is a free block of the list, checked just before.
+                unsafe { *word(last, NEXT_BLOCK) = 0 };
+                break;
+            }
+            last = block;
+            good.count += 1;
+            // SAFETY: checked just above.
+            block = unsafe { *word(block, NEXT_BLOCK) } as *mut u8;
+        }
+        good
+    }
+
     /// Every block of the list.
     ///
     /// # Safety
@@ -247,12 +289,30 @@ pub fn take(class: u8, mine: &mut HeldShard<'_>) -> Option<*mut u8> {
             _ => refill(class, mine)?,
         };
     }
+    // The link that led here lies in a free block, where an overrun of the block in front of
+    // it may have reached: checked before it is followed.
+    // SAFETY: in the heap, so readable.
+    if !contains(head as usize) || unsafe { !BlockHeader::is_freed_at(head.cast()) } {
+        return take_after_damage(class, mine, head);
+    }
     // SAFETY: `head` is the first of `count > 0` free blocks this thread holds.
     lists
         .active
         .set(unsafe { *word(head, NEXT_BLOCK) } as *mut u8);
     lists.active_count.set(count - 1);
     Some(head)
+}
+
+/// The active list of `class` led to `bad`, which is no free block of the heap: the rest of
+/// that list is given up (its blocks stay unused) and a block is taken from another list.
+#[cold]
+#[inline(never)]
+fn take_after_damage(class: usize, mine: &mut HeldShard<'_>, bad: *mut u8) -> Option<*mut u8> {
+    super::integrity::found_corruption(bad as usize, super::integrity::Corrupted::FreeList);
+    let lists = &thread_heap().classes[class];
+    lists.active.set(null_mut());
+    lists.active_count.set(0);
+    take(class as u8, mine)
 }
 
 /// Takes back a freed block of class `class` that is on `mine` (the calling thread's shard,
@@ -285,13 +345,18 @@ fn retire_full_list(class: usize, lists: &ThreadLists, full: *mut u8, mine: &mut
     super::guard::arm_thread_exit();
     let spare = lists.spare.replace(full);
     if !spare.is_null() {
-        let list = List {
-            head: spare,
-            count: batch_blocks(class),
-        };
         // SAFETY: the spare's blocks are free, this thread's, and parked on `mine`.
-        unsafe { unpark(list, mine) };
-        give_back(class, list);
+        unsafe {
+            let list = List {
+                head: spare,
+                count: batch_blocks(class),
+            }
+            .checked();
+            if list.count > 0 {
+                unpark(list, mine);
+                give_back(class, list);
+            }
+        }
     }
 }
 
@@ -316,16 +381,31 @@ fn refill(class: usize, mine: &mut HeldShard<'_>) -> Option<(*mut u8, u32)> {
     super::guard::arm_thread_exit();
     let list = {
         let mut shared = shared(class);
-        if shared.lists.is_null() {
-            carve(&mut shared, class)?
-        } else {
+        loop {
             let head = shared.lists;
-            // SAFETY: the first block of a list on the shared stack, held under the class lock.
+            if head.is_null() {
+                break carve(&mut shared, class)?;
+            }
+            // SAFETY: the first block of a list on the shared stack, held under the class lock,
+            // read once it is known to be in the heap.
             unsafe {
+                if !contains(head as usize) || !BlockHeader::is_freed_at(head.cast()) {
+                    // The stack's link is damaged: what lies behind it stays unused.
+                    super::integrity::found_corruption(
+                        head as usize,
+                        super::integrity::Corrupted::FreeList,
+                    );
+                    shared.lists = null_mut();
+                    continue;
+                }
                 shared.lists = *word(head, NEXT_LIST) as *mut u8;
-                List {
+                let list = List {
                     head,
-                    count: *word(head, LIST_LENGTH) as u32,
+                    count: (*word(head, LIST_LENGTH) as u32).min(batch_blocks(class)),
+                }
+                .checked();
+                if list.count > 0 {
+                    break list;
                 }
             }
         }
@@ -349,31 +429,47 @@ fn carve(shared: &mut SharedClass, class: usize) -> Option<List> {
                 break;
             }
             let span = span_bytes(class);
-            let start = map_span(span)?;
+            let start = map_span(span, class)?;
             shared.carve_next = start;
             shared.carve_end = start.wrapping_add(span);
             continue;
         }
         let block = shared.carve_next;
         shared.carve_next = block.wrapping_add(size);
-        if (block as usize + super::header::HEADER_SIZE).is_multiple_of(PAGE_SIZE) {
-            // A page-aligned user pointer would cost each of its frees a page probe (`header`).
-            // Shifting the rest of the span by LARGEST_ALIGN bytes keeps the next ones off page
-            // starts too, and the blocks of the classes that serve aligned blocks aligned.
+        if carve_skips(block as usize) {
             shared.carve_next = block.wrapping_add(LARGEST_ALIGN);
             continue;
         }
         // SAFETY: a fresh block of this class inside our span, handed to nobody yet.
-        unsafe { list.push(block) };
+        unsafe {
+            BlockHeader::mark_fresh_freed(block.cast());
+            list.push(block);
+        }
     }
     Some(list)
 }
 
+/// Whether `carve` leaves out the block it would cut at `block`: a page-aligned user pointer
+/// would cost each of its frees a page probe (`header`). Shifting the rest of the span by
+/// LARGEST_ALIGN bytes keeps the next ones off page starts too, and the blocks of the classes
+/// that serve aligned blocks aligned.
+fn carve_skips(block: usize) -> bool {
+    (block + super::header::HEADER_SIZE).is_multiple_of(PAGE_SIZE)
+}
+
 /// Each class carves spans of at least 256 KiB, and of at least four batches.
 fn span_bytes(class: usize) -> usize {
-    (256 * 1024)
-        .max(4 * batch_blocks(class) as usize * class_size(class))
-        .next_multiple_of(PAGE_SIZE)
+    span_bytes_of(class)
+}
+
+const fn span_bytes_of(class: usize) -> usize {
+    let batches = 4 * blocks_per_batch(class) as usize * size_of_class(class);
+    let bytes = if batches > 256 * 1024 {
+        batches
+    } else {
+        256 * 1024
+    };
+    bytes.next_multiple_of(PAGE_SIZE)
 }
 
 /// Gives a list of blocks on no shard list back to its class's shared stack.
@@ -418,34 +514,135 @@ pub unsafe fn give_back_block(block: *mut u8, class: u8) {
     shared.lists = block;
 }
 
-/// Regions mapped at once; spans are cut from them so that the heap makes few mappings.
+/// The heap's address space is reserved once, inaccessible, and made usable a region at a time:
+/// one range, so that whether an address is the heap's is a subtraction and a compare
+/// ([`contains`]), and a page map over it says which span and class each page belongs to
+/// ([`block_containing`]). The first size the OS grants is used.
+const RESERVE_BYTES: [usize; 3] = [64 << 30, 8 << 30, 1 << 30];
+/// Bytes made usable at once.
 const REGION_BYTES: usize = 64 * 1024 * 1024;
 
+/// Start of the reservation; 0 until the first span.
+static BASE: AtomicUsize = AtomicUsize::new(0);
+/// Bytes from [`BASE`] handed out as spans so far (only grows).
+static CARVED: AtomicUsize = AtomicUsize::new(0);
+/// One `u16` per page of the reservation: 0 where no span lies, else the page's index in its
+/// span (low byte) and its class + 1 (high byte).
+static PAGE_MAP: AtomicPtr<u16> = AtomicPtr::new(null_mut());
+
+/// A span's pages are numbered in a byte.
+const _: () = assert!(span_bytes_of(CLASS_COUNT - 1) <= 256 * PAGE_SIZE);
+
 struct Region {
-    next: usize,
-    end: usize,
+    /// Bytes of the reservation in all; 0 until it is made.
+    reserved: usize,
+    /// Bytes from the base made usable (a multiple of [`REGION_BYTES`]).
+    usable: usize,
 }
 
-static REGION: Mutex<Region> = Mutex::new(Region { next: 0, end: 0 });
+static REGION: Mutex<Region> = Mutex::new(Region {
+    reserved: 0,
+    usable: 0,
+});
 
 fn region() -> MutexGuard<'static, Region> {
     REGION.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn map_span(bytes: usize) -> Option<*mut u8> {
+/// Whether `addr` lies in a span of the heap (a block of it, or a free part of its spans).
+#[inline(always)]
+pub fn contains(addr: usize) -> bool {
+    addr.wrapping_sub(BASE.load(Ordering::Relaxed)) < CARVED.load(Ordering::Acquire)
+}
+
+/// A span of `bytes` for class `class`, entered in the page map.
+fn map_span(bytes: usize, class: usize) -> Option<*mut u8> {
     let mut region = region();
-    if region.end - region.next < bytes {
-        let len = REGION_BYTES.max(bytes);
-        let start = sys::map_pages(len);
-        if start.is_null() {
+    if region.reserved == 0 {
+        reserve(&mut region)?;
+    }
+    let base = BASE.load(Ordering::Relaxed);
+    let carved = CARVED.load(Ordering::Relaxed);
+    let end = carved.checked_add(bytes)?;
+    while end > region.usable {
+        let more = REGION_BYTES.min(region.reserved - region.usable);
+        if more == 0 || !sys::commit_pages((base + region.usable) as *mut u8, more) {
             return None;
         }
-        region.next = start as usize;
-        region.end = start as usize + len;
+        region.usable += more;
     }
-    let span = region.next;
-    region.next += bytes;
-    Some(span as *mut u8)
+    let first_page = carved / PAGE_SIZE;
+    let map = PAGE_MAP.load(Ordering::Relaxed);
+    for page in 0..bytes / PAGE_SIZE {
+        // SAFETY: the map has one entry per page of the reservation, and the span lies in it;
+        // entries are written here only, under the region lock, before the span is handed out.
+        unsafe { *map.add(first_page + page) = ((class as u16 + 1) << 8) | page as u16 };
+    }
+    CARVED.store(end, Ordering::Release);
+    Some((base + carved) as *mut u8)
+}
+
+/// Reserves the heap's address space and its page map.
+#[cold]
+fn reserve(region: &mut Region) -> Option<()> {
+    for bytes in RESERVE_BYTES {
+        let base = sys::reserve_pages(bytes);
+        if base.is_null() {
+            continue;
+        }
+        let map = sys::map_pages(bytes / PAGE_SIZE * size_of::<u16>());
+        if map.is_null() {
+            // SAFETY: the reservation was made just above and is used by nobody.
+            unsafe { sys::unmap_pages(base, bytes) };
+            return None;
+        }
+        PAGE_MAP.store(map.cast(), Ordering::Relaxed);
+        BASE.store(base as usize, Ordering::Relaxed);
+        region.reserved = bytes;
+        return Some(());
+    }
+    None
+}
+
+/// A block of the heap: where it starts (its header) and its class's size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeapBlock {
+    pub start: usize,
+    pub size: usize,
+    pub class: u8,
+}
+
+/// The heap block whose bytes hold `addr`, from the page map and the order in which `carve`
+/// cuts a span (whether the block is live, free or never used is for its header to say).
+#[cold]
+pub fn block_containing(addr: usize) -> Option<HeapBlock> {
+    if !contains(addr) {
+        return None;
+    }
+    let base = BASE.load(Ordering::Relaxed);
+    let page = (addr - base) / PAGE_SIZE;
+    // SAFETY: `addr` is below CARVED, so its page has an entry, written before CARVED grew.
+    let entry = unsafe { *PAGE_MAP.load(Ordering::Relaxed).add(page) };
+    let class = (entry >> 8).checked_sub(1)? as usize;
+    let span_start = base + (page - (entry & 0xff) as usize) * PAGE_SIZE;
+    let size = class_size(class);
+    let span_end = span_start + span_bytes(class);
+    let mut block = span_start;
+    while block + size <= span_end {
+        if carve_skips(block) {
+            block += LARGEST_ALIGN;
+            continue;
+        }
+        if addr < block + size {
+            return (addr >= block).then_some(HeapBlock {
+                start: block,
+                size,
+                class: class as u8,
+            });
+        }
+        block += size;
+    }
+    None
 }
 
 /// Thread exit (`guard`): the thread's lists leave `mine` (its shard, held) and go back to
@@ -463,8 +660,13 @@ pub fn give_back_thread_lists(mine: &mut HeldShard<'_>) {
         for list in [active, spare] {
             if !list.head.is_null() {
                 // SAFETY: the thread's own free blocks, parked on its shard.
-                unsafe { unpark(list, mine) };
-                give_back(class, list);
+                unsafe {
+                    let list = list.checked();
+                    if list.count > 0 {
+                        unpark(list, mine);
+                        give_back(class, list);
+                    }
+                }
             }
         }
     }
@@ -515,15 +717,19 @@ mod tests {
         use super::super::header::HEADER_SIZE;
         for total in (HEADER_SIZE + 1..=LARGEST_BLOCK).step_by(7) {
             for align in [32, 64] {
-                let class = class_for(total, align).unwrap() as usize;
+                let class = class_for(total - HEADER_SIZE, HEADER_SIZE, align).unwrap() as usize;
                 assert!(class_size(class) >= total);
                 assert!(class_size(class).is_multiple_of(LARGEST_ALIGN), "{total}");
             }
         }
-        assert_eq!(class_for(HEADER_SIZE + 1, 128), None);
-        assert_eq!(class_for(LARGEST_BLOCK + 1, 16), None);
+        assert_eq!(class_for(1, HEADER_SIZE, 128), None);
+        assert_eq!(
+            class_for(LARGEST_BLOCK + 1 - HEADER_SIZE, HEADER_SIZE, 16),
+            None
+        );
+        assert_eq!(class_for(usize::MAX - 60, HEADER_SIZE, 64), None);
         // Enough blocks of a small class to cross many page starts (where carving skips ahead).
-        let class = class_for(HEADER_SIZE + 100, 64).unwrap();
+        let class = class_for(100, HEADER_SIZE, 64).unwrap();
         with_my_shard(|mine| {
             let blocks: Vec<*mut u8> = (0..2000).map(|_| take(class, mine).unwrap()).collect();
             for &block in &blocks {
@@ -539,7 +745,7 @@ mod tests {
 
     #[test]
     fn a_parked_block_is_reused_and_blocks_never_overlap() {
-        let class = class_for(100, 16).unwrap();
+        let class = class_for(100, 0, 16).unwrap();
         with_my_shard(|mine| {
             let a = take(class, mine).unwrap();
             let b = take(class, mine).unwrap();
@@ -559,7 +765,7 @@ mod tests {
 
     #[test]
     fn blocks_parked_by_an_exited_thread_are_handed_out_again() {
-        let class = class_for(30 * 1024, 16).unwrap(); // a class no other test uses
+        let class = class_for(30 * 1024, 0, 16).unwrap(); // a class no other test uses
         let blocks = std::thread::spawn(move || {
             with_my_shard(|mine| {
                 let blocks: [usize; 20] =
@@ -583,7 +789,7 @@ mod tests {
 
     #[test]
     fn blocks_given_back_one_by_one_come_back_as_one_list() {
-        let class = class_for(20 * 1024, 16).unwrap(); // a class no other test uses
+        let class = class_for(20 * 1024, 0, 16).unwrap(); // a class no other test uses
         let given: [usize; 3] = with_my_shard(|mine| {
             core::array::from_fn(|_| {
                 let block = take(class, mine).unwrap();

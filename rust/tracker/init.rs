@@ -11,6 +11,9 @@ pub struct Hot(u32);
 
 const HOT_READY: u32 = 1 << 31;
 const HOT_BUDGET: u32 = 1 << 30;
+const HOT_FREE_STACKS: u32 = 1 << 29;
+const HOT_BREAK_ON: u32 = 1 << 28;
+const HOT_QUARANTINE: u32 = 1 << 27;
 
 impl Hot {
     /// Frames to capture per allocation; 0: no call stacks.
@@ -23,6 +26,24 @@ impl Hot {
     #[inline]
     pub fn budget(self) -> bool {
         self.0 & HOT_BUDGET != 0
+    }
+
+    /// Whether freed blocks are held back (`quarantine=`).
+    #[inline]
+    pub fn quarantine(self) -> bool {
+        self.0 & HOT_QUARANTINE != 0
+    }
+
+    /// Whether an allocation is to stop in the debugger (`break_on=`).
+    #[inline]
+    pub fn break_on(self) -> bool {
+        self.0 & HOT_BREAK_ON != 0
+    }
+
+    /// Whether each `delete` records its call stack in the freed block (`free_stacks=1`).
+    #[inline]
+    pub fn free_stacks(self) -> bool {
+        self.0 & HOT_FREE_STACKS != 0
     }
 }
 
@@ -38,6 +59,12 @@ pub fn hot() -> Hot {
         0 => set_up(),
         hot => Hot(hot),
     }
+}
+
+/// The hot-path options where the tracker is known to be set up (a free of a block it made).
+#[inline]
+pub fn set_up_hot() -> Hot {
+    Hot(HOT.load(Ordering::Relaxed))
 }
 
 /// Once per process; a second thread arriving meanwhile waits for the first.
@@ -63,8 +90,27 @@ fn set_up_once() {
     } else {
         0
     };
+    let break_on = match options.break_on {
+        Some((thread, seq)) => {
+            super::integrity::break_on(thread, seq);
+            HOT_BREAK_ON
+        }
+        None => 0,
+    };
+    let quarantine = if options.quarantine > 0 {
+        super::quarantine::set_limit(options.quarantine);
+        HOT_QUARANTINE
+    } else {
+        0
+    };
+    // A block in quarantine keeps its free stack beside it, so quarantine takes them too.
+    let free_stacks = if (options.free_stacks || quarantine != 0) && options.stack_depth > 0 {
+        HOT_FREE_STACKS
+    } else {
+        0
+    };
     HOT.store(
-        HOT_READY | budget | options.stack_depth as u32,
+        HOT_READY | budget | free_stacks | break_on | quarantine | options.stack_depth as u32,
         Ordering::Release,
     );
 }

@@ -112,6 +112,8 @@ pub struct Shard {
     /// Queued frees in `pending` (read by `stats()` to know whether to settle).
     pending_len: AtomicU32,
     head: UnsafeCell<*mut BlockHeader>,
+    /// The list's last block: a list whose links were damaged is rebuilt from both ends.
+    tail: UnsafeCell<*mut BlockHeader>,
     live_bytes: AtomicU64,
     peak_bytes: AtomicU64,
     allocations: AtomicU64,
@@ -138,6 +140,7 @@ const EMPTY_SHARD: Shard = Shard {
     revoked: AtomicBool::new(false),
     pending_len: AtomicU32::new(0),
     head: UnsafeCell::new(core::ptr::null_mut()),
+    tail: UnsafeCell::new(core::ptr::null_mut()),
     live_bytes: AtomicU64::new(0),
     peak_bytes: AtomicU64::new(0),
     allocations: AtomicU64::new(0),
@@ -319,31 +322,83 @@ impl HeldShard<'_> {
             let head = *s.head.get();
             (*header).prev = core::ptr::null_mut();
             (*header).next = head;
-            if !head.is_null() {
+            if head.is_null() {
+                *s.tail.get() = header;
+            } else {
                 (*head).prev = header;
             }
             *s.head.get() = header;
         }
     }
 
-    /// Takes a block off the list.
+    /// Takes a block off the list. Its links are checked against its neighbours' first (an
+    /// overrun of the block in front of it in memory may have reached them): a damaged list is
+    /// repaired and reported (`integrity`), and a block no longer on it is left alone.
     ///
     /// # Safety
-    /// `header` is on this shard's list.
+    /// `header` is a header of ours that was linked on this shard's list.
     #[inline]
     pub unsafe fn unlink(&mut self, header: *mut BlockHeader) {
         let s = self.shard;
-        // SAFETY: the shard is held and the block is on this list.
+        // SAFETY: the shard is held; links are followed only once they look like pointers and
+        // agree with the neighbours they lead to.
         unsafe {
+            if !self.links_agree(header) {
+                super::integrity::repair_list(self);
+                if !self.links_agree(header) {
+                    return;
+                }
+            }
             let (prev, next) = ((*header).prev, (*header).next);
             if prev.is_null() {
                 *s.head.get() = next;
             } else {
                 (*prev).next = next;
             }
-            if !next.is_null() {
+            if next.is_null() {
+                *s.tail.get() = prev;
+            } else {
                 (*next).prev = prev;
             }
+        }
+    }
+
+    /// Whether the block's neighbours (or the list's ends) link back to it.
+    ///
+    /// # Safety
+    /// `header` is a header of ours; the shard is held.
+    #[inline]
+    unsafe fn links_agree(&self, header: *mut BlockHeader) -> bool {
+        let s = self.shard;
+        // SAFETY: a neighbour is read only once it passes `could_be_header`.
+        unsafe {
+            let (prev, next) = ((*header).prev, (*header).next);
+            let prev_agrees = if prev.is_null() {
+                *s.head.get() == header
+            } else {
+                super::integrity::could_be_header(prev) && (*prev).next == header
+            };
+            let next_agrees = if next.is_null() {
+                *s.tail.get() == header
+            } else {
+                super::integrity::could_be_header(next) && (*next).prev == header
+            };
+            prev_agrees && next_agrees
+        }
+    }
+
+    /// The list's first and last blocks.
+    pub fn ends(&self) -> (*mut BlockHeader, *mut BlockHeader) {
+        // SAFETY: the shard is held.
+        unsafe { (*self.shard.head.get(), *self.shard.tail.get()) }
+    }
+
+    /// Sets the list's first and last blocks (`integrity`, rebuilding a damaged list).
+    pub fn set_ends(&self, head: *mut BlockHeader, tail: *mut BlockHeader) {
+        // SAFETY: the shard is held.
+        unsafe {
+            *self.shard.head.get() = head;
+            *self.shard.tail.get() = tail;
         }
     }
 
@@ -386,21 +441,32 @@ impl HeldShard<'_> {
         true
     }
 
-    /// Every live block on the list, head first (the list also holds the free heap blocks
-    /// parked on it; see `heap`).
-    pub fn live_blocks(&self) -> impl Iterator<Item = *mut BlockHeader> + '_ {
+    /// Every block on the list, head first: live ones and the free heap blocks parked on it
+    /// (see `heap`). Each link is checked before it is followed; a damaged list is repaired and
+    /// reported (`integrity`) on the way.
+    pub fn blocks(&self) -> impl Iterator<Item = *mut BlockHeader> + '_ {
         // SAFETY: the shard is held for as long as the iterator borrows `self`.
         let mut node = unsafe { *self.shard.head.get() };
+        let mut repaired = false;
         core::iter::from_fn(move || {
             let current = node;
-            // SAFETY: a non-null node is a header on the held list.
-            (!current.is_null()).then(|| unsafe {
+            if current.is_null() {
+                return None;
+            }
+            // SAFETY: `current` is a header on the held list (checked when it was reached).
+            unsafe {
                 node = (*current).next;
-                current
-            })
+                if !node.is_null() && !super::integrity::links_back(node, current) && !repaired {
+                    super::integrity::repair_list(self);
+                    repaired = true;
+                    node = (*current).next;
+                }
+                if !node.is_null() && !super::integrity::links_back(node, current) {
+                    node = core::ptr::null_mut(); // still damaged after a repair: stop here
+                }
+            }
+            Some(current)
         })
-        // SAFETY: every node is a header of ours, on the held list.
-        .filter(|&header| unsafe { (*header).is_live() })
     }
 }
 

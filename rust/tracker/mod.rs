@@ -12,7 +12,9 @@ pub mod guard;
 pub mod header;
 mod heap;
 mod init;
+pub(crate) mod integrity;
 pub mod live_list;
+mod quarantine;
 pub mod raw;
 
 use crate::ffi::{BlockKind, Stats};
@@ -80,6 +82,9 @@ pub unsafe fn allocate(
         }
     }
     held.count_allocation(size);
+    if hot.break_on() {
+        integrity::break_if_asked(me.number, seq, size);
+    }
     block.user
 }
 
@@ -109,7 +114,7 @@ pub fn deallocate(ptr: *mut u8, kind: BlockKind, start: impl Fn() -> StartFrame 
         return;
     }
     match BlockHeader::lookup(ptr) {
-        Lookup::Live(header) => free_live(header, kind, start),
+        Lookup::Live(header, cookie) => free_live(header, cookie, kind, start),
         Lookup::Untracked(header) => {
             // SAFETY: an untracked header is ours, on no list, from glibc or our mappings (not
             // the heap), and freed only here.
@@ -119,15 +124,26 @@ pub fn deallocate(ptr: *mut u8, kind: BlockKind, start: impl Fn() -> StartFrame 
                 raw::release(header, raw_offset);
             }
         }
-        Lookup::Freed { size, alloc_stack } => bad_free(|| MemoryError {
+        Lookup::Underrun { header, .. } => {
+            integrity::report_at_delete(header, kind, start());
+            // SAFETY: the header is ours (its cookie was repaired just above).
+            free_live(header, unsafe { (*header).live_cookie() }, kind, start)
+        }
+        Lookup::Freed {
             size,
             alloc_stack,
+            previous_free_stack,
+        } => bad_free(|| MemoryError {
+            size,
+            alloc_stack,
+            previous_free_stack: quarantine::free_stack_of(BlockHeader::of(ptr))
+                .unwrap_or(previous_free_stack),
             ..MemoryError::at_free(ErrorKind::DoubleFree, ptr, kind, capture_stack_of(start()))
         }),
-        Lookup::Foreign if handed_back(ptr) => {}
-        Lookup::Foreign => bad_free(|| {
-            MemoryError::at_free(ErrorKind::InvalidFree, ptr, kind, capture_stack_of(start()))
-        }),
+        Lookup::Foreign if !integrity::lies_in_tracked_block(ptr as usize) && handed_back(ptr) => {}
+        Lookup::Foreign => {
+            bad_free(|| integrity::foreign_free_error(ptr, kind, capture_stack_of(start())))
+        }
     }
 }
 
@@ -157,10 +173,23 @@ fn handed_back(ptr: *mut u8) -> bool {
 }
 
 #[inline]
-fn free_live(header: *mut BlockHeader, kind: BlockKind, start: impl Fn() -> StartFrame + Copy) {
+fn free_live(
+    header: *mut BlockHeader,
+    cookie: usize,
+    kind: BlockKind,
+    start: impl Fn() -> StartFrame + Copy,
+) {
     // SAFETY: lookup saw a LIVE cookie; the fields read before holding the shard are only used
     // to find it, and everything is checked again once it is held.
     let (shard, allocated_with) = unsafe { ((*header).shard, (*header).kind) };
+    // SAFETY: as above; only this thread frees the block it was given.
+    if unsafe { !(*header).guard_intact() } {
+        integrity::report_at_delete(header, kind, start());
+    }
+    let hot = init::set_up_hot();
+    if hot.free_stacks() {
+        record_free_stack(header, start());
+    }
     if allocated_with != kind {
         report_mismatch(header, kind, start());
     }
@@ -182,30 +211,35 @@ fn free_live(header: *mut BlockHeader, kind: BlockKind, start: impl Fn() -> Star
     // SAFETY: with the shard held, a LIVE cookie and this shard mean the block is on this
     // list; a racing second free of the same pointer sees FREED or CLAIMED here instead.
     unsafe {
-        if !(*header).is_live() || (*header).shard != shard {
+        if !(*header).cookie_is(cookie) || (*header).shard != shard {
             drop(held);
             return deallocate_raced(header, kind, start());
         }
         if own {
-            free_on_own_list(held, header);
+            free_on_own_list(held, header, hot);
         } else {
-            free_off_list(held, header);
+            free_off_list(held, header, Settling::No);
         }
     }
 }
 
 /// Frees a block on the calling thread's own shard (`held`): a heap block stays on the list,
-/// parked (see `heap`), so neither this free nor the allocation that reuses it touches the list.
+/// parked (see `heap`), so neither this free nor the allocation that reuses it touches the list;
+/// unless `hot` says freed blocks go into quarantine.
 ///
 /// # Safety
 /// `header` is a live block on the list of `held`, the calling thread's shard, and nobody else
 /// frees it.
 #[inline(always)]
-unsafe fn free_on_own_list(mut held: live_list::HeldShard<'_>, header: *mut BlockHeader) {
+unsafe fn free_on_own_list(
+    mut held: live_list::HeldShard<'_>,
+    header: *mut BlockHeader,
+    hot: init::Hot,
+) {
     // SAFETY: guaranteed by the caller.
     let h = unsafe { &mut *header };
     held.count_free(h.size);
-    if h.placement == Placement::Heap {
+    if h.placement == Placement::Heap && !hot.quarantine() {
         h.mark_freed();
         // SAFETY: a heap block of class `h.class`, freed, on the list of `held`.
         unsafe { heap::park(header as *mut u8, h.class, &mut held) };
@@ -213,11 +247,42 @@ unsafe fn free_on_own_list(mut held: live_list::HeldShard<'_>, header: *mut Bloc
     }
     // SAFETY: guaranteed by the caller.
     unsafe { held.unlink(header) };
-    let raw_offset = h.raw_offset();
     h.mark_freed();
     drop(held);
     // SAFETY: the block is off its list and marked freed; this thread owns its memory now.
-    unsafe { raw::release(header, raw_offset) };
+    unsafe { release_freed(header, hot, Settling::No) };
+}
+
+/// Whether a free runs while settling queued frees with the world stopped (`live_list`): the
+/// error log and the quarantine's lock may then be held by this very thread (`fork`), so
+/// nothing is reported and nothing leaves the quarantine.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Settling {
+    No,
+    WorldStopped,
+}
+
+/// The memory of a freed block on no list goes back (to the heap's class, or to where `raw`
+/// got it), or into quarantine.
+///
+/// # Safety
+/// `header` is a block of ours, marked freed, off its list, that nobody else uses.
+unsafe fn release_freed(header: *mut BlockHeader, hot: init::Hot, settling: Settling) {
+    if settling == Settling::No {
+        integrity::report_found();
+    }
+    // SAFETY: guaranteed by the caller.
+    unsafe {
+        let h = &*header;
+        if hot.quarantine() {
+            let _inside = Inside::enter(); // the quarantine's list is the tracker's own memory
+            quarantine::hold(header, settling == Settling::No);
+        } else if h.placement == Placement::Heap {
+            heap::give_back_block(header as *mut u8, h.class);
+        } else {
+            raw::release(header, h.raw_offset());
+        }
+    }
 }
 
 /// Frees a block on another shard's list (`held` by its lock or a stopped world); a heap block
@@ -227,23 +292,20 @@ unsafe fn free_on_own_list(mut held: live_list::HeldShard<'_>, header: *mut Bloc
 /// # Safety
 /// `header` is a live or claimed block on the list of `held`, and nobody else frees it.
 #[cold]
-unsafe fn free_off_list(mut held: live_list::HeldShard<'_>, header: *mut BlockHeader) {
+unsafe fn free_off_list(
+    mut held: live_list::HeldShard<'_>,
+    header: *mut BlockHeader,
+    settling: Settling,
+) {
     // SAFETY: guaranteed by the caller.
     let h = unsafe { &mut *header };
     // SAFETY: guaranteed by the caller.
     unsafe { held.unlink(header) };
     held.count_free(h.size);
-    let (placement, class, raw_offset) = (h.placement, h.class, h.raw_offset());
     h.mark_freed();
     drop(held);
     // SAFETY: the block is off every list and marked freed; this thread owns its memory now.
-    unsafe {
-        if placement == Placement::Heap {
-            heap::give_back_block(header as *mut u8, class);
-        } else {
-            raw::release(header, raw_offset);
-        }
-    }
+    unsafe { release_freed(header, init::set_up_hot(), settling) };
 }
 
 /// A free of a block on a shard another thread owns: the block is claimed now (so a second
@@ -285,9 +347,39 @@ pub(crate) unsafe fn settle_claimed_block(header: *mut BlockHeader, world: &Stop
     // claimed block is still on the list of its shard.
     unsafe {
         if (*header).is_claimed() {
-            free_off_list(world.shard((*header).shard), header);
+            free_off_list(world.shard((*header).shard), header, Settling::WorldStopped);
         }
     }
+}
+
+/// Keeps the stack of this `delete` in the block's first user bytes, which a free block of the
+/// heap (or a large block until it is unmapped) does not use otherwise: a second `delete` then
+/// names the first. Blocks of glibc and of the budget are reused by them at once: not kept there.
+#[cold]
+#[inline(never)]
+fn record_free_stack(header: *mut BlockHeader, start: StartFrame) {
+    let user = BlockHeader::user_ptr(header);
+    // SAFETY: the block is live and being freed by this thread.
+    let placement = unsafe { (*header).placement };
+    if matches!(placement, Placement::Heap | Placement::Mapped) {
+        let _inside = Inside::enter();
+        let stack = capture_stack_of(start);
+        // SAFETY: every block has room for its guard (8 bytes) behind its user bytes.
+        unsafe { user.cast::<StackId>().write_unaligned(stack) };
+    }
+}
+
+/// The stack of the `delete` that freed the block at `user` (see [`record_free_stack`]), when
+/// free stacks are kept.
+///
+/// # Safety
+/// `user` is a freed block of the heap, or a large block being unmapped.
+unsafe fn recorded_free_stack(user: *mut u8) -> StackId {
+    if !init::hot().free_stacks() {
+        return StackId(0);
+    }
+    // SAFETY: guaranteed by the caller: such blocks hold the stack recorded above.
+    unsafe { user.cast::<StackId>().read_unaligned() }
 }
 
 /// Another thread freed the same block between our lookup and our lock: a double free.
@@ -299,21 +391,12 @@ fn deallocate_raced(header: *mut BlockHeader, kind: BlockKind, start: StartFrame
 #[cold]
 #[inline(never)]
 fn report_mismatch(header: *mut BlockHeader, kind: BlockKind, start: StartFrame) {
-    // SAFETY: the block is live (LIVE cookie seen by lookup) and stays so until this thread
-    // frees it after this report.
-    let h = unsafe { &*header };
-    let user = BlockHeader::user_ptr(header);
-    bad_free(|| MemoryError {
-        size: h.size,
-        // SAFETY: `file` of a live block is null or a `__FILE__` literal of the program.
-        file: unsafe { crate::sys::c_str(h.file) }.map(str::to_owned),
-        line: h.line,
-        thread: h.thread,
-        allocated_with: Some(h.kind),
-        alloc_stack: h.alloc_stack,
-        ..MemoryError::at_free(
+    // The block is live (LIVE cookie seen by lookup) and stays so until this thread frees it
+    // after this report.
+    bad_free(|| {
+        integrity::block_error(
             ErrorKind::MismatchedDelete,
-            user,
+            header,
             kind,
             capture_stack_of(start),
         )
@@ -359,11 +442,18 @@ pub fn capture_stack(_inside: &Inside, start: StartFrame) -> StackId {
 #[inline(never)]
 fn bad_free(error: impl FnOnce() -> MemoryError) {
     let _inside = Inside::enter();
+    integrity::report_found();
     errors::report(error());
+}
+
+/// `check_heap()`: see [`integrity::check_heap`].
+pub fn check_heap(start: StartFrame) -> usize {
+    integrity::check_heap(start)
 }
 
 /// Counters of the whole process.
 pub fn stats() -> Stats {
+    integrity::report_found();
     if live_list::any_pending() {
         let _inside = Inside::enter();
         drop(StoppedWorld::stop(guard::thread_number())); // settles them

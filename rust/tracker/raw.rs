@@ -3,7 +3,7 @@
 //! for more strongly aligned blocks, and a record of recently unmapped blocks so that a second
 //! `delete` of one is recognised without touching unmapped memory.
 
-use super::header::{BlockHeader, Placement, HEADER_SIZE};
+use super::header::{BlockHeader, Placement, GUARD_SIZE, HEADER_SIZE};
 use super::heap;
 use super::live_list::HeldShard;
 use crate::stack::StackId;
@@ -23,7 +23,8 @@ pub struct RawBlock {
     pub class: u8,
 }
 
-/// Memory for `size` bytes aligned to `align` with a header in front, or `None` when exhausted.
+/// Memory for `size` bytes aligned to `align` with a header in front and a guard behind, or
+/// `None` when exhausted or beyond what the address space can hold.
 /// `budgeted`: the budget (`budget=`) is set up and serves every block. Otherwise the heap
 /// serves what it can (up to 128 KiB, aligned up to 64), parked on `mine`, the calling thread's
 /// shard (see `heap`); the rest comes from our mappings or glibc, on no list.
@@ -35,9 +36,11 @@ pub fn acquire(
     mine: &mut HeldShard<'_>,
 ) -> Option<RawBlock> {
     if budgeted {
+        let size = size.checked_add(GUARD_SIZE)?;
         return super::budget::active().and_then(|budget| acquire_budgeted(budget, size, align));
     }
-    if let Some(class) = heap::class_for(HEADER_SIZE.saturating_add(size), align) {
+    // No overflow: the heap's sizes are far below usize::MAX, and larger ones are refused first.
+    if let Some(class) = heap::class_for(size, HEADER_SIZE + GUARD_SIZE, align) {
         if let Some(raw) = heap::take(class, mine) {
             return Some(RawBlock {
                 user: raw.wrapping_add(HEADER_SIZE),
@@ -47,13 +50,20 @@ pub fn acquire(
             });
         }
     }
-    acquire_system(size, align)
+    acquire_from_system(size.checked_add(GUARD_SIZE)?, align)
 }
 
 /// Memory from glibc or our own mappings, never the heap: the tracker's own memory (a signal
-/// handler may be allocating it while its thread is inside the heap), and what the heap cannot serve.
+/// handler may be allocating it while its thread is inside the heap), and what the heap cannot
+/// serve. As [`acquire`], with the guard.
 #[inline]
 pub fn acquire_system(size: usize, align: usize) -> Option<RawBlock> {
+    acquire_from_system(size.checked_add(GUARD_SIZE)?, align)
+}
+
+/// [`acquire_system`] for `size` bytes, the guard included.
+#[inline]
+fn acquire_from_system(size: usize, align: usize) -> Option<RawBlock> {
     // The common case, kept short: default alignment, malloc'd, not page-aligned.
     if align <= 16 && size < MAPPED_THRESHOLD {
         let raw = sys::raw_alloc(HEADER_SIZE + size, 16);
@@ -131,7 +141,7 @@ fn acquire_mapped(size: usize, align: usize) -> Option<RawBlock> {
     let len = PAGE_SIZE
         .checked_add(slack)?
         .checked_add(size)?
-        .next_multiple_of(PAGE_SIZE);
+        .checked_next_multiple_of(PAGE_SIZE)?;
     let start = sys::map_pages(len);
     if start.is_null() {
         return None;
@@ -185,9 +195,12 @@ pub unsafe fn release(header: *mut BlockHeader, raw_offset: usize) {
                 user: user as usize,
                 size,
                 alloc_stack,
+                // SAFETY: a large block being unmapped.
+                free_stack: unsafe { super::recorded_free_stack(user) },
             });
+            let kept = (raw_offset + size + GUARD_SIZE).next_multiple_of(PAGE_SIZE);
             // SAFETY: the kept range of acquire_mapped for this block, no longer referenced.
-            unsafe { sys::unmap_pages(raw, (raw_offset + size).next_multiple_of(PAGE_SIZE)) };
+            unsafe { sys::unmap_pages(raw, kept) };
         }
     }
 }
@@ -198,6 +211,8 @@ pub struct UnmappedBlock {
     pub user: usize,
     pub size: usize,
     pub alloc_stack: StackId,
+    /// The stack of the `delete` that unmapped it (`free_stacks=1`), else 0.
+    pub free_stack: StackId,
 }
 
 const UNMAPPED_HISTORY: usize = 1024;

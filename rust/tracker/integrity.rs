@@ -1,0 +1,562 @@
+//! Heap integrity: the guard behind each block and the check word in front of it, verified at
+//! `delete`, by `check_heap()` and by every report; damage is reported with the block's stacks
+//! and the bytes found, then repaired so that it is reported once and the program goes on.
+
+use super::errors::{self, Damage, ErrorKind, MemoryError};
+use super::guard::{self, Inside};
+use super::header::{BlockHeader, GUARD_BYTE, GUARD_SIZE};
+use super::live_list::{HeldShard, StoppedWorld};
+use crate::ffi::BlockKind;
+use crate::stack::{StackId, StartFrame};
+use core::fmt::Write;
+use core::ptr::null_mut;
+use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+/// Who found a problem: says so in the report, beside the stack of that call.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum FoundBy {
+    /// The `delete` of the block (its stack is the free stack).
+    Delete,
+    /// `check_heap()` (its stack is the free stack).
+    CheckHeap,
+    /// The heap check of a report (at exit, or `write_leak_report`).
+    Report,
+}
+
+impl FoundBy {
+    /// The error's `detail`: none for a `delete`, whose stack says it all.
+    pub fn detail(self) -> Option<&'static str> {
+        match self {
+            FoundBy::Delete => None,
+            FoundBy::CheckHeap => Some(CHECK_HEAP_DETAIL),
+            FoundBy::Report => Some(REPORT_DETAIL),
+        }
+    }
+}
+
+pub const CHECK_HEAP_DETAIL: &str = "found by check_heap()";
+pub const REPORT_DETAIL: &str = "found by the report's heap check";
+
+/// The error about the live block at `header`, with what its header tells.
+pub fn block_error(
+    kind: ErrorKind,
+    header: *mut BlockHeader,
+    freed_with: BlockKind,
+    free_stack: StackId,
+) -> MemoryError {
+    // SAFETY: callers pass a header of ours that stays unchanged while this runs (the block is
+    // live and being freed by this thread, or the world is stopped).
+    let h = unsafe { &*header };
+    MemoryError {
+        size: h.size,
+        file: file_of(h),
+        line: h.line,
+        thread: h.thread,
+        allocated_with: Some(h.kind),
+        alloc_stack: h.alloc_stack,
+        ..MemoryError::at_free(kind, BlockHeader::user_ptr(header), freed_with, free_stack)
+    }
+}
+
+/// What is wrong with the guard and check word of a live block (a damaged check word of a
+/// block that is still recognisable, see [`BlockHeader::underrun_bytes`]), repaired as it is
+/// found: the errors carry no stacks yet.
+fn inspect(header: *mut BlockHeader, found_by: FoundBy, problems: &mut Vec<MemoryError>) {
+    // SAFETY: as in block_error; repairing the guard and cookie changes only bytes the tracker
+    // owns.
+    let h = unsafe { &mut *header };
+    if let Some(damaged) = h.underrun_bytes() {
+        let found = h.cookie_bytes();
+        h.restore_live_cookie();
+        let damage = Damage::between(-8, &found, &h.cookie_bytes());
+        debug_assert!(damaged > 0 && damage.is_some());
+        problems.push(MemoryError {
+            damage,
+            detail: found_by.detail(),
+            ..block_error(ErrorKind::Underrun, header, h.kind, StackId(0))
+        });
+    }
+    if !h.guard_intact() {
+        let damage = Damage::between(h.size as isize, &h.guard_bytes(), &[GUARD_BYTE; GUARD_SIZE]);
+        h.restore_guard();
+        problems.push(MemoryError {
+            damage,
+            detail: found_by.detail(),
+            ..block_error(ErrorKind::Overrun, header, h.kind, StackId(0))
+        });
+    }
+}
+
+/// Reports the damage around a live block being freed by `freed_with` (cold: only when the
+/// fast check saw some), and repairs it so that the free goes on.
+#[cold]
+#[inline(never)]
+pub fn report_at_delete(header: *mut BlockHeader, freed_with: BlockKind, start: StartFrame) {
+    let _inside = Inside::enter();
+    let mut problems = Vec::new();
+    inspect(header, FoundBy::Delete, &mut problems);
+    report_all(problems, super::capture_stack_of(start), freed_with);
+}
+
+/// Every live block of `held`'s list, checked (and repaired) on the way; `visit` sees each.
+pub fn check_list(
+    held: &HeldShard<'_>,
+    found_by: FoundBy,
+    problems: &mut Vec<MemoryError>,
+    mut visit: impl FnMut(*mut BlockHeader),
+) {
+    for header in held.blocks() {
+        // SAFETY: a header on a held list, which nobody else changes meanwhile.
+        let h = unsafe { &*header };
+        if h.is_live() || h.underrun_bytes().is_some() {
+            inspect(header, found_by, problems);
+            visit(header);
+        }
+    }
+}
+
+/// Reports problems found with no stack yet: each gets `stack` (of the `delete` or the
+/// `check_heap()` call; none for a report's check). Called inside the tracker, no shard held.
+pub fn report_all(problems: Vec<MemoryError>, stack: StackId, freed_with: BlockKind) {
+    for problem in problems {
+        errors::report(MemoryError {
+            free_stack: stack,
+            freed_with,
+            ..problem
+        });
+    }
+}
+
+/// `check_heap()`: every live block's guard and check word, with the world stopped; each problem
+/// is reported (with `start`'s stack) and repaired. Returns how many were found.
+pub fn check_heap(start: StartFrame) -> usize {
+    let _inside = Inside::enter();
+    let mut problems = Vec::new();
+    {
+        let world = StoppedWorld::stop(guard::thread_number());
+        for held in world.shards() {
+            check_list(&held, FoundBy::CheckHeap, &mut problems, |_| {});
+        }
+    }
+    let count = problems.len() + found_count();
+    report_found();
+    let stack = super::capture_stack_of(start);
+    report_all(problems, stack, BlockKind::New);
+    count + super::quarantine::check_all(FoundBy::CheckHeap, stack)
+}
+
+/// Damaged records found and not yet reported.
+fn found_count() -> usize {
+    let log = found_log();
+    log.entries.iter().flatten().count() + log.dropped
+}
+
+/// What of the tracker's own records was found damaged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Corrupted {
+    /// A block's list links (its header's first 16 bytes); the list was rebuilt around it.
+    Links,
+    /// The list links of blocks beside this one; the blocks between them are no longer listed.
+    LostBlocks,
+    /// A link of a free list of the heap; the blocks behind it stay unused.
+    FreeList,
+    /// A block's whole header (size, stack, check word), seen when it was freed.
+    Header,
+}
+
+impl Corrupted {
+    fn detail(self) -> &'static str {
+        match self {
+            Corrupted::Links => "the list links in this block's header were overwritten (by an overrun of the block in front of it in memory?); the tracker's list was repaired",
+            Corrupted::LostBlocks => "the list links of the blocks next to this one were overwritten; blocks between them are no longer listed in reports",
+            Corrupted::FreeList => "a free block's header was overwritten (by an overrun of the block in front of it in memory?); the heap leaves it and the blocks listed behind it unused",
+            Corrupted::Header => "this block's header (size, stack, check word) was overwritten (by an overrun of the block in front of it in memory?); the block is no longer tracked and is left alone",
+        }
+    }
+}
+
+/// One damaged record, kept without allocating (it is found with a shard held) until it is
+/// reported.
+#[derive(Clone, Copy)]
+struct Corruption {
+    header: usize,
+    what: Corrupted,
+    found: Option<[u8; 16]>,
+}
+
+/// Damaged records found and not yet reported: a leaf lock (nothing else is taken under it),
+/// held only to add or take records.
+struct FoundLog {
+    entries: [Option<Corruption>; 32],
+    /// Records beyond the room above, counted only.
+    dropped: usize,
+}
+
+static FOUND: Mutex<FoundLog> = Mutex::new(FoundLog {
+    entries: [None; 32],
+    dropped: 0,
+});
+static ANY_FOUND: AtomicBool = AtomicBool::new(false);
+
+fn found_log() -> MutexGuard<'static, FoundLog> {
+    FOUND.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Held by `fork` (see `tracker::fork`).
+pub(crate) fn lock_for_fork() -> MutexGuard<'static, impl Sized> {
+    found_log()
+}
+
+/// Records damage to the header at `header` (readable or not), to be reported by
+/// [`report_found`] once no shard is held.
+#[cold]
+pub fn found_corruption(header: usize, what: Corrupted) {
+    // Blocks lost from a list are named by a neighbour, whose bytes are intact.
+    let found = match what {
+        Corrupted::LostBlocks => None,
+        _ => header_bytes(header as *mut BlockHeader),
+    };
+    let mut log = found_log();
+    let seen = |e: &Option<Corruption>| e.is_some_and(|c| c.header == header && c.what == what);
+    if log.entries.iter().any(seen) {
+        return;
+    }
+    match log.entries.iter_mut().find(|e| e.is_none()) {
+        Some(slot) => {
+            *slot = Some(Corruption {
+                header,
+                what,
+                found,
+            })
+        }
+        None => log.dropped += 1,
+    }
+    drop(log);
+    ANY_FOUND.store(true, Ordering::Release);
+    // Said at once, without allocating (a shard is held): the full error, with its stacks, comes
+    // at the next free that leaves the heap, bad free, stats(), check_heap() or report.
+    let mut line = crate::sys::StackBuffer::<160>::new();
+    let _ = writeln!(
+        line,
+        "k15-memory: heap_corruption at {:#x} ({what:?}); details follow in the report",
+        header + super::header::HEADER_SIZE
+    );
+    line.flush_to_stderr();
+}
+
+/// Reports the damage found while shards were held, if any: one load when there is none.
+/// Called with no shard held.
+#[inline]
+pub fn report_found() {
+    if ANY_FOUND.load(Ordering::Relaxed) {
+        report_found_now();
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn report_found_now() {
+    let _inside = Inside::enter();
+    let (entries, dropped) = {
+        let mut log = found_log();
+        ANY_FOUND.store(false, Ordering::Relaxed);
+        let entries: Vec<Corruption> = log.entries.iter_mut().filter_map(Option::take).collect();
+        (entries, core::mem::take(&mut log.dropped))
+    };
+    for c in entries {
+        errors::report(corruption_error(
+            c.header as *mut BlockHeader,
+            c.what,
+            c.found,
+            BlockKind::New,
+            StackId(0),
+        ));
+    }
+    if dropped > 0 {
+        let line = format!("k15-memory: {dropped} more damaged headers found, not listed\n");
+        crate::sys::write_fd(2, line.as_bytes());
+    }
+}
+
+/// Whether `p` could be a header of ours at all (aligned, in user space): cheap enough for every
+/// unlink, and enough to keep overwritten links (text, numbers) from being followed.
+#[inline(always)]
+pub fn could_be_header(p: *mut BlockHeader) -> bool {
+    let p = p as usize;
+    p.is_multiple_of(16) && (crate::sys::PAGE_SIZE..USER_SPACE_END).contains(&p)
+}
+
+/// The end of x86-64 user space (47-bit addresses).
+const USER_SPACE_END: usize = 1 << 47;
+
+/// Whether the 64 bytes of a header at `p` are mapped: at once for the heap, else asked of the
+/// OS (a syscall; for rare non-heap blocks and for repairs).
+pub fn readable(p: *mut BlockHeader) -> bool {
+    could_be_header(p)
+        && (super::heap::contains(p as usize) || {
+            let start = p as usize;
+            crate::sys::page_is_mapped(start)
+                && crate::sys::page_is_mapped(start + super::header::HEADER_SIZE - 1)
+        })
+}
+
+/// Whether the header at `p` is readable and one of ours: its cookie says so, or says a live
+/// block whose check word an underrun damaged.
+fn recognisable(p: *mut BlockHeader) -> bool {
+    // SAFETY: read once it is known to be readable.
+    readable(p) && unsafe { (*p).cookie_valid() || (*p).underrun_bytes().is_some() }
+}
+
+/// Whether `node` is a readable header whose back link leads to `from` (the block whose
+/// forward link led to it).
+///
+/// # Safety
+/// `from` is a header on a held list.
+pub unsafe fn links_back(node: *mut BlockHeader, from: *mut BlockHeader) -> bool {
+    // SAFETY: read once it is known to be readable.
+    readable(node) && unsafe { (*node).prev == from }
+}
+
+/// Rebuilds the list of `held` after a link was found damaged: forward from its head as long as
+/// the links lead to headers of ours, backward from its tail likewise, and joins the two where
+/// they meet (the block whose own links were damaged, now relinked) or, when more was damaged,
+/// across the gap (the blocks in it are no longer listed). What was damaged is recorded.
+pub fn repair_list(held: &HeldShard<'_>) {
+    let (head, tail) = held.ends();
+    // SAFETY: the shard is held; every header is read only once `recognisable` says it is ours.
+    unsafe {
+        let mut forward_end: *mut BlockHeader = null_mut();
+        let mut node = head;
+        while !node.is_null() && recognisable(node) {
+            let back = (*node).prev;
+            if back != forward_end && recognisable(back) {
+                break; // a link into the middle of the list (or a cycle): not followed
+            }
+            if back != forward_end {
+                found_corruption(node as usize, Corrupted::Links);
+                (*node).prev = forward_end;
+            }
+            forward_end = node;
+            node = (*node).next;
+        }
+        if node.is_null() {
+            held.set_ends(head, forward_end);
+            return; // the forward links were whole; the back links are mended
+        }
+        let mut backward_start: *mut BlockHeader = null_mut();
+        let mut node = tail;
+        while !node.is_null() && node != forward_end && recognisable(node) {
+            let ahead = (*node).next;
+            if ahead != backward_start && recognisable(ahead) {
+                break;
+            }
+            if ahead != backward_start {
+                found_corruption(node as usize, Corrupted::Links);
+                (*node).next = backward_start;
+            }
+            backward_start = node;
+            node = (*node).prev;
+        }
+        if node != forward_end {
+            found_corruption(
+                if forward_end.is_null() {
+                    backward_start as usize
+                } else {
+                    forward_end as usize
+                },
+                Corrupted::LostBlocks,
+            );
+        } else if !forward_end.is_null() && (*forward_end).next != backward_start {
+            found_corruption(forward_end as usize, Corrupted::Links);
+        }
+        if forward_end.is_null() {
+            held.set_ends(
+                backward_start,
+                if backward_start.is_null() {
+                    null_mut()
+                } else {
+                    tail
+                },
+            );
+        } else {
+            (*forward_end).next = backward_start;
+            held.set_ends(
+                head,
+                if backward_start.is_null() {
+                    forward_end
+                } else {
+                    tail
+                },
+            );
+        }
+        if !backward_start.is_null() {
+            (*backward_start).prev = forward_end;
+        }
+    }
+}
+
+/// Pages searched backwards for the start of a large block that a bad pointer falls into.
+const LARGE_BLOCK_SEARCH_PAGES: usize = 4096;
+
+/// The error for a `delete` of `ptr`, at which no block of ours starts: a pointer into a live
+/// block (past its start, such as a second base class) names that block and the offset; a
+/// pointer to a heap block whose header was overwritten is `heap_corruption`; anything else is
+/// a plain `invalid_free`. Nothing is freed either way.
+#[cold]
+/// Whether `addr` falls into a block of ours (the heap's, or a large mapped one), at its start
+/// or inside it.
+pub fn lies_in_tracked_block(addr: usize) -> bool {
+    super::heap::block_containing(addr).is_some() || large_block_start(addr).is_some()
+}
+
+pub fn foreign_free_error(ptr: *mut u8, freed_with: BlockKind, free_stack: StackId) -> MemoryError {
+    let plain = MemoryError::at_free(ErrorKind::InvalidFree, ptr, freed_with, free_stack);
+    let addr = ptr as usize;
+    let header = match super::heap::block_containing(addr) {
+        Some(block) => block.start as *mut BlockHeader,
+        None => match large_block_start(addr) {
+            Some(header) => header,
+            None => return plain,
+        },
+    };
+    let user = BlockHeader::user_ptr(header) as usize;
+    // SAFETY: a heap block's header, or one found mapped; only read.
+    let h = unsafe { &*header };
+    if h.is_live() && addr > user {
+        return MemoryError {
+            interior_offset: Some(addr - user),
+            ..block_error(ErrorKind::InvalidFree, header, freed_with, free_stack)
+        };
+    }
+    if addr == user && !h.cookie_valid() {
+        return corruption_error(
+            header,
+            Corrupted::Header,
+            header_bytes(header),
+            freed_with,
+            free_stack,
+        );
+    }
+    plain
+}
+
+/// The first 16 bytes of a readable header (its list links), as found.
+fn header_bytes(header: *mut BlockHeader) -> Option<[u8; 16]> {
+    // SAFETY: read only when readable.
+    readable(header).then(|| unsafe { (header as *const [u8; 16]).read() })
+}
+
+/// A `heap_corruption` error about the header at `header`, with the bytes found there.
+fn corruption_error(
+    header: *mut BlockHeader,
+    what: Corrupted,
+    found: Option<[u8; 16]>,
+    freed_with: BlockKind,
+    free_stack: StackId,
+) -> MemoryError {
+    let user = BlockHeader::user_ptr(header);
+    let at = -(super::header::HEADER_SIZE as isize);
+    MemoryError {
+        detail: Some(what.detail()),
+        damage: found.map(|found| Damage {
+            offset: at,
+            found,
+            len: found.len() as u8,
+        }),
+        ..MemoryError::at_free(ErrorKind::HeapCorruption, user, freed_with, free_stack)
+    }
+}
+
+/// The header of a live block of our own mapping (`raw`: page-aligned user pointers, the header
+/// at the end of the page before) that `addr` falls into, found page by page backwards.
+fn large_block_start(addr: usize) -> Option<*mut BlockHeader> {
+    use crate::sys::{page_is_mapped, PAGE_SIZE};
+    let mut page = addr & !(PAGE_SIZE - 1);
+    for _ in 0..LARGE_BLOCK_SEARCH_PAGES {
+        if page < PAGE_SIZE || !page_is_mapped(page - 1) {
+            return None;
+        }
+        let header = BlockHeader::of(page as *mut u8);
+        // SAFETY: the header lies at the end of the page before `page`, mapped (checked above).
+        let h = unsafe { &*header };
+        if h.is_live() {
+            return (addr < page + h.size).then_some(header);
+        }
+        page -= PAGE_SIZE;
+    }
+    None
+}
+
+/// `break_on=THREAD/SEQ`: the allocation to stop at.
+static BREAK_SEQ: AtomicU32 = AtomicU32::new(0);
+static BREAK_THREAD: AtomicU32 = AtomicU32::new(0);
+
+/// Sets the allocation to stop at (the tracker's set-up, from the options).
+pub fn break_on(thread: u32, seq: u32) {
+    BREAK_THREAD.store(thread, Ordering::Relaxed);
+    BREAK_SEQ.store(seq, Ordering::Relaxed);
+}
+
+/// Stops in the debugger if this is the allocation `break_on` names (called only when it is set).
+#[cold]
+#[inline(never)]
+pub fn break_if_asked(thread: u32, seq: u32, size: usize) {
+    if seq != BREAK_SEQ.load(Ordering::Relaxed) || thread != BREAK_THREAD.load(Ordering::Relaxed) {
+        return;
+    }
+    let mut line = crate::sys::StackBuffer::<160>::new();
+    let _ = writeln!(
+        line,
+        "k15-memory: break_on={thread}/{seq}: allocation of {size} bytes; raising SIGTRAP"
+    );
+    line.flush_to_stderr();
+    // SAFETY: a breakpoint instruction: SIGTRAP at this very point (a debugger stops here, and
+    // `continue` goes on; without one the default action ends the process, as asked for).
+    unsafe { core::arch::asm!("int3", options(nomem, nostack)) };
+}
+
+/// The quarantine's blocks, checked for writes after free (reports).
+pub fn check_quarantine(found_by: FoundBy) {
+    super::quarantine::check_all(found_by, StackId(0));
+}
+
+/// Whether the fields a live block's cookie covers are plausible one by one, for a block whose
+/// cookie is damaged (an underrun) and so no longer vouches for them: a known placement, an
+/// offset and size that fit where the block lies, its guard intact, its file readable.
+pub fn fields_hold_together(h: &BlockHeader) -> bool {
+    use super::header::{Placement, GUARD_SIZE, HEADER_SIZE};
+    use crate::sys::{page_is_mapped, PAGE_SIZE};
+    let header = h as *const BlockHeader as usize;
+    let user = header + HEADER_SIZE;
+    let placement = h.placement_byte();
+    let fits = if placement == Placement::Heap as u8 {
+        super::heap::block_containing(header).is_some_and(|block| {
+            block.start == header
+                && block.class == h.class
+                && h.raw_offset() == HEADER_SIZE
+                && h.size <= block.size - HEADER_SIZE - GUARD_SIZE
+        })
+    } else if placement <= Placement::Budget as u8 {
+        let offset = h.raw_offset();
+        offset >= HEADER_SIZE
+            && offset.is_multiple_of(16)
+            && (placement != Placement::Mapped as u8 || offset == PAGE_SIZE)
+            && h.size < 1 << 47
+            && page_is_mapped(user + h.size)
+            && page_is_mapped(user + h.size + GUARD_SIZE - 1)
+    } else {
+        false
+    };
+    fits && h.guard_intact() && (h.file.is_null() || page_is_mapped(h.file as usize))
+}
+
+/// The `K15_NEW` file of a block, read only where its pointer leads to mapped memory (a stray
+/// write may have changed it; the cookie does not cover it).
+pub fn file_of(h: &BlockHeader) -> Option<String> {
+    if h.file.is_null() || !crate::sys::page_is_mapped(h.file as usize) {
+        return None;
+    }
+    // SAFETY: the `file` of a live block is null or a `__FILE__` literal, here in mapped memory.
+    unsafe { crate::sys::c_str(h.file) }.map(str::to_owned)
+}

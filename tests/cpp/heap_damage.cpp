@@ -1,0 +1,196 @@
+// Heap damage, one kind per run (`heap_damage <kind>`): the program damages its blocks the way
+// real bugs do, frees or checks them, and must reach its last line with the tracker's counts
+// matching what it really holds. Every damaged block has a size of its own, so that the report
+// and valgrind (on the -DK15_MEMORY_DISABLED build) can be compared block by block.
+#include <k15/memory.h>
+
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+namespace {
+
+void* volatile sink;
+volatile std::size_t one = 1;  // sizes the compiler cannot see through (no -Wstringop-overflow)
+
+struct Pose {
+    double x, y, z;
+};
+
+struct Base {
+    long base_id = 1;
+};
+struct Extra {
+    long extra_id = 2;
+};
+struct Both : Base, Extra {
+    long both_id = 3;
+};
+
+// The program's own idea of what it holds, checked against stats() at the end.
+std::uint64_t held_blocks = 0;
+
+[[gnu::noinline]] char* make(std::size_t size) {
+    char* block = K15_NEW char[size];  // ALLOC make
+    std::memset(block, 0, size);
+    sink = block;
+    return block;
+}
+
+[[gnu::noinline]] void release(char* block) { delete[] block; }  // RELEASE
+
+[[gnu::noinline]] void overrun_by_one() {
+    char* block = make(24);
+    block[24 * one] = 'A';  // WRITE overrun_by_one
+    release(block);
+}
+
+[[gnu::noinline]] void overrun_by_sixteen() {
+    // Made before the damaged block, the neighbour usually lies right behind it (the heap hands
+    // out a list's blocks downwards), where the 16 bytes reach its header.
+    char* neighbour = make(40);
+    char* block = make(40 + one - 1);
+    std::memset(block + 40, 'B', 16 * one);  // WRITE overrun_by_sixteen
+    release(block);
+    release(neighbour);
+}
+
+[[gnu::noinline]] void memcpy_overrun() {
+    Pose* pose = K15_NEW Pose;  // ALLOC pose
+    const char bytes[sizeof(Pose) + 1] = "0123456789abcdefghijklmn";
+    std::memcpy(static_cast<void*>(pose), bytes, sizeof(Pose) + one);  // WRITE memcpy_overrun
+    sink = pose;
+    delete pose;
+}
+
+[[gnu::noinline]] void underrun() {
+    char* block = make(56);
+    block[-static_cast<long>(one)] = 'U';  // WRITE underrun
+    release(block);
+}
+
+[[gnu::noinline]] void found_by_check_heap() {
+    char* first = make(72);
+    char* second = make(88);
+    first[72 * one] = 'C';     // WRITE check_heap first
+    second[-static_cast<long>(one)] = 'D';  // WRITE check_heap second
+    std::printf("check_heap: %zu\n", k15::memory::check_heap());
+    std::printf("check_heap again: %zu\n", k15::memory::check_heap());
+    release(first);
+    release(second);
+    char* kept = make(104);  // left live: the report at exit finds its damage
+    kept[104 * one + 3] = 'E';  // WRITE check_heap kept
+    held_blocks += 1;
+}
+
+[[gnu::noinline]] void smashed_header() {
+    // An overrun that wipes the whole header of the block behind it: the tracker's links, size
+    // and check word. The program goes on, frees what it can and writes its report.
+    char* victim = make(200);
+    char* block = make(200 + one - 1);
+    std::memset(block + 200, 'H', 96 * one);  // WRITE smashed_header
+    char* after = make(200);
+    release(block);
+    release(after);
+    release(victim);
+    std::printf("smashed: %s\n", victim == block + 272 ? "neighbour" : "elsewhere");
+}
+
+[[gnu::noinline]] void interior_delete() {
+    char* block = make(120);
+    release(block + 8 * one);  // INTERIOR small
+    char* large = make(1 << 20);
+    release(large + 5000 * one);  // INTERIOR large
+    release(block);
+    release(large);
+}
+
+[[gnu::noinline]] void second_base_delete() {
+    Both* both = K15_NEW Both;  // ALLOC both
+    Extra* extra = both;
+    sink = extra;
+    delete static_cast<Extra*>(sink);  // no virtual destructor: a pointer 8 bytes into the block
+    delete both;
+}
+
+struct alignas(64) Line {
+    char bytes[64];
+};
+
+[[gnu::noinline]] void first_delete(char* block) { delete[] block; }  // FIRST DELETE
+[[gnu::noinline]] void second_delete(char* block) { delete[] block; }  // SECOND DELETE
+[[gnu::noinline]] void first_delete_line(Line* line) { delete line; }
+[[gnu::noinline]] void second_delete_line(Line* line) { delete line; }
+
+[[gnu::noinline]] void free_twice(std::size_t size) {
+    char* block = make(size);
+    first_delete(block);
+    sink = block;
+    second_delete(static_cast<char*>(sink));
+}
+
+// Each block is freed twice, nothing allocated in between on the freeing thread (which would
+// reuse the block), except that the thread's own allocations come from other size classes.
+// One call site per size: valgrind lists an error once per distinct stack.
+[[gnu::noinline]] void double_frees() {
+    free_twice(24);
+    free_twice(64 << 10);
+    free_twice(1 << 20);
+    Line* line = K15_NEW Line;  // ALLOC line
+    first_delete_line(line);
+    sink = line;
+    second_delete_line(static_cast<Line*>(sink));
+    char* shared = make(3000);
+    std::thread([shared] { first_delete(shared); }).join();
+    sink = shared;
+    second_delete(static_cast<char*>(sink));
+}
+
+// Writes after delete, run with quarantine=64K: one found by check_heap(), one when it leaves
+// the quarantine (pushed out by later frees), one by the report at exit.
+[[gnu::noinline]] char* freed(std::size_t size) {
+    char* block = make(size);
+    release(block);
+    sink = block;
+    return static_cast<char*>(sink);
+}
+
+[[gnu::noinline]] void use_after_free() {
+    char* first = freed(40);
+    first[5 * one] = 'Z';  // WRITE after free, found by check_heap
+    std::printf("uaf check_heap: %zu\n", k15::memory::check_heap());
+    char* second = freed(56);
+    second[0] = 'Y';  // WRITE after free, found when it leaves quarantine
+    for (int i = 0; i < 200; ++i) release(make(1000));
+    char* third = freed(72);
+    third[71 * one] = 'X';  // WRITE after free, found at exit
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const char* kind = argc > 1 ? argv[1] : "";
+    const auto is = [kind](const char* name) { return std::strcmp(kind, name) == 0; };
+    if (is("overrun_by_one")) overrun_by_one();
+    else if (is("overrun_by_sixteen")) overrun_by_sixteen();
+    else if (is("memcpy_overrun")) memcpy_overrun();
+    else if (is("underrun")) underrun();
+    else if (is("check_heap")) found_by_check_heap();
+    else if (is("smashed_header")) smashed_header();
+    else if (is("interior_delete")) interior_delete();
+    else if (is("second_base_delete")) second_base_delete();
+    else if (is("double_frees")) double_frees();
+    else if (is("use_after_free")) use_after_free();
+    else {
+        std::printf("unknown kind %s\n", kind);
+        return 2;
+    }
+    // The tracker still works: blocks come and go on this thread and another.
+    std::thread([] { release(make(32)); }).join();
+    release(make(48));
+    const k15::memory::Stats stats = k15::memory::stats();
+    std::printf("live blocks %llu, held %llu\n", static_cast<unsigned long long>(stats.live_blocks),
+                static_cast<unsigned long long>(held_blocks));
+    std::printf("last line\n");
+    return 0;
+}

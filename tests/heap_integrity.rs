@@ -1,0 +1,528 @@
+//! Heap damage is caught with stacks and survived: overruns and underruns found at `delete`, by
+//! `check_heap()` and at exit, each checked for its kind, stacks, offset and bytes, the program
+//! reaching its last line, the report written and `stats()` matching what the program holds;
+//! valgrind (on the -DK15_MEMORY_DISABLED build) agrees on which blocks were damaged. Sizes at
+//! the edge of the address space are refused by every `operator new` form.
+
+mod support;
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+
+const SOURCE: &str = "tests/cpp/heap_damage.cpp";
+
+/// The tracked and the plain build of the damage program, made once per test binary.
+fn programs() -> &'static (PathBuf, PathBuf) {
+    static BUILT: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let dir = support::scratch("heap_integrity");
+        let tracked = support::build(&dir, "heap_damage", &[SOURCE], &[]);
+        let plain = support::build(
+            &dir,
+            "heap_damage_plain",
+            &[SOURCE],
+            &["-DK15_MEMORY_DISABLED"],
+        );
+        (tracked, plain)
+    })
+}
+
+/// Runs one kind of damage under the tracker and checks what every kind must give: the program
+/// reached its last line, the report was written, and the live blocks are those it holds.
+fn run_kind(kind: &str) -> support::Run {
+    run_kind_losing(kind, 0)
+}
+
+/// As [`run_kind`], where `lost` blocks had their whole header overwritten: `stats()` keeps
+/// counting them (their size is gone with the header).
+fn run_kind_losing(kind: &str, lost: u64) -> support::Run {
+    run_kind_with(kind, lost, "")
+}
+
+/// As [`run_kind_losing`], with `options`.
+fn run_kind_with(kind: &str, lost: u64, options: &str) -> support::Run {
+    let run = support::run_with(&programs().0, kind, options, &[], &[kind]);
+    let stdout = run.stdout();
+    assert!(
+        run.output.status.success(),
+        "{kind}: {:?}\n{}",
+        run.output.status,
+        run.stderr()
+    );
+    assert!(stdout.contains("last line"), "{kind}: {stdout}");
+    assert!(!run.json.is_null(), "{kind}: no report written");
+    let held = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("live blocks "))
+        .expect("the stats line");
+    let (live, held) = held.split_once(", held ").unwrap();
+    let (live, held): (u64, u64) = (live.parse().unwrap(), held.parse().unwrap());
+    assert_eq!(
+        live,
+        held + lost,
+        "{kind}: stats() against what the program holds"
+    );
+    run
+}
+
+/// The damaged blocks valgrind names on the plain build, as ("after" | "before", size).
+fn valgrind_damaged(kind: &str) -> BTreeSet<(String, u64)> {
+    let out = Command::new("valgrind")
+        .args(["--error-exitcode=0"])
+        .arg(&programs().1)
+        .arg(kind)
+        .output()
+        .expect("valgrind is installed (.ci/run installs it)");
+    let text = String::from_utf8_lossy(&out.stderr);
+    text.lines()
+        .filter_map(|line| {
+            let (_, rest) = line.split_once(" bytes ")?;
+            let (direction, size) = rest.split_once(" a block of size ")?;
+            let size = size
+                .split_whitespace()
+                .next()?
+                .replace(',', "")
+                .parse()
+                .ok()?;
+            Some((direction.to_owned(), size))
+        })
+        .collect()
+}
+
+/// What the tracker names, in valgrind's terms.
+fn tracker_damaged(run: &support::Run) -> BTreeSet<(String, u64)> {
+    run.errors()
+        .iter()
+        .filter_map(|e| {
+            let direction = match e["kind"].as_str()? {
+                "overrun" => "after",
+                "underrun" => "before",
+                "invalid_free" if e["offset"].is_u64() => "inside",
+                "double_free" | "use_after_free" => "inside",
+                _ => return None,
+            };
+            Some((direction.to_owned(), e["size"].as_u64()?))
+        })
+        .collect()
+}
+
+fn function_names(stack: &Value) -> Vec<String> {
+    stack
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["function"].as_str().unwrap_or("??").to_owned())
+        .collect()
+}
+
+/// The one error of a run, checked for kind, size, bytes, the allocation site and both stacks.
+fn only_error<'a>(run: &'a support::Run, kind: &str, size: u64) -> &'a Value {
+    assert_eq!(run.errors().len(), 1, "{}", run.text);
+    let error = &run.errors()[0];
+    assert_eq!(error["kind"], kind, "{}", run.text);
+    assert_eq!(error["size"], size, "{}", run.text);
+    let alloc = function_names(&error["alloc_stack"]);
+    assert!(alloc.iter().any(|f| f == "main"), "{alloc:?}");
+    assert!(!error["free_stack"].as_array().unwrap().is_empty());
+    assert_eq!(
+        run.stderr()
+            .matches(&format!("Memory error: {kind}"))
+            .count(),
+        1
+    );
+    error
+}
+
+fn agrees_with_valgrind(kind: &str, run: &support::Run) {
+    assert_eq!(
+        tracker_damaged(run),
+        valgrind_damaged(kind),
+        "{kind}: tracker and valgrind name different blocks\n{}",
+        run.text
+    );
+}
+
+#[test]
+fn a_one_byte_overrun_is_reported_at_delete_with_its_byte() {
+    let run = run_kind("overrun_by_one");
+    let error = only_error(&run, "overrun", 24);
+    assert_eq!(error["offset"], 24);
+    assert_eq!(error["bytes"], "41");
+    assert_eq!(error["file"], SOURCE);
+    assert_eq!(error["line"], support::line_of(SOURCE, "// ALLOC make"));
+    let freed = function_names(&error["free_stack"]);
+    assert!(freed[0].contains("release"), "{freed:?}");
+    assert!(freed[1].contains("overrun_by_one"), "{freed:?}");
+    assert!(
+        run.text
+            .contains("written past its end: 1 byte at offset 24: 41"),
+        "{}",
+        run.text
+    );
+    assert_eq!(run.leaks().len(), 0);
+    agrees_with_valgrind("overrun_by_one", &run);
+}
+
+#[test]
+fn a_sixteen_byte_overrun_into_the_next_block_is_survived() {
+    let run = run_kind("overrun_by_sixteen");
+    assert_eq!(
+        run.error_kinds(),
+        ["overrun", "heap_corruption"],
+        "{}",
+        run.text
+    );
+    let (error, neighbour) = (&run.errors()[0], &run.errors()[1]);
+    assert_eq!(error["size"], 40);
+    assert_eq!(error["offset"], 40);
+    assert_eq!(error["bytes"], "42 42 42 42 42 42 42 42");
+    // The other 8 bytes overwrote the list link at the start of the next block's header (112
+    // bytes on: header, 40 bytes, guard): found by the report's walk and the list repaired.
+    let address =
+        |e: &Value| u64::from_str_radix(&e["address"].as_str().unwrap()[2..], 16).unwrap();
+    assert_eq!(address(neighbour), address(error) + 112, "{}", run.text);
+    assert_eq!(neighbour["offset"], -64);
+    assert!(neighbour["bytes"]
+        .as_str()
+        .unwrap()
+        .starts_with("42 42 42 42 42 42 42 42 "));
+    assert!(neighbour["detail"]
+        .as_str()
+        .unwrap()
+        .contains("list was repaired"));
+    assert_eq!(run.leaks().len(), 0, "{}", run.text);
+    agrees_with_valgrind("overrun_by_sixteen", &run);
+}
+
+#[test]
+fn a_memcpy_one_byte_too_long_into_an_object_is_an_overrun() {
+    let run = run_kind("memcpy_overrun");
+    let error = only_error(&run, "overrun", 24);
+    assert_eq!(error["offset"], 24);
+    assert_eq!(error["bytes"], "00", "the string's terminating zero");
+    assert_eq!(error["line"], support::line_of(SOURCE, "// ALLOC pose"));
+    agrees_with_valgrind("memcpy_overrun", &run);
+}
+
+#[test]
+fn a_one_byte_underrun_is_an_underrun_and_the_block_is_freed() {
+    let run = run_kind("underrun");
+    let error = only_error(&run, "underrun", 56);
+    assert_eq!(error["offset"], -1);
+    assert_eq!(error["bytes"], "55");
+    assert_eq!(run.leaks().len(), 0, "the block was freed: {}", run.text);
+    assert!(run.text.contains("No leaks"), "{}", run.text);
+    agrees_with_valgrind("underrun", &run);
+}
+
+#[test]
+fn check_heap_finds_damage_once_and_the_exit_report_finds_the_rest() {
+    let run = run_kind("check_heap");
+    let stdout = run.stdout();
+    assert!(stdout.contains("check_heap: 2\n"), "{stdout}");
+    assert!(
+        stdout.contains("check_heap again: 0\n"),
+        "repaired: {stdout}"
+    );
+    let errors = run.errors();
+    let found: Vec<(&str, u64, &str)> = errors
+        .iter()
+        .map(|e| {
+            (
+                e["kind"].as_str().unwrap(),
+                e["size"].as_u64().unwrap(),
+                e["detail"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    let mut by_check: Vec<_> = found[..2].to_vec();
+    by_check.sort();
+    assert_eq!(
+        by_check,
+        [
+            ("overrun", 72, "found by check_heap()"),
+            ("underrun", 88, "found by check_heap()")
+        ],
+        "{}",
+        run.text
+    );
+    assert_eq!(
+        found[2],
+        ("overrun", 104, "found by the report's heap check")
+    );
+    assert_eq!(errors[2]["offset"], 107);
+    for error in &errors[..2] {
+        let checked = function_names(&error["free_stack"]);
+        assert!(checked[0].contains("found_by_check_heap"), "{checked:?}");
+        assert!(error["freed_with"].is_null());
+    }
+    assert_eq!(run.leaks().len(), 1);
+    assert_eq!(run.leaks()[0]["size"], 104);
+    agrees_with_valgrind("check_heap", &run);
+}
+
+#[test]
+fn every_operator_new_form_refuses_sizes_at_the_edge_of_the_address_space() {
+    let dir = support::scratch("edge_sizes");
+    let exe = support::build(&dir, "edge_sizes", &["tests/cpp/edge_sizes.cpp"], &[]);
+    for (seed, options) in [
+        ("1", "stack_depth=0"),
+        ("2", ""),
+        ("3", "stack_depth=0:budget=16M"),
+    ] {
+        let run = support::run_with(&exe, &format!("edge_{seed}"), options, &[], &[seed, "3000"]);
+        let stdout = run.stdout();
+        assert!(run.output.status.success(), "{options}: {}", run.stderr());
+        assert!(
+            stdout.contains("refused 3000 of 3000, wrong 0"),
+            "{options}: {stdout}"
+        );
+        assert!(stdout.contains("counts unchanged: yes"), "{stdout}");
+        assert!(stdout.contains("ordinary blocks misaligned: 0"), "{stdout}");
+        assert!(stdout.contains("last line"));
+        assert_eq!(run.leaks().len(), 0, "{}", run.text);
+    }
+}
+
+#[test]
+fn a_delete_inside_a_block_names_the_block_and_frees_nothing() {
+    let run = run_kind("interior_delete");
+    let errors = run.errors();
+    assert_eq!(
+        run.error_kinds(),
+        ["invalid_free", "invalid_free"],
+        "{}",
+        run.text
+    );
+    assert_eq!(
+        (errors[0]["size"].as_u64(), errors[0]["offset"].as_u64()),
+        (Some(120), Some(8))
+    );
+    assert_eq!(
+        (errors[1]["size"].as_u64(), errors[1]["offset"].as_u64()),
+        (Some(1 << 20), Some(5000))
+    );
+    for error in errors {
+        assert_eq!(error["line"], support::line_of(SOURCE, "// ALLOC make"));
+        assert!(function_names(&error["alloc_stack"])
+            .iter()
+            .any(|f| f.contains("interior_delete")));
+    }
+    assert!(run
+        .text
+        .contains("delete[] of a pointer 8 bytes into a live block of 120 bytes"));
+    assert_eq!(
+        run.leaks().len(),
+        0,
+        "the blocks were freed afterwards: {}",
+        run.text
+    );
+    agrees_with_valgrind("interior_delete", &run);
+}
+
+#[test]
+fn a_delete_through_a_second_base_class_names_the_object() {
+    let run = run_kind("second_base_delete");
+    let error = only_error(&run, "invalid_free", 24);
+    assert_eq!(error["offset"], 8);
+    assert_eq!(error["line"], support::line_of(SOURCE, "// ALLOC both"));
+    agrees_with_valgrind("second_base_delete", &run);
+}
+
+#[test]
+fn an_overrun_that_wipes_the_next_header_is_reported_and_the_report_still_written() {
+    let run = run_kind_losing("smashed_header", 1);
+    assert!(
+        run.stdout().contains("smashed: neighbour"),
+        "the layout this test relies on"
+    );
+    let kinds = run.error_kinds();
+    assert_eq!(kinds[0], "overrun", "{}", run.text);
+    assert_eq!(
+        kinds[1], "heap_corruption",
+        "at the victim's delete: {}",
+        run.text
+    );
+    assert!(
+        kinds[2..].iter().all(|k| k == "heap_corruption"),
+        "{kinds:?}"
+    );
+    let victim = &run.errors()[1];
+    assert_eq!(victim["offset"], -64);
+    assert_eq!(
+        victim["bytes"],
+        "48 48 48 48 48 48 48 48 48 48 48 48 48 48 48 48"
+    );
+    assert!(victim["detail"]
+        .as_str()
+        .unwrap()
+        .contains("no longer tracked"));
+    assert!(run.text.contains("SUMMARY"), "{}", run.text);
+    agrees_with_valgrind("smashed_header", &run);
+}
+
+#[test]
+fn a_double_free_names_the_first_delete_with_free_stacks() {
+    let sizes = [24, 64 << 10, 1 << 20, 64, 3000];
+    let run = run_kind_with("double_frees", 0, "free_stacks=1");
+    assert_eq!(run.error_kinds(), ["double_free"; 5], "{}", run.text);
+    for (error, size) in run.errors().iter().zip(sizes) {
+        assert_eq!(error["size"], size, "{}", run.text);
+        let first = function_names(&error["previous_free_stack"]);
+        let second = function_names(&error["free_stack"]);
+        assert!(first[0].contains("first_delete"), "{size}: {first:?}");
+        assert!(second[0].contains("second_delete"), "{size}: {second:?}");
+    }
+    // The block freed first on another thread: its first delete ran there.
+    let other = function_names(&run.errors()[4]["previous_free_stack"]);
+    assert!(!other.iter().any(|f| f == "main"), "{other:?}");
+    assert_eq!(
+        run.text.matches("first released from:").count(),
+        5,
+        "{}",
+        run.text
+    );
+    agrees_with_valgrind("double_frees", &run);
+
+    // Off by default (each delete would pay a stack capture): no previous stack then.
+    let plain = run_kind("double_frees");
+    assert_eq!(plain.error_kinds(), ["double_free"; 5]);
+    assert!(plain
+        .errors()
+        .iter()
+        .all(|e| e.get("previous_free_stack").is_none()));
+}
+
+#[test]
+fn break_on_stops_in_the_debugger_at_the_allocation_the_report_numbers() {
+    let run = run_kind("check_heap");
+    let leak = &run.leaks()[0];
+    let (thread, seq) = (
+        leak["thread"].as_u64().unwrap(),
+        leak["seq"].as_u64().unwrap(),
+    );
+    assert!(run
+        .text
+        .contains(&format!("blocks (thread/seq): {thread}/{seq}")));
+    let options = format!("break_on={thread}/{seq}:report=0");
+
+    // Without a debugger, SIGTRAP ends the program there, before its last line.
+    let alone = support::run_with(&programs().0, "break_alone", &options, &[], &["check_heap"]);
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        alone.output.status.signal(),
+        Some(5),
+        "{:?}",
+        alone.output.status
+    );
+    assert!(!alone.stdout().contains("last line"));
+    assert!(alone
+        .stderr()
+        .contains(&format!("break_on={thread}/{seq}: allocation of 104 bytes")));
+
+    // README's recipe: gdb stops inside the allocation; the stack shows who made the block.
+    let gdb = Command::new("timeout")
+        .args(["120", "gdb", "-batch", "-nx", "-ex", "run", "-ex", "bt"])
+        .arg("--args")
+        .arg(&programs().0)
+        .arg("check_heap")
+        .env("K15_MEMORY_OPTIONS", &options)
+        .output()
+        .expect("gdb is installed");
+    let text = String::from_utf8_lossy(&gdb.stdout);
+    assert!(text.contains("SIGTRAP"), "{text}");
+    let frames = text
+        .lines()
+        .filter(|l| l.starts_with('#'))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(frames.contains("make"), "{frames}");
+    assert!(frames.contains("found_by_check_heap"), "{frames}");
+}
+
+#[test]
+fn writes_after_delete_are_caught_by_the_quarantine() {
+    let run = run_kind_with("use_after_free", 0, "quarantine=64K");
+    assert!(
+        run.stdout().contains("uaf check_heap: 1\n"),
+        "{}",
+        run.stdout()
+    );
+    assert_eq!(run.error_kinds(), ["use_after_free"; 3], "{}", run.text);
+    let errors = run.errors();
+    let found: Vec<(u64, i64, &str, &str)> = errors
+        .iter()
+        .map(|e| {
+            (
+                e["size"].as_u64().unwrap(),
+                e["offset"].as_i64().unwrap(),
+                e["bytes"].as_str().unwrap(),
+                e["detail"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        found,
+        [
+            (40, 5, "5a", "found by check_heap()"),
+            (56, 0, "59", "found when the block left quarantine"),
+            (72, 71, "58", "found by the report's heap check"),
+        ],
+        "{}",
+        run.text
+    );
+    for error in errors {
+        assert!(function_names(&error["alloc_stack"])
+            .iter()
+            .any(|f| f.contains("freed")));
+        let freed_by = function_names(&error["previous_free_stack"]);
+        assert!(
+            freed_by[0].contains("release") && freed_by[1].contains("freed"),
+            "{freed_by:?}"
+        );
+    }
+    let checked = function_names(&errors[0]["free_stack"]);
+    assert!(checked[0].contains("use_after_free"), "{checked:?}");
+    assert!(run.text.contains("freed from:"), "{}", run.text);
+    agrees_with_valgrind("use_after_free", &run);
+
+    // Without quarantine, nothing is caught (and nothing breaks).
+    let off = run_kind("use_after_free");
+    assert!(off.error_kinds().is_empty(), "{}", off.text);
+}
+
+#[test]
+fn random_overruns_of_any_length_never_crash_the_tracker() {
+    let dir = support::scratch("random_overruns");
+    let exe = support::build(
+        &dir,
+        "random_overruns",
+        &["tests/cpp/random_overruns.cpp"],
+        &[],
+    );
+    for seed in 1..=6 {
+        for longest in ["8", "64", "300"] {
+            let seed = seed.to_string();
+            let run = support::run_with(&exe, "overruns", "stack_depth=2", &[], &[&seed, longest]);
+            let what = format!("seed {seed}, overruns up to {longest} bytes");
+            assert!(
+                run.output.status.success(),
+                "{what}: {:?}\n{}",
+                run.output.status,
+                run.stderr()
+            );
+            assert!(run.stdout().contains("last line"), "{what}");
+            assert!(run.text.contains("SUMMARY"), "{what}: no report");
+            let kinds = run.error_kinds();
+            assert!(kinds.iter().any(|k| k == "overrun"), "{what}: {kinds:?}");
+            assert!(
+                kinds
+                    .iter()
+                    .all(|k| ["overrun", "heap_corruption", "invalid_free"].contains(&k.as_str())),
+                "{what}: {kinds:?}"
+            );
+        }
+    }
+}
