@@ -60,6 +60,8 @@ pub struct Report {
     /// [`is_rust_runtime_setup`]): live at exit, but no leak of the program's.
     pub runtime_blocks: usize,
     pub stats: crate::ffi::Stats,
+    /// Threads whose lists could not be settled (see `StoppedWorld`): listed as they were.
+    pub unsettled_threads: Vec<u32>,
     stacks: HashMap<StackId, Vec<Frame>>,
 }
 
@@ -88,7 +90,9 @@ impl Report {
                 }
             }));
         }
+        let unsettled_threads = world.unsettled_threads();
         drop(world);
+        leaks.retain(|l| !crate::tracker::fork::inherited(l.thread, l.seq));
         leaks.sort_by_key(|l| (l.thread, l.seq));
         crate::engine::for_each_live_block(&mut |info, block| {
             leaks.push(Leak {
@@ -124,6 +128,7 @@ impl Report {
             error_count,
             runtime_blocks,
             stats: crate::tracker::stats(),
+            unsettled_threads,
             stacks,
         }
     }

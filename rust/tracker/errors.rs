@@ -114,6 +114,14 @@ pub fn all() -> (Vec<MemoryError>, usize) {
     (log.kept.clone(), log.total)
 }
 
+/// In a forked child: the errors so far were the parent's, which reports them.
+pub(crate) fn forget_inherited() {
+    *log() = ErrorLog {
+        kept: Vec::new(),
+        total: 0,
+    };
+}
+
 /// Held by `fork` (see `tracker::fork`).
 pub(crate) fn lock_for_fork() -> MutexGuard<'static, ErrorLog> {
     log()

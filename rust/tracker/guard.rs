@@ -1,12 +1,17 @@
 //! Per-thread state: the reentrancy guard ("inside the tracker"), the thread's number, its
-//! shard of the live lists, its allocation sequence, and what happens at its exit.
+//! shard of the live lists, its allocation sequence, the frees its signal handlers deferred,
+//! and what happens at its exit.
 //!
 //! The thread-local is `const`-initialised and has no `Drop`: C++ `thread_local` destructors
 //! call `delete` at thread exit, after Rust TLS destructors would have run.
 
 use super::live_list::{self, ThreadShard};
 use core::cell::Cell;
-use core::sync::atomic::{AtomicU32, Ordering};
+use crate::ffi::BlockKind;
+use core::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+
+/// Frees a thread's signal handlers may defer before the thread next leaves the tracker.
+const DEFERRED_CAPACITY: usize = 128;
 
 struct ThreadState {
     inside_tracker: Cell<bool>,
@@ -18,6 +23,10 @@ struct ThreadState {
     shard: Cell<Option<ThreadShard>>,
     /// Whether the thread-exit destructor is set for this thread.
     exit_hook_armed: Cell<bool>,
+    /// Frees that signal handlers of this thread could not complete (see [`DeferredFree`]);
+    /// atomics so a handler's push and the thread's pop cannot lose an entry to each other.
+    deferred_len: AtomicUsize,
+    deferred: [AtomicUsize; DEFERRED_CAPACITY],
 }
 
 thread_local! {
@@ -28,6 +37,8 @@ thread_local! {
             allocations: Cell::new(0),
             shard: Cell::new(None),
             exit_hook_armed: Cell::new(false),
+            deferred_len: AtomicUsize::new(0),
+            deferred: [const { AtomicUsize::new(0) }; DEFERRED_CAPACITY],
         }
     };
 }
@@ -65,6 +76,81 @@ impl Inside {
         t.allocations.set(seq);
         (me_of(t), seq)
     }
+}
+
+/// Whether the calling thread is inside the tracker (allocating, or on a slow path of a free):
+/// then a signal handler's free must wait (see [`DeferredFree`]).
+#[inline]
+pub fn inside() -> bool {
+    this_thread().inside_tracker.get()
+}
+
+/// A free that a signal handler could not complete because it interrupted its own thread inside
+/// the tracker (which may hold the locks and lists the free needs): kept on the thread and
+/// applied when the thread leaves the tracker. A live block is claimed at once, so a report
+/// in between does not list it and a second free of it is a double free.
+#[derive(Clone, Copy)]
+pub struct DeferredFree {
+    pub ptr: *mut u8,
+    pub kind: BlockKind,
+    pub claimed: bool,
+}
+
+impl DeferredFree {
+    /// Blocks are 16-aligned: the kind and the claim fit in the pointer's low bits.
+    fn pack(self) -> usize {
+        self.ptr as usize | (self.kind.repr as usize) << 1 | self.claimed as usize
+    }
+
+    fn unpack(word: usize) -> DeferredFree {
+        DeferredFree {
+            ptr: (word & !0xf) as *mut u8,
+            kind: BlockKind {
+                repr: ((word >> 1) & 0x7) as u8,
+            },
+            claimed: word & 1 != 0,
+        }
+    }
+}
+
+/// Keeps `free` for the thread to apply; false when the thread's record is full.
+/// Async-signal-safe: a handler interrupting another push or a pop loses nothing.
+pub fn defer(free: DeferredFree) -> bool {
+    let t = this_thread();
+    // Reserve the slot first: a nested handler arriving before the store takes the next one.
+    let at = t.deferred_len.fetch_add(1, Ordering::Relaxed);
+    if at >= DEFERRED_CAPACITY {
+        t.deferred_len.fetch_sub(1, Ordering::Relaxed);
+        return false;
+    }
+    t.deferred[at].store(free.pack(), Ordering::Relaxed);
+    true
+}
+
+/// The last deferred free of the calling thread, taken off its record.
+pub fn take_deferred() -> Option<DeferredFree> {
+    let t = this_thread();
+    loop {
+        let len = t.deferred_len.load(Ordering::Relaxed);
+        if len == 0 {
+            return None;
+        }
+        let word = t.deferred[len - 1].load(Ordering::Relaxed);
+        // Fails when a handler pushed in between; its entry is then the last one.
+        if t
+            .deferred_len
+            .compare_exchange(len, len - 1, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            return Some(DeferredFree::unpack(word));
+        }
+    }
+}
+
+/// Whether the calling thread has deferred frees waiting.
+#[inline]
+pub fn has_deferred() -> bool {
+    this_thread().deferred_len.load(Ordering::Relaxed) != 0
 }
 
 /// The calling thread, for the live lists.
@@ -125,6 +211,7 @@ pub fn arm_thread_exit() {
 extern "C" fn at_thread_exit(_: *mut libc::c_void) {
     let t = this_thread();
     t.exit_hook_armed.set(false);
+    super::apply_deferred_frees();
     let Some(shard) = t.shard.take() else {
         return; // no shard, so no heap lists either (they are parked on the shard)
     };
@@ -149,6 +236,16 @@ fn number_of(t: &ThreadState) -> u32 {
     }
 }
 
+/// How many blocks the calling thread has allocated (the `seq` of its last one).
+pub fn allocations_so_far() -> u32 {
+    this_thread().allocations.get()
+}
+
+/// The number the next thread to allocate will get.
+pub fn next_thread_number() -> u32 {
+    NEXT_THREAD_NUMBER.load(Ordering::Relaxed)
+}
+
 #[cold]
 fn assign_thread_number(t: &ThreadState) -> u32 {
     let number = NEXT_THREAD_NUMBER.fetch_add(1, Ordering::Relaxed);
@@ -160,6 +257,9 @@ impl Drop for Inside {
     #[inline]
     fn drop(&mut self) {
         self.0.inside_tracker.set(false);
+        if self.0.deferred_len.load(Ordering::Relaxed) != 0 {
+            super::apply_deferred_frees();
+        }
     }
 }
 

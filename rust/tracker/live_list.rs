@@ -76,6 +76,25 @@ impl SpinLock {
         }
     }
 
+    /// Locks, unless the lock stays held for longer than [`PATIENCE`] (its holder is gone or
+    /// stuck): then false.
+    #[cold]
+    fn lock_within(&self, holder: u32) -> bool {
+        let mut waited = Patience::new();
+        loop {
+            if self
+                .0
+                .compare_exchange_weak(0, holder, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
+                return true;
+            }
+            if !waited.more() {
+                return false;
+            }
+        }
+    }
+
     #[inline]
     fn held_by(&self, holder: u32) -> bool {
         self.0.load(Ordering::Relaxed) == holder
@@ -322,6 +341,9 @@ impl HeldShard<'_> {
             if !head.is_null() {
                 (*head).prev = header;
             }
+            // The block is complete before the head names it: an exit report run by a signal
+            // handler that interrupted this thread here walks the list as it stands.
+            compiler_fence(Ordering::Release);
             *s.head.get() = header;
         }
     }
@@ -415,35 +437,98 @@ impl Drop for HeldShard<'_> {
     }
 }
 
+/// A set of shards, one bit each.
+#[derive(Clone, Copy, Default)]
+struct ShardSet([u64; SHARD_COUNT / 64]);
+
+impl ShardSet {
+    fn insert(&mut self, index: usize) {
+        self.0[index / 64] |= 1 << (index % 64);
+    }
+
+    fn contains(&self, index: usize) -> bool {
+        self.0[index / 64] & (1 << (index % 64)) != 0
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.iter().all(|&word| word == 0)
+    }
+}
+
+/// Set when the exit report runs on a thread that a signal handler interrupted inside the
+/// tracker: that thread may hold a heap class lock or be in the middle of a list, so from then
+/// on queued frees are no longer settled (they stay claimed: no report lists them).
+static SETTLING_STOPPED: AtomicBool = AtomicBool::new(false);
+
+/// Stops settling queued frees for the rest of the process (see [`SETTLING_STOPPED`]).
+pub fn stop_settling() {
+    SETTLING_STOPPED.store(true, Ordering::Relaxed);
+}
+
+/// Whether thread `me` is in the middle of a change of its shard `shard` (a signal handler
+/// interrupted it there).
+pub fn is_changing(me: u32, shard: ThreadShard) -> bool {
+    let s = &SHARDS[shard.index as usize];
+    (shard.owned && s.busy.load(Ordering::Relaxed) != 0) || s.lock.held_by(me)
+}
+
+/// How long stopping the world waits for one shard before it gives up on it: its holder is
+/// gone (a thread that ended inside the tracker) or not coming back. A live holder lets go
+/// within microseconds.
+const PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Every shard held by one thread, its owner excluded: for the report, `stats()`, `fork` and
-/// settling queued frees. Never taken while the thread holds a shard.
-pub struct StoppedWorld(());
+/// settling queued frees. Never taken while the thread holds a shard, except by a signal
+/// handler (an `exit` in a handler runs the report): shards the calling thread itself holds,
+/// and shards whose holder does not let go within [`PATIENCE`], are left *unsettled* (not
+/// held; their lists read as they are) rather than waited for forever.
+pub struct StoppedWorld {
+    locked: ShardSet,
+    unsettled: ShardSet,
+}
 
 impl StoppedWorld {
     /// Stops every owner at its next change of its shard (and waits for changes under way),
-    /// then settles every queued free, so the lists and counters are exact. `holder` is the
-    /// calling thread's number, or [`FORK_HOLDER`].
+    /// then settles every queued free it can, so the lists and counters are exact unless some
+    /// shard is [`unsettled`](Self::unsettled_threads). `holder` is the calling thread's number,
+    /// or [`FORK_HOLDER`].
     pub fn stop(holder: u32) -> StoppedWorld {
+        let mut world = StoppedWorld {
+            locked: ShardSet::default(),
+            unsettled: ShardSet::default(),
+        };
         // In index order; nobody waits for a second shard lock while holding one otherwise.
-        for shard in &SHARDS {
-            shard.lock.lock(holder);
+        for (index, shard) in SHARDS.iter().enumerate() {
+            // Held by this very thread: a signal handler interrupted it inside the tracker.
+            let mine = holder != FORK_HOLDER && shard.lock.held_by(holder);
+            if mine || !shard.lock.lock_within(holder) {
+                world.unsettled.insert(index);
+                continue;
+            }
+            world.locked.insert(index);
             shard.revoked.store(true, Ordering::Relaxed);
         }
         crate::sys::process_barrier();
-        for shard in &SHARDS {
-            let mut spins = 0u32;
-            while shard.busy.load(Ordering::Acquire) != 0 {
-                spins += 1;
-                if spins < 128 {
-                    core::hint::spin_loop();
-                } else {
-                    std::thread::yield_now();
-                }
+        for (index, shard) in SHARDS.iter().enumerate() {
+            if world.locked.contains(index) && !shard.wait_until_idle(holder) {
+                world.unsettled.insert(index);
             }
         }
-        let world = StoppedWorld(());
-        world.settle_pending();
+        if !SETTLING_STOPPED.load(Ordering::Relaxed) {
+            world.settle_pending();
+        }
         world
+    }
+
+    /// Whether blocks of shard `index` may be taken off its list: the shard is held, and
+    /// settling was not stopped for an exit from a signal handler.
+    pub fn can_settle(&self, index: u8) -> bool {
+        !self.unsettled.contains(index as usize) && !SETTLING_STOPPED.load(Ordering::Relaxed)
+    }
+
+    /// Whether every shard is held.
+    pub fn all_settled(&self) -> bool {
+        self.unsettled.is_empty()
     }
 
     pub fn shards(&self) -> impl Iterator<Item = HeldShard<'static>> + '_ {
@@ -453,20 +538,46 @@ impl StoppedWorld {
         })
     }
 
+    /// The owners of the shards that could not be settled (0: a thread that has exited, or the
+    /// threads sharing a guest shard): their lists were read as they were, which may be in the
+    /// middle of a change.
+    pub fn unsettled_threads(&self) -> Vec<u32> {
+        (0..SHARD_COUNT)
+            .filter(|&index| self.unsettled.contains(index))
+            .map(|index| match SHARDS[index].owner.load(Ordering::Relaxed) {
+                NO_OWNER | GUEST => 0,
+                owner => owner,
+            })
+            .collect()
+    }
+
     /// Takes every queued block off its list and frees it; blocks whose cookie no longer says
     /// they were claimed are skipped (a racing second free got there first, or the block was
-    /// freed and reused since: a double free reported then).
+    /// freed and reused since: a double free reported then). Queues of unsettled shards, and
+    /// blocks on unsettled shards, stay queued for the next stop.
     fn settle_pending(&self) {
-        for queue in &SHARDS {
+        for (index, queue) in SHARDS.iter().enumerate() {
+            if self.unsettled.contains(index) {
+                continue;
+            }
             let len = queue.pending_len.load(Ordering::Relaxed) as usize;
+            let mut kept = 0;
             for at in 0..len {
                 // SAFETY: the world is stopped; entries below `len` were written by the owner.
                 let header = unsafe { (*queue.pending.get())[at] };
+                // SAFETY: a claimed block is ours, not yet given back, and on its shard's list.
+                let shard = unsafe { (*header).shard } as usize;
+                if self.unsettled.contains(shard) {
+                    // SAFETY: as above; `kept <= at`.
+                    unsafe { (*queue.pending.get())[kept] = header };
+                    kept += 1;
+                    continue;
+                }
                 // SAFETY: the block was claimed (so it is ours and not yet given back); the
                 // cookie check tells whether it still is.
                 unsafe { super::settle_claimed_block(header, self) };
             }
-            queue.pending_len.store(0, Ordering::Relaxed);
+            queue.pending_len.store(kept as u32, Ordering::Relaxed);
         }
     }
 
@@ -490,10 +601,56 @@ impl StoppedWorld {
 
 impl Drop for StoppedWorld {
     fn drop(&mut self) {
-        for shard in &SHARDS {
-            shard.revoked.store(false, Ordering::Relaxed);
-            shard.lock.unlock();
+        for (index, shard) in SHARDS.iter().enumerate() {
+            if self.locked.contains(index) {
+                shard.revoked.store(false, Ordering::Relaxed);
+                shard.lock.unlock();
+            }
         }
+    }
+}
+
+impl Shard {
+    /// Waits, the shard's lock held and `revoked` set, until its owner is not in the middle of
+    /// a change; false when it never will be: the owner is the calling thread (interrupted by a
+    /// signal handler mid-change), has exited mid-change, or does not finish within
+    /// [`PATIENCE`].
+    fn wait_until_idle(&self, holder: u32) -> bool {
+        let mut waited = Patience::new();
+        while self.busy.load(Ordering::Acquire) != 0 {
+            let owner = self.owner.load(Ordering::Relaxed);
+            if owner == NO_OWNER || owner == holder || !waited.more() {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// A bounded spin: spins, then yields, until [`PATIENCE`] is spent.
+struct Patience {
+    spins: u32,
+    since: Option<std::time::Instant>,
+}
+
+impl Patience {
+    fn new() -> Self {
+        Patience {
+            spins: 0,
+            since: None,
+        }
+    }
+
+    /// Waits a little; false once the patience is spent.
+    fn more(&mut self) -> bool {
+        self.spins += 1;
+        if self.spins < 128 {
+            core::hint::spin_loop();
+            return true;
+        }
+        std::thread::yield_now();
+        let since = *self.since.get_or_insert_with(std::time::Instant::now);
+        since.elapsed() < PATIENCE
     }
 }
 

@@ -7,7 +7,7 @@
 
 pub mod budget;
 pub mod errors;
-mod fork;
+pub mod fork;
 pub mod guard;
 pub mod header;
 mod heap;
@@ -118,6 +118,7 @@ pub fn deallocate(ptr: *mut u8, kind: BlockKind, start: impl Fn() -> StartFrame 
                 raw::release(header, raw_offset);
             }
         }
+        Lookup::Freed { .. } | Lookup::Foreign if guard::inside() => defer_free(ptr, kind, None),
         Lookup::Freed { size, alloc_stack } => bad_free(|| MemoryError {
             size,
             alloc_stack,
@@ -131,6 +132,11 @@ pub fn deallocate(ptr: *mut u8, kind: BlockKind, start: impl Fn() -> StartFrame 
 
 #[inline]
 fn free_live(header: *mut BlockHeader, kind: BlockKind, start: impl Fn() -> StartFrame + Copy) {
+    // A signal handler that interrupted its thread inside the tracker: the thread may hold what
+    // this free needs (a lock, its shard's list), so the free waits for the thread to leave.
+    if guard::inside() {
+        return defer_free(BlockHeader::user_ptr(header), kind, Some(header));
+    }
     // SAFETY: lookup saw a LIVE cookie; the fields read before holding the shard are only used
     // to find it, and everything is checked again once it is held.
     let (shard, allocated_with) = unsafe { ((*header).shard, (*header).kind) };
@@ -138,20 +144,15 @@ fn free_live(header: *mut BlockHeader, kind: BlockKind, start: impl Fn() -> Star
         report_mismatch(header, kind, start());
     }
     let me = guard::me();
-    let own = shard == me.shard.index;
-    let held = if own {
-        // Indexed by the thread's own shard, not the header's: the header may still be on its
-        // way from memory, and the shard's loads and stores should not wait for it.
-        SHARDS[me.shard.index as usize].hold(me.number, me.shard.owned)
-    } else {
-        match SHARDS[shard as usize].lock_unowned(me.number) {
-            Ok(held) => Some(held),
-            Err(NotHeld::Owned) => return free_remote(header, kind, start, me),
-            Err(NotHeld::Reentered) => None,
-        }
+    if shard != me.shard.index {
+        return free_on_other_list(header, shard, kind, start, me);
+    }
+    // Indexed by the thread's own shard, not the header's: the header may still be on its way
+    // from memory, and the shard's loads and stores should not wait for it.
+    let Some(held) = SHARDS[me.shard.index as usize].hold(me.number, me.shard.owned) else {
+        // A signal handler freeing while its thread changes this shard.
+        return defer_free(BlockHeader::user_ptr(header), kind, Some(header));
     };
-    // None: a signal handler freeing while its thread holds this shard; the block stays live.
-    let Some(held) = held else { return };
     // SAFETY: with the shard held, a LIVE cookie and this shard mean the block is on this
     // list; a racing second free of the same pointer sees FREED or CLAIMED here instead.
     unsafe {
@@ -159,10 +160,80 @@ fn free_live(header: *mut BlockHeader, kind: BlockKind, start: impl Fn() -> Star
             drop(held);
             return deallocate_raced(header, kind, start());
         }
-        if own {
-            free_on_own_list(held, header);
+        free_on_own_list(held, header);
+    }
+}
+
+/// Frees a block of another shard: under that shard's lock when nobody owns it, else claimed
+/// and queued. Inside the tracker, since the locks it takes are not reentrant.
+#[cold]
+#[inline(never)]
+fn free_on_other_list(
+    header: *mut BlockHeader,
+    shard: u8,
+    kind: BlockKind,
+    start: impl Fn() -> StartFrame + Copy,
+    me: guard::Me,
+) {
+    let Some(_inside) = Inside::enter() else {
+        return defer_free(BlockHeader::user_ptr(header), kind, Some(header));
+    };
+    let held = match SHARDS[shard as usize].lock_unowned(me.number) {
+        Ok(held) => held,
+        Err(NotHeld::Owned) => return free_remote(header, kind, start, me),
+        Err(NotHeld::Reentered) => {
+            return defer_free(BlockHeader::user_ptr(header), kind, Some(header))
+        }
+    };
+    // SAFETY: as in free_live: checked again with the shard held.
+    unsafe {
+        if !(*header).is_live() || (*header).shard != shard {
+            drop(held);
+            return deallocate_raced(header, kind, start());
+        }
+        free_off_list(held, header);
+    }
+}
+
+/// Frees that could not be completed in a signal handler that no record could hold (more
+/// than the thread's record keeps before it leaves the tracker): counted, and said in the
+/// report.
+static UNRECORDED_FREES: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+
+/// How many frees in signal handlers were lost because the thread's record was full.
+pub fn unrecorded_frees() -> u64 {
+    UNRECORDED_FREES.load(core::sync::atomic::Ordering::Relaxed)
+}
+
+/// Keeps a free for the thread to apply when it leaves the tracker (see
+/// [`guard::DeferredFree`]). A live block (`header`) is claimed now.
+#[cold]
+#[inline(never)]
+fn defer_free(ptr: *mut u8, kind: BlockKind, header: Option<*mut BlockHeader>) {
+    // SAFETY: `header` was seen LIVE by lookup and is ours; claiming is one compare-and-swap.
+    let claimed = header.is_some_and(|h| unsafe { (*h).claim() });
+    // Not claimed although live at the lookup: freed by someone else since, a double free
+    // reported when this free is applied.
+    let free = guard::DeferredFree { ptr, kind, claimed };
+    if !guard::defer(free) {
+        UNRECORDED_FREES.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Applies the calling thread's deferred frees; called when it leaves the tracker, at its
+/// exit, and before `stats()` and the report.
+#[cold]
+#[inline(never)]
+pub(crate) fn apply_deferred_frees() {
+    if guard::inside() {
+        return; // not left yet: the last Inside to go applies them
+    }
+    while let Some(free) = guard::take_deferred() {
+        if free.claimed {
+            let _inside = Inside::enter();
+            queue_claimed(BlockHeader::of(free.ptr), guard::me());
         } else {
-            free_off_list(held, header);
+            deallocate(free.ptr, free.kind, StartFrame::here);
         }
     }
 }
@@ -189,7 +260,15 @@ unsafe fn free_on_own_list(mut held: live_list::HeldShard<'_>, header: *mut Bloc
     let raw_offset = h.raw_offset();
     h.mark_freed();
     drop(held);
-    // SAFETY: the block is off its list and marked freed; this thread owns its memory now.
+    release_outside_heap(header, raw_offset);
+}
+
+/// Gives back the memory of a freed block not from the heap, inside the tracker: the budget
+/// and the record of unmapped blocks take locks.
+#[cold]
+fn release_outside_heap(header: *mut BlockHeader, raw_offset: usize) {
+    let _inside = Inside::enter();
+    // SAFETY: the caller took the block off its list and marked it freed; its memory is ours.
     unsafe { raw::release(header, raw_offset) };
 }
 
@@ -230,21 +309,23 @@ fn free_remote(
     start: impl Fn() -> StartFrame + Copy,
     me: guard::Me,
 ) {
-    let own = &SHARDS[me.shard.index as usize];
-    let Some(mut held) = own.hold(me.number, me.shard.owned) else {
-        return; // a signal handler inside its thread's change of its shard: the block stays live
-    };
     // SAFETY: lookup saw a LIVE cookie at this header, which is ours.
     if !unsafe { (*header).claim() } {
-        drop(held);
         return deallocate_raced(header, kind, start());
     }
-    if me.shard.owned && held.queue_pending(header) {
-        return;
+    queue_claimed(header, me);
+}
+
+/// Queues a claimed block on the calling thread's shard, or settles it at once when the queue
+/// is full or the thread has no shard of its own.
+fn queue_claimed(header: *mut BlockHeader, me: guard::Me) {
+    if let Some(mut held) = SHARDS[me.shard.index as usize].hold(me.number, me.shard.owned) {
+        if me.shard.owned && held.queue_pending(header) {
+            return;
+        }
     }
-    drop(held);
     let world = StoppedWorld::stop(me.number);
-    // SAFETY: claimed just above, and not queued.
+    // SAFETY: claimed, and not queued.
     unsafe { settle_claimed_block(header, &world) };
 }
 
@@ -255,9 +336,10 @@ fn free_remote(
 /// `header` is a header of ours that was claimed ([`BlockHeader::claim`]).
 pub(crate) unsafe fn settle_claimed_block(header: *mut BlockHeader, world: &StoppedWorld) {
     // SAFETY: the world is stopped, so nobody changes the block while it is claimed, and a
-    // claimed block is still on the list of its shard.
+    // claimed block is still on the list of its shard. A block on a shard the world could not
+    // settle stays claimed: listed by no report, but left in the counters.
     unsafe {
-        if (*header).is_claimed() {
+        if (*header).is_claimed() && world.can_settle((*header).shard) {
             free_off_list(world.shard((*header).shard), header);
         }
     }
@@ -337,6 +419,7 @@ fn bad_free(error: impl FnOnce() -> MemoryError) {
 
 /// Counters of the whole process.
 pub fn stats() -> Stats {
+    apply_deferred_frees();
     if live_list::any_pending() {
         let _inside = Inside::enter();
         drop(StoppedWorld::stop(guard::thread_number())); // settles them
