@@ -15,14 +15,14 @@ pub fn run() {
     if !options.report && options.exitcode == 0 {
         return; // nothing to write, nothing to decide
     }
-    let inside = crate::tracker::guard::Inside::enter();
     let me = crate::tracker::guard::me();
-    if inside.is_none() || crate::tracker::live_list::is_changing(me.number, me.shard) {
+    if crate::tracker::in_tracker(me) {
         // `exit` from a signal handler that interrupted this thread inside the tracker: what
         // the thread was changing is read as it stands, and nothing is settled (see
         // `live_list::stop_settling`).
         crate::tracker::live_list::stop_settling();
     }
+    let _inside = crate::tracker::guard::Inside::enter();
     let stats = crate::tracker::stats();
     let errors = crate::tracker::errors::all().1;
     if stats.total_allocations == 0 && errors == 0 && !crate::engine::tracked::any_created() {

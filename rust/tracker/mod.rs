@@ -175,9 +175,12 @@ fn free_on_other_list(
     start: impl Fn() -> StartFrame + Copy,
     me: guard::Me,
 ) {
-    let Some(_inside) = Inside::enter() else {
+    // Not inside (free_live checked), but maybe interrupted in the middle of a change of its
+    // own shard, which may hold a heap class lock.
+    if in_tracker(me) {
         return defer_free(BlockHeader::user_ptr(header), kind, Some(header));
-    };
+    }
+    let _inside = Inside::enter();
     let held = match SHARDS[shard as usize].lock_unowned(me.number) {
         Ok(held) => held,
         Err(NotHeld::Owned) => return free_remote(header, kind, start, me),
@@ -205,6 +208,12 @@ pub fn unrecorded_frees() -> u64 {
     UNRECORDED_FREES.load(core::sync::atomic::Ordering::Relaxed)
 }
 
+/// Whether the calling thread is in the tracker: inside it, or in the middle of a change of
+/// its own shard. Seen from a signal handler, its thread may then hold locks and lists.
+pub fn in_tracker(me: guard::Me) -> bool {
+    guard::inside() || live_list::is_changing(me.number, me.shard)
+}
+
 /// Keeps a free for the thread to apply when it leaves the tracker (see
 /// [`guard::DeferredFree`]). A live block (`header`) is claimed now.
 #[cold]
@@ -214,7 +223,10 @@ fn defer_free(ptr: *mut u8, kind: BlockKind, header: Option<*mut BlockHeader>) {
     let claimed = header.is_some_and(|h| unsafe { (*h).claim() });
     // Not claimed although live at the lookup: freed by someone else since, a double free
     // reported when this free is applied.
-    let free = guard::DeferredFree { ptr, kind, claimed };
+    record_deferred(guard::DeferredFree { ptr, kind, claimed });
+}
+
+fn record_deferred(free: guard::DeferredFree) {
     if !guard::defer(free) {
         UNRECORDED_FREES.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
     }
@@ -225,8 +237,8 @@ fn defer_free(ptr: *mut u8, kind: BlockKind, header: Option<*mut BlockHeader>) {
 #[cold]
 #[inline(never)]
 pub(crate) fn apply_deferred_frees() {
-    if guard::inside() {
-        return; // not left yet: the last Inside to go applies them
+    if in_tracker(guard::me()) {
+        return; // not left yet (a signal handler's call): applied when the thread leaves
     }
     while let Some(free) = guard::take_deferred() {
         if free.claimed {
@@ -319,11 +331,19 @@ fn free_remote(
 /// Queues a claimed block on the calling thread's shard, or settles it at once when the queue
 /// is full or the thread has no shard of its own.
 fn queue_claimed(header: *mut BlockHeader, me: guard::Me) {
-    if let Some(mut held) = SHARDS[me.shard.index as usize].hold(me.number, me.shard.owned) {
-        if me.shard.owned && held.queue_pending(header) {
-            return;
-        }
+    let Some(mut held) = SHARDS[me.shard.index as usize].hold(me.number, me.shard.owned) else {
+        // A signal handler in the middle of its thread's change of its shard.
+        let free = guard::DeferredFree {
+            ptr: BlockHeader::user_ptr(header),
+            kind: BlockKind::New, // unused: a claimed free is applied by queueing it
+            claimed: true,
+        };
+        return record_deferred(free);
+    };
+    if me.shard.owned && held.queue_pending(header) {
+        return;
     }
+    drop(held);
     let world = StoppedWorld::stop(me.number);
     // SAFETY: claimed, and not queued.
     unsafe { settle_claimed_block(header, &world) };
