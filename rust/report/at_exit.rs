@@ -21,6 +21,8 @@ pub fn run() {
         // the thread was changing is read as it stands, and nothing is settled (see
         // `live_list::stop_settling`).
         crate::tracker::live_list::stop_settling();
+    } else {
+        crate::tracker::apply_deferred_frees();
     }
     let _inside = crate::tracker::guard::Inside::enter();
     let stats = crate::tracker::stats();

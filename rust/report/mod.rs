@@ -201,6 +201,7 @@ pub fn write(report: &Report, text_path: &str, json_path: &str) -> std::io::Resu
 
 /// `write_leak_report(path)`: the report now, to `path` (+ `.json`) or the configured paths.
 pub fn write_now(path: Option<&str>) -> bool {
+    crate::tracker::apply_deferred_frees();
     let _inside = Inside::enter();
     let report = Report::collect();
     let options = crate::options::get();

@@ -39,8 +39,14 @@ fn write_report(out: &mut String, report: &Report) -> std::fmt::Result {
     }
     for thread in &report.unsettled_threads {
         match thread {
-            0 => writeln!(out, "Blocks of an exited thread could not be settled: listed as they were.")?,
-            n => writeln!(out, "Blocks of thread {n} could not be settled: listed as they were.")?,
+            0 => writeln!(
+                out,
+                "Blocks of an exited thread could not be settled: listed as they were."
+            )?,
+            n => writeln!(
+                out,
+                "Blocks of thread {n} could not be settled: listed as they were."
+            )?,
         }
     }
     let unrecorded = crate::tracker::unrecorded_frees();

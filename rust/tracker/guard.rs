@@ -5,9 +5,10 @@
 //! The thread-local is `const`-initialised and has no `Drop`: C++ `thread_local` destructors
 //! call `delete` at thread exit, after Rust TLS destructors would have run.
 
+use super::header::BlockHeader;
 use super::live_list::{self, ThreadShard};
-use core::cell::Cell;
 use crate::ffi::BlockKind;
+use core::cell::Cell;
 use core::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 /// Frees a thread's signal handlers may defer before the thread next leaves the tracker.
@@ -87,28 +88,40 @@ pub fn inside() -> bool {
 
 /// A free that a signal handler could not complete because it interrupted its own thread inside
 /// the tracker (which may hold the locks and lists the free needs): kept on the thread and
-/// applied when the thread leaves the tracker. A live block is claimed at once, so a report
-/// in between does not list it and a second free of it is a double free.
+/// applied when the thread leaves the tracker.
 #[derive(Clone, Copy)]
-pub struct DeferredFree {
-    pub ptr: *mut u8,
-    pub kind: BlockKind,
-    pub claimed: bool,
+pub enum DeferredFree {
+    /// A live block, claimed at once (a report in between does not list it, and a second free
+    /// of it is a double free); applied by queueing it for settling.
+    Claimed(*mut BlockHeader),
+    /// Anything else (a block freed since, a pointer not ours): freed again when applied, which
+    /// reports it.
+    Free { ptr: *mut u8, kind: BlockKind },
 }
 
+/// Set in a packed [`DeferredFree::Claimed`]; the kind of a `Free` sits in the bits above.
+const CLAIMED_BIT: usize = 1;
+
 impl DeferredFree {
-    /// Blocks are 16-aligned: the kind and the claim fit in the pointer's low bits.
+    /// Headers and blocks are 16-aligned: the variant and the kind fit in the low bits.
     fn pack(self) -> usize {
-        self.ptr as usize | (self.kind.repr as usize) << 1 | self.claimed as usize
+        match self {
+            DeferredFree::Claimed(header) => header as usize | CLAIMED_BIT,
+            DeferredFree::Free { ptr, kind } => ptr as usize | (kind.repr as usize) << 1,
+        }
     }
 
     fn unpack(word: usize) -> DeferredFree {
-        DeferredFree {
-            ptr: (word & !0xf) as *mut u8,
-            kind: BlockKind {
-                repr: ((word >> 1) & 0x7) as u8,
-            },
-            claimed: word & 1 != 0,
+        let address = word & !0xf;
+        if word & CLAIMED_BIT != 0 {
+            DeferredFree::Claimed(address as *mut BlockHeader)
+        } else {
+            DeferredFree::Free {
+                ptr: address as *mut u8,
+                kind: BlockKind {
+                    repr: ((word >> 1) & 0x7) as u8,
+                },
+            }
         }
     }
 }
@@ -137,8 +150,7 @@ pub fn take_deferred() -> Option<DeferredFree> {
         }
         let word = t.deferred[len - 1].load(Ordering::Relaxed);
         // Fails when a handler pushed in between; its entry is then the last one.
-        if t
-            .deferred_len
+        if t.deferred_len
             .compare_exchange(len, len - 1, Ordering::Relaxed, Ordering::Relaxed)
             .is_ok()
         {

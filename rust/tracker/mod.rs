@@ -18,6 +18,7 @@ pub mod raw;
 use crate::ffi::{BlockKind, Stats};
 use crate::stack::{self, StackId, StartFrame};
 use core::ffi::c_char;
+use core::sync::atomic::{AtomicU64, Ordering};
 use errors::{ErrorKind, MemoryError};
 use guard::Inside;
 use header::{BlockHeader, Lookup, NewBlock, Owner, Placement};
@@ -198,14 +199,13 @@ fn free_on_other_list(
     }
 }
 
-/// Frees that could not be completed in a signal handler that no record could hold (more
-/// than the thread's record keeps before it leaves the tracker): counted, and said in the
-/// report.
-static UNRECORDED_FREES: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+/// Frees a signal handler deferred beyond what its thread's record holds (see
+/// [`guard::DeferredFree`]): counted, and said in the report.
+static UNRECORDED_FREES: AtomicU64 = AtomicU64::new(0);
 
 /// How many frees in signal handlers were lost because the thread's record was full.
 pub fn unrecorded_frees() -> u64 {
-    UNRECORDED_FREES.load(core::sync::atomic::Ordering::Relaxed)
+    UNRECORDED_FREES.load(Ordering::Relaxed)
 }
 
 /// Whether the calling thread is in the tracker: inside it, or in the middle of a change of
@@ -214,38 +214,41 @@ pub fn in_tracker(me: guard::Me) -> bool {
     guard::inside() || live_list::is_changing(me.number, me.shard)
 }
 
-/// Keeps a free for the thread to apply when it leaves the tracker (see
-/// [`guard::DeferredFree`]). A live block (`header`) is claimed now.
+/// Keeps a free for the thread to apply when it leaves the tracker. A live block (`header`) is
+/// claimed now; one that cannot be was freed by someone else since the lookup (a double free,
+/// reported when this free is applied).
 #[cold]
 #[inline(never)]
 fn defer_free(ptr: *mut u8, kind: BlockKind, header: Option<*mut BlockHeader>) {
-    // SAFETY: `header` was seen LIVE by lookup and is ours; claiming is one compare-and-swap.
-    let claimed = header.is_some_and(|h| unsafe { (*h).claim() });
-    // Not claimed although live at the lookup: freed by someone else since, a double free
-    // reported when this free is applied.
-    record_deferred(guard::DeferredFree { ptr, kind, claimed });
+    let free = match header {
+        // SAFETY: `header` was seen LIVE by lookup and is ours; claiming is one compare-and-swap.
+        Some(header) if unsafe { (*header).claim() } => guard::DeferredFree::Claimed(header),
+        _ => guard::DeferredFree::Free { ptr, kind },
+    };
+    record_deferred(free);
 }
 
 fn record_deferred(free: guard::DeferredFree) {
     if !guard::defer(free) {
-        UNRECORDED_FREES.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+        UNRECORDED_FREES.fetch_add(1, Ordering::Relaxed);
     }
 }
 
-/// Applies the calling thread's deferred frees; called when it leaves the tracker, at its
-/// exit, and before `stats()` and the report.
+/// Applies the calling thread's deferred frees: when it leaves the tracker, at its exit, and
+/// before `stats()` and the reports.
 #[cold]
 #[inline(never)]
-pub(crate) fn apply_deferred_frees() {
+pub fn apply_deferred_frees() {
     if in_tracker(guard::me()) {
         return; // not left yet (a signal handler's call): applied when the thread leaves
     }
     while let Some(free) = guard::take_deferred() {
-        if free.claimed {
-            let _inside = Inside::enter();
-            queue_claimed(BlockHeader::of(free.ptr), guard::me());
-        } else {
-            deallocate(free.ptr, free.kind, StartFrame::here);
+        match free {
+            guard::DeferredFree::Claimed(header) => {
+                let _inside = Inside::enter();
+                queue_claimed(header, guard::me());
+            }
+            guard::DeferredFree::Free { ptr, kind } => deallocate(ptr, kind, StartFrame::here),
         }
     }
 }
@@ -333,12 +336,7 @@ fn free_remote(
 fn queue_claimed(header: *mut BlockHeader, me: guard::Me) {
     let Some(mut held) = SHARDS[me.shard.index as usize].hold(me.number, me.shard.owned) else {
         // A signal handler in the middle of its thread's change of its shard.
-        let free = guard::DeferredFree {
-            ptr: BlockHeader::user_ptr(header),
-            kind: BlockKind::New, // unused: a claimed free is applied by queueing it
-            claimed: true,
-        };
-        return record_deferred(free);
+        return record_deferred(guard::DeferredFree::Claimed(header));
     };
     if me.shard.owned && held.queue_pending(header) {
         return;
