@@ -628,13 +628,13 @@ impl Shard {
 }
 
 /// A bounded spin: spins, then yields, until [`PATIENCE`] is spent.
-struct Patience {
+pub(crate) struct Patience {
     spins: u32,
     since: Option<std::time::Instant>,
 }
 
 impl Patience {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Patience {
             spins: 0,
             since: None,
@@ -642,7 +642,7 @@ impl Patience {
     }
 
     /// Waits a little; false once the patience is spent.
-    fn more(&mut self) -> bool {
+    pub(crate) fn more(&mut self) -> bool {
         self.spins += 1;
         if self.spins < 128 {
             core::hint::spin_loop();
