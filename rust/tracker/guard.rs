@@ -159,12 +159,6 @@ pub fn take_deferred() -> Option<DeferredFree> {
     }
 }
 
-/// Whether the calling thread has deferred frees waiting.
-#[inline]
-pub fn has_deferred() -> bool {
-    this_thread().deferred_len.load(Ordering::Relaxed) != 0
-}
-
 /// The calling thread, for the live lists.
 #[derive(Clone, Copy)]
 pub struct Me {
@@ -289,5 +283,39 @@ mod tests {
         );
         drop(outer);
         assert!(Inside::enter().is_some());
+    }
+
+    #[test]
+    fn deferred_frees_come_back_last_first_and_a_full_record_refuses() {
+        let block = |i: usize| (0x10_0000 + i * 0x40) as *mut u8;
+        assert!(defer(DeferredFree::Claimed(block(1) as *mut BlockHeader)));
+        assert!(defer(DeferredFree::Free {
+            ptr: block(2),
+            kind: BlockKind::NewArray,
+        }));
+        match take_deferred() {
+            Some(DeferredFree::Free { ptr, kind }) => {
+                assert_eq!(ptr, block(2));
+                assert_eq!(kind.repr, BlockKind::NewArray.repr);
+            }
+            _ => panic!("the last one first"),
+        }
+        match take_deferred() {
+            Some(DeferredFree::Claimed(header)) => assert_eq!(header as *mut u8, block(1)),
+            _ => panic!("then the claimed one"),
+        }
+        assert!(take_deferred().is_none());
+        for i in 0..DEFERRED_CAPACITY {
+            assert!(defer(DeferredFree::Claimed(block(i) as *mut BlockHeader)));
+        }
+        assert!(!defer(DeferredFree::Claimed(block(0) as *mut BlockHeader)));
+        let mut taken = 0;
+        while take_deferred().is_some() {
+            taken += 1;
+        }
+        assert_eq!(
+            taken, DEFERRED_CAPACITY,
+            "a refused push left the record as it was"
+        );
     }
 }

@@ -449,10 +449,6 @@ impl ShardSet {
     fn contains(&self, index: usize) -> bool {
         self.0[index / 64] & (1 << (index % 64)) != 0
     }
-
-    fn is_empty(&self) -> bool {
-        self.0.iter().all(|&word| word == 0)
-    }
 }
 
 /// Set when the exit report runs on a thread that a signal handler interrupted inside the
@@ -524,11 +520,6 @@ impl StoppedWorld {
     /// settling was not stopped for an exit from a signal handler.
     pub fn can_settle(&self, index: u8) -> bool {
         !self.unsettled.contains(index as usize) && !SETTLING_STOPPED.load(Ordering::Relaxed)
-    }
-
-    /// Whether every shard is held.
-    pub fn all_settled(&self) -> bool {
-        self.unsettled.is_empty()
     }
 
     pub fn shards(&self) -> impl Iterator<Item = HeldShard<'static>> + '_ {
@@ -690,4 +681,35 @@ pub fn totals() -> Totals {
     t.live_blocks = t.allocations.saturating_sub(t.frees);
     t.peak_bytes = t.peak_bytes.max(t.live_bytes);
     t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A thread number no real thread has.
+    const INTERRUPTED: u32 = u32::MAX - 7;
+
+    #[test]
+    fn stopping_the_world_from_inside_a_change_leaves_that_shard_unsettled_instead_of_waiting() {
+        // As if a signal handler ran the report while its thread held guest shard 3.
+        let held = SHARDS[3].hold(INTERRUPTED, false).expect("shard 3 free");
+        let world = StoppedWorld::stop(INTERRUPTED);
+        assert!(!world.can_settle(3));
+        assert!(world.can_settle(4));
+        assert_eq!(
+            world.unsettled_threads(),
+            [0],
+            "a guest shard has no one owner"
+        );
+        drop(world);
+        assert!(
+            SHARDS[3].lock.held_by(INTERRUPTED),
+            "the world let go only of its own locks"
+        );
+        drop(held);
+        assert!(StoppedWorld::stop(INTERRUPTED)
+            .unsettled_threads()
+            .is_empty());
+    }
 }
