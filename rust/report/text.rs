@@ -41,7 +41,7 @@ fn write_report(out: &mut String, report: &Report) -> std::fmt::Result {
         match thread {
             0 => writeln!(
                 out,
-                "Blocks of an exited thread could not be settled: listed as they were."
+                "Blocks of exited threads or of threads sharing a list could not be settled: listed as they were."
             )?,
             n => writeln!(
                 out,

@@ -529,17 +529,20 @@ impl StoppedWorld {
         })
     }
 
-    /// The owners of the shards that could not be settled (0: a thread that has exited, or the
-    /// threads sharing a guest shard): their lists were read as they were, which may be in the
-    /// middle of a change.
+    /// The owners of the shards that could not be settled, in order, each once (0: a shard
+    /// without one owner: its thread has exited, or threads share it): their lists were read
+    /// as they were, which may be in the middle of a change.
     pub fn unsettled_threads(&self) -> Vec<u32> {
-        (0..SHARD_COUNT)
+        let mut owners: Vec<u32> = (0..SHARD_COUNT)
             .filter(|&index| self.unsettled.contains(index))
             .map(|index| match SHARDS[index].owner.load(Ordering::Relaxed) {
                 NO_OWNER | GUEST => 0,
                 owner => owner,
             })
-            .collect()
+            .collect();
+        owners.sort_unstable();
+        owners.dedup();
+        owners
     }
 
     /// Takes every queued block off its list and frees it; blocks whose cookie no longer says
