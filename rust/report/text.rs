@@ -51,7 +51,7 @@ fn write_report(out: &mut String, report: &Report) -> std::fmt::Result {
     }
     let unrecorded = crate::tracker::unrecorded_frees();
     if unrecorded > 0 {
-        writeln!(out, "{unrecorded} frees made in signal handlers could not be recorded: their blocks are in no list and still counted live.")?;
+        writeln!(out, "{unrecorded} frees could not be applied (see the limits in README): their blocks are in no list and still counted live.")?;
     }
     for site in &sites {
         let first = site.leaks[0];

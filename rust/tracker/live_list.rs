@@ -461,6 +461,11 @@ pub fn stop_settling() {
     SETTLING_STOPPED.store(true, Ordering::Relaxed);
 }
 
+/// Whether [`stop_settling`] was called.
+pub fn settling_stopped() -> bool {
+    SETTLING_STOPPED.load(Ordering::Relaxed)
+}
+
 /// Whether thread `me` is in the middle of a change of its shard `shard` (a signal handler
 /// interrupted it there).
 pub fn is_changing(me: u32, shard: ThreadShard) -> bool {
@@ -470,8 +475,8 @@ pub fn is_changing(me: u32, shard: ThreadShard) -> bool {
 
 /// How long stopping the world waits for one shard before it gives up on it: its holder is
 /// gone (a thread that ended inside the tracker) or not coming back. A live holder lets go
-/// within microseconds.
-const PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
+/// within microseconds, or at worst after another stopped world's walk or a `fork`.
+const PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Every shard held by one thread, its owner excluded: for the report, `stats()`, `fork` and
 /// settling queued frees. Never taken while the thread holds a shard, except by a signal
@@ -510,7 +515,7 @@ impl StoppedWorld {
                 world.unsettled.insert(index);
             }
         }
-        if !SETTLING_STOPPED.load(Ordering::Relaxed) {
+        if !settling_stopped() {
             world.settle_pending();
         }
         world
@@ -519,7 +524,7 @@ impl StoppedWorld {
     /// Whether blocks of shard `index` may be taken off its list: the shard is held, and
     /// settling was not stopped for an exit from a signal handler.
     pub fn can_settle(&self, index: u8) -> bool {
-        !self.unsettled.contains(index as usize) && !SETTLING_STOPPED.load(Ordering::Relaxed)
+        !self.unsettled.contains(index as usize) && !settling_stopped()
     }
 
     pub fn shards(&self) -> impl Iterator<Item = HeldShard<'static>> + '_ {

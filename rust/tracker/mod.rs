@@ -199,11 +199,12 @@ fn free_on_other_list(
     }
 }
 
-/// Frees a signal handler deferred beyond what its thread's record holds (see
-/// [`guard::DeferredFree`]): counted, and said in the report.
+/// Frees that could not be applied, counted and said in the report: deferred by a signal
+/// handler beyond what its thread's record holds (see [`guard::DeferredFree`]), or claimed
+/// blocks of a shard that stopping the world had to give up on.
 static UNRECORDED_FREES: AtomicU64 = AtomicU64::new(0);
 
-/// How many frees in signal handlers were lost because the thread's record was full.
+/// How many frees could not be applied (their blocks stay claimed and counted live).
 pub fn unrecorded_frees() -> u64 {
     UNRECORDED_FREES.load(Ordering::Relaxed)
 }
@@ -357,8 +358,13 @@ pub(crate) unsafe fn settle_claimed_block(header: *mut BlockHeader, world: &Stop
     // claimed block is still on the list of its shard. A block on a shard the world could not
     // settle stays claimed: listed by no report, but left in the counters.
     unsafe {
-        if (*header).is_claimed() && world.can_settle((*header).shard) {
+        if !(*header).is_claimed() {
+            return;
+        }
+        if world.can_settle((*header).shard) {
             free_off_list(world.shard((*header).shard), header);
+        } else if !live_list::settling_stopped() {
+            UNRECORDED_FREES.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
