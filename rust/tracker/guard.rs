@@ -9,7 +9,7 @@ use super::header::BlockHeader;
 use super::live_list::{self, ThreadShard};
 use crate::ffi::BlockKind;
 use core::cell::Cell;
-use core::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
 
 /// Frees a thread's signal handlers may defer before the thread next leaves the tracker.
 const DEFERRED_CAPACITY: usize = 128;
@@ -28,6 +28,7 @@ struct ThreadState {
     /// atomics so a handler's push and the thread's pop cannot lose an entry to each other.
     deferred_len: AtomicUsize,
     deferred: [AtomicUsize; DEFERRED_CAPACITY],
+    deferred_kinds: [AtomicU8; DEFERRED_CAPACITY],
 }
 
 thread_local! {
@@ -40,6 +41,7 @@ thread_local! {
             exit_hook_armed: Cell::new(false),
             deferred_len: AtomicUsize::new(0),
             deferred: [const { AtomicUsize::new(0) }; DEFERRED_CAPACITY],
+            deferred_kinds: [const { AtomicU8::new(0) }; DEFERRED_CAPACITY],
         }
     };
 }
@@ -99,29 +101,26 @@ pub enum DeferredFree {
     Free { ptr: *mut u8, kind: BlockKind },
 }
 
-/// Set in a packed [`DeferredFree::Claimed`]; the kind of a `Free` sits in the bits above.
-const CLAIMED_BIT: usize = 1;
+/// The kind kept for a [`DeferredFree::Claimed`]; a `Free` keeps its `BlockKind` there.
+const CLAIMED: u8 = u8::MAX;
 
 impl DeferredFree {
-    /// Headers and blocks are 16-aligned: the variant and the kind fit in the low bits.
-    fn pack(self) -> usize {
+    /// The pointer and the kind kept for it (a foreign pointer may have any alignment, so
+    /// the two are kept apart).
+    fn split(self) -> (usize, u8) {
         match self {
-            DeferredFree::Claimed(header) => header as usize | CLAIMED_BIT,
-            DeferredFree::Free { ptr, kind } => ptr as usize | (kind.repr as usize) << 1,
+            DeferredFree::Claimed(header) => (header as usize, CLAIMED),
+            DeferredFree::Free { ptr, kind } => (ptr as usize, kind.repr),
         }
     }
 
-    fn unpack(word: usize) -> DeferredFree {
-        let address = word & !0xf;
-        if word & CLAIMED_BIT != 0 {
-            DeferredFree::Claimed(address as *mut BlockHeader)
-        } else {
-            DeferredFree::Free {
+    fn join(address: usize, kind: u8) -> DeferredFree {
+        match kind {
+            CLAIMED => DeferredFree::Claimed(address as *mut BlockHeader),
+            repr => DeferredFree::Free {
                 ptr: address as *mut u8,
-                kind: BlockKind {
-                    repr: ((word >> 1) & 0x7) as u8,
-                },
-            }
+                kind: BlockKind { repr },
+            },
         }
     }
 }
@@ -136,7 +135,9 @@ pub fn defer(free: DeferredFree) -> bool {
         t.deferred_len.fetch_sub(1, Ordering::Relaxed);
         return false;
     }
-    t.deferred[at].store(free.pack(), Ordering::Relaxed);
+    let (address, kind) = free.split();
+    t.deferred[at].store(address, Ordering::Relaxed);
+    t.deferred_kinds[at].store(kind, Ordering::Relaxed);
     true
 }
 
@@ -148,13 +149,14 @@ pub fn take_deferred() -> Option<DeferredFree> {
         if len == 0 {
             return None;
         }
-        let word = t.deferred[len - 1].load(Ordering::Relaxed);
+        let address = t.deferred[len - 1].load(Ordering::Relaxed);
+        let kind = t.deferred_kinds[len - 1].load(Ordering::Relaxed);
         // Fails when a handler pushed in between; its entry is then the last one.
         if t.deferred_len
             .compare_exchange(len, len - 1, Ordering::Relaxed, Ordering::Relaxed)
             .is_ok()
         {
-            return Some(DeferredFree::unpack(word));
+            return Some(DeferredFree::join(address, kind));
         }
     }
 }
@@ -287,7 +289,8 @@ mod tests {
 
     #[test]
     fn deferred_frees_come_back_last_first_and_a_full_record_refuses() {
-        let block = |i: usize| (0x10_0000 + i * 0x40) as *mut u8;
+        // A foreign pointer may be odd: kept whole.
+        let block = |i: usize| (0x10_0001 + i * 0x40) as *mut u8;
         assert!(defer(DeferredFree::Claimed(block(1) as *mut BlockHeader)));
         assert!(defer(DeferredFree::Free {
             ptr: block(2),
