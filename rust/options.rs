@@ -180,6 +180,20 @@ struct Key {
     show: fn(&Options, &mut dyn Write),
 }
 
+/// The [`Key`] of a `0`/`1` option setting the `bool` field of the same name.
+macro_rules! flag_key {
+    ($field:ident) => {
+        Key {
+            name: stringify!($field),
+            expected: "must be 0 or 1",
+            apply: |o, v| set_flag(v, |f| o.$field = f),
+            show: |o, w| {
+                let _ = write!(w, "{}", o.$field as u8);
+            },
+        }
+    };
+}
+
 /// The largest `budget=`: 1 TiB (more is a typo, not a budget).
 const MAX_BUDGET: usize = 1 << 40;
 
@@ -219,14 +233,7 @@ const KEYS: &[Key] = &[
             let _ = write!(w, "{}", o.stack_depth);
         },
     },
-    Key {
-        name: "report",
-        expected: "must be 0 or 1",
-        apply: |o, v| set_flag(v, |f| o.report = f),
-        show: |o, w| {
-            let _ = write!(w, "{}", o.report as u8);
-        },
-    },
+    flag_key!(report),
     Key {
         name: "exitcode",
         expected: "must be 0..255",
@@ -235,14 +242,7 @@ const KEYS: &[Key] = &[
             let _ = write!(w, "{}", o.exitcode);
         },
     },
-    Key {
-        name: "halt_on_error",
-        expected: "must be 0 or 1",
-        apply: |o, v| set_flag(v, |f| o.halt_on_error = f),
-        show: |o, w| {
-            let _ = write!(w, "{}", o.halt_on_error as u8);
-        },
-    },
+    flag_key!(halt_on_error),
     Key {
         name: "budget",
         expected: "must be 0..1T bytes, with K, M or G (budget=64M)",
