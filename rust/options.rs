@@ -36,7 +36,7 @@ impl PathOption {
     }
 
     fn set(&mut self, value: &[u8]) -> bool {
-        if value.is_empty() || value.len() >= MAX_PATH {
+        if value.is_empty() || value.len() >= MAX_PATH || core::str::from_utf8(value).is_err() {
             return false;
         }
         self.bytes[..value.len()].copy_from_slice(value);
@@ -45,7 +45,8 @@ impl PathOption {
     }
 
     pub fn as_str(&self) -> &str {
-        core::str::from_utf8(&self.bytes[..self.len]).unwrap_or("k15_leaks.log")
+        // `set` takes UTF-8 only.
+        core::str::from_utf8(&self.bytes[..self.len]).unwrap_or_default()
     }
 }
 
@@ -134,7 +135,8 @@ impl Options {
         quarantine: 0,
     };
 
-    /// Applies `key=value:key=value`, warning once on stderr for each bad pair.
+    /// Applies `key=value:key=value`, warning once on stderr for each bad pair (the value
+    /// in force is kept: a bad value is never reinterpreted).
     pub fn parse(text: &[u8]) -> Options {
         let mut options = Options::DEFAULT;
         for pair in text.split(|&b| b == b':').filter(|p| !p.is_empty()) {
@@ -142,72 +144,30 @@ impl Options {
                 Some(eq) => (&pair[..eq], &pair[eq + 1..]),
                 None => (pair, &b""[..]),
             };
-            if let Err(problem) = options.apply(key, value) {
-                let mut line = StackBuffer::<512>::new();
-                let _ = writeln!(
-                    line,
-                    "k15-memory: K15_MEMORY_OPTIONS: {problem} in '{}', ignored",
-                    String::from_utf8_lossy(pair)
-                );
-                line.flush_to_stderr();
+            let mut line = StackBuffer::<512>::new();
+            let _ = write!(
+                line,
+                "k15-memory: K15_MEMORY_OPTIONS: {}: ",
+                String::from_utf8_lossy(pair)
+            );
+            match KEYS.iter().find(|k| k.name.as_bytes() == key) {
+                Some(k) if (k.apply)(&mut options, value) => continue,
+                Some(k) => {
+                    let _ = write!(line, "{}, using ", k.expected);
+                    (k.show)(&options, &mut line);
+                }
+                None => {
+                    let _ = write!(line, "unknown key (known:");
+                    for k in KEYS {
+                        let _ = write!(line, " {}", k.name);
+                    }
+                    let _ = write!(line, "), ignored");
+                }
             }
+            let _ = writeln!(line);
+            line.flush_to_stderr();
         }
         options
-    }
-
-    fn apply(&mut self, key: &[u8], value: &[u8]) -> Result<(), &'static str> {
-        match key {
-            b"log_path" => self.log_path.set(value).then_some(()).ok_or("bad path"),
-            b"json_path" => {
-                let mut path = PathOption::from_static("");
-                path.set(value).then_some(()).ok_or("bad path")?;
-                self.json_path = Some(path);
-                Ok(())
-            }
-            b"stack_depth" => {
-                let depth = parse_int(value).filter(|d| *d <= crate::stack::MAX_DEPTH as i64);
-                self.stack_depth = depth.ok_or("bad value (0..=64 expected)")? as usize;
-                Ok(())
-            }
-            b"report" => parse_flag(value).map(|v| self.report = v),
-            b"exitcode" => {
-                let code = parse_int(value).filter(|c| (0..=255).contains(c));
-                self.exitcode = code.ok_or("bad value (0..=255 expected)")? as i32;
-                Ok(())
-            }
-            b"halt_on_error" => parse_flag(value).map(|v| self.halt_on_error = v),
-            b"free_stacks" => parse_flag(value).map(|v| self.free_stacks = v),
-            b"quarantine" => {
-                self.quarantine =
-                    parse_size(value).ok_or("bad value (bytes, with K, M or G: quarantine=16M)")?;
-                Ok(())
-            }
-            b"break_on" => {
-                let (thread, seq) = parse_pair(value)
-                    .ok_or("bad value (THREAD/SEQ from the report's blocks list: break_on=1/42)")?;
-                self.break_on = Some((thread, seq));
-                Ok(())
-            }
-            b"budget" => {
-                self.budget =
-                    parse_size(value).ok_or("bad value (bytes, with K, M or G: budget=64M)")?;
-                Ok(())
-            }
-            b"pool_classes" => {
-                self.pool_classes = PoolClasses::parse(value)
-                    .ok_or("bad value (sizes x counts: pool_classes=64x1000,256x500)")?;
-                Ok(())
-            }
-            b"unwinder" => {
-                self.unwinder = match value {
-                    b"dwarf" => UnwindMode::Dwarf,
-                    b"frame_pointer" => UnwindMode::FramePointer,
-                    _ => return Err("bad value (dwarf or frame_pointer expected)"),
-                };
-                Ok(())
-            }
-            _ => Err("unknown key"),
-        }
     }
 
     /// Where the JSON report goes: `json_path`, else `log_path` + `.json`.
@@ -217,6 +177,191 @@ impl Options {
             None => format!("{}.json", self.log_path.as_str()),
         }
     }
+}
+
+/// One key of `K15_MEMORY_OPTIONS`: a new key declares its parser and its range here, and
+/// nowhere else.
+struct Key {
+    name: &'static str,
+    /// What a valid value is, for the warning (`must be 0..64`).
+    expected: &'static str,
+    /// Sets the option from `value`; false, changing nothing, when `value` is not valid.
+    apply: fn(&mut Options, &[u8]) -> bool,
+    /// Writes the value in force, for the warning (`using 32`).
+    show: fn(&Options, &mut dyn Write),
+}
+
+/// The [`Key`] of a `0`/`1` option setting the `bool` field of the same name.
+macro_rules! flag_key {
+    ($field:ident) => {
+        Key {
+            name: stringify!($field),
+            expected: "must be 0 or 1",
+            apply: |o, v| set_flag(v, |f| o.$field = f),
+            show: |o, w| {
+                let _ = write!(w, "{}", o.$field as u8);
+            },
+        }
+    };
+}
+
+/// The largest `budget=`: 1 TiB (more is a typo, not a budget).
+const MAX_BUDGET: usize = 1 << 40;
+
+const KEYS: &[Key] = &[
+    Key {
+        name: "log_path",
+        expected: "must be a UTF-8 path of 1..1023 bytes",
+        apply: |o, v| o.log_path.set(v),
+        show: |o, w| {
+            let _ = w.write_str(o.log_path.as_str());
+        },
+    },
+    Key {
+        name: "json_path",
+        expected: "must be a UTF-8 path of 1..1023 bytes",
+        apply: |o, v| {
+            let mut path = PathOption::from_static("");
+            let valid = path.set(v);
+            if valid {
+                o.json_path = Some(path);
+            }
+            valid
+        },
+        show: |o, w| {
+            let _ = w.write_str(&o.json_path());
+        },
+    },
+    Key {
+        name: "stack_depth",
+        expected: "must be 0..64",
+        apply: |o, v| {
+            set_int(v, 0, crate::stack::MAX_DEPTH as i64, |d| {
+                o.stack_depth = d as usize
+            })
+        },
+        show: |o, w| {
+            let _ = write!(w, "{}", o.stack_depth);
+        },
+    },
+    flag_key!(report),
+    Key {
+        name: "exitcode",
+        expected: "must be 0..255",
+        apply: |o, v| set_int(v, 0, 255, |c| o.exitcode = c as i32),
+        show: |o, w| {
+            let _ = write!(w, "{}", o.exitcode);
+        },
+    },
+    flag_key!(halt_on_error),
+    Key {
+        name: "budget",
+        expected: "must be 0..1T bytes, with K, M or G (budget=64M)",
+        apply: |o, v| match parse_size(v).filter(|b| *b <= MAX_BUDGET) {
+            Some(bytes) => {
+                o.budget = bytes;
+                true
+            }
+            None => false,
+        },
+        show: |o, w| {
+            let _ = write!(w, "{}", o.budget);
+        },
+    },
+    Key {
+        name: "pool_classes",
+        expected: "must be sizes x counts (pool_classes=64x1000,256x500)",
+        apply: |o, v| match PoolClasses::parse(v) {
+            Some(classes) => {
+                o.pool_classes = classes;
+                true
+            }
+            None => false,
+        },
+        show: |o, w| {
+            if o.pool_classes.len == 0 {
+                let _ = w.write_str("the default");
+            }
+            for (i, c) in o.pool_classes.as_slice().iter().enumerate() {
+                let _ = write!(
+                    w,
+                    "{}{}x{}",
+                    if i > 0 { "," } else { "" },
+                    c.block_size,
+                    c.block_count
+                );
+            }
+        },
+    },
+    Key {
+        name: "unwinder",
+        expected: "must be dwarf or frame_pointer",
+        apply: |o, v| {
+            o.unwinder = match v {
+                b"dwarf" => UnwindMode::Dwarf,
+                b"frame_pointer" => UnwindMode::FramePointer,
+                _ => return false,
+            };
+            true
+        },
+        show: |o, w| {
+            let _ = w.write_str(match o.unwinder {
+                UnwindMode::Dwarf => "dwarf",
+                UnwindMode::FramePointer => "frame_pointer",
+            });
+        },
+    },
+    flag_key!(free_stacks),
+    Key {
+        name: "quarantine",
+        expected: "must be bytes, with K, M or G (quarantine=16M)",
+        apply: |o, v| match parse_size(v).filter(|b| *b <= MAX_BUDGET) {
+            Some(bytes) => {
+                o.quarantine = bytes;
+                true
+            }
+            None => false,
+        },
+        show: |o, w| {
+            let _ = write!(w, "{}", o.quarantine);
+        },
+    },
+    Key {
+        name: "break_on",
+        expected: "must be THREAD/SEQ from the report's blocks list (break_on=1/42)",
+        apply: |o, v| match parse_pair(v) {
+            Some(pair) => {
+                o.break_on = Some(pair);
+                true
+            }
+            None => false,
+        },
+        show: |o, w| {
+            let _ = match o.break_on {
+                Some((thread, seq)) => write!(w, "{thread}/{seq}"),
+                None => w.write_str("none"),
+            };
+        },
+    },
+];
+
+/// Sets an integer option from `value` if it is a number in `min..=max`.
+fn set_int(value: &[u8], min: i64, max: i64, set: impl FnOnce(i64)) -> bool {
+    parse_int(value)
+        .filter(|n| (min..=max).contains(n))
+        .map(set)
+        .is_some()
+}
+
+/// Sets a flag option from `0`/`1`/`false`/`true`.
+fn set_flag(value: &[u8], set: impl FnOnce(bool)) -> bool {
+    let flag = match value {
+        b"0" | b"false" => false,
+        b"1" | b"true" => true,
+        _ => return false,
+    };
+    set(flag);
+    true
 }
 
 fn parse_int(value: &[u8]) -> Option<i64> {
@@ -239,14 +384,6 @@ fn parse_pair(value: &[u8]) -> Option<(u32, u32)> {
     let slash = value.iter().position(|&b| b == b'/')?;
     let number = |digits: &[u8]| u32::try_from(parse_int(digits)?).ok().filter(|&n| n > 0);
     Some((number(&value[..slash])?, number(&value[slash + 1..])?))
-}
-
-fn parse_flag(value: &[u8]) -> Result<bool, &'static str> {
-    match value {
-        b"0" | b"false" => Ok(false),
-        b"1" | b"true" => Ok(true),
-        _ => Err("bad value (0 or 1 expected)"),
-    }
 }
 
 const UNREAD: u8 = 0;
@@ -355,5 +492,111 @@ mod tests {
         let bad = Options::parse(b"budget=lots:pool_classes=64");
         assert_eq!(bad.budget, 0);
         assert!(bad.pool_classes.as_slice().is_empty());
+    }
+
+    /// Every key's value in force, as the warnings show it.
+    fn shown(o: &Options) -> Vec<String> {
+        KEYS.iter()
+            .map(|k| {
+                let mut text = String::new();
+                (k.show)(o, &mut text);
+                text
+            })
+            .collect()
+    }
+
+    /// A value for a key: numbers at and beyond the ranges' edges, sizes, and random bytes.
+    fn garbage(seed: &mut u64) -> Vec<u8> {
+        let mut next = || {
+            *seed ^= *seed << 13;
+            *seed ^= *seed >> 7;
+            *seed ^= *seed << 17;
+            *seed
+        };
+        const EDGES: &[&str] = &[
+            "-1",
+            "-2",
+            "-64",
+            "0",
+            "1",
+            "64",
+            "65",
+            "255",
+            "256",
+            "-0",
+            "+7",
+            " 3",
+            "1e3",
+            "0x10",
+            "9223372036854775807",
+            "9223372036854775808",
+            "-9223372036854775808",
+            "18446744073709551616",
+            "",
+            "64M",
+            "-64M",
+            "2T",
+            "1024G",
+            "1025G",
+            "64x",
+            "x64",
+            "64x0",
+            "0x64",
+            "64x1,",
+            ",",
+            "dwarf",
+            "DWARF",
+            "true",
+            "yes",
+            "frame_pointer ",
+        ];
+        match next() % 3 {
+            0 => EDGES[(next() % EDGES.len() as u64) as usize]
+                .as_bytes()
+                .to_vec(),
+            1 => format!("{}", next() as i64 >> (next() % 64)).into_bytes(),
+            _ => (0..next() % 12)
+                .map(|_| (next() % 255) as u8 + 1)
+                .filter(|&b| b != b':')
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn garbage_for_every_key_is_refused_whole_or_taken_as_written() {
+        let defaults = shown(&Options::DEFAULT);
+        let mut seed = 0x9e37_79b9_7f4a_7c15;
+        for key in KEYS {
+            for _ in 0..2000 {
+                let value = garbage(&mut seed);
+                let mut options = Options::DEFAULT;
+                let taken = (key.apply)(&mut options, &value);
+                let what = format!("{}={}", key.name, String::from_utf8_lossy(&value));
+                assert!(options.stack_depth <= crate::stack::MAX_DEPTH, "{what}");
+                assert!((0..=255).contains(&options.exitcode), "{what}");
+                assert!(options.budget <= MAX_BUDGET, "{what}");
+                if !taken {
+                    assert_eq!(shown(&options), defaults, "{what} changed an option");
+                    continue;
+                }
+                // Taken: the value in force reads back as itself.
+                let index = KEYS.iter().position(|k| k.name == key.name).unwrap();
+                let now = shown(&options)[index].clone();
+                let mut again = Options::DEFAULT;
+                assert!(
+                    (key.apply)(&mut again, now.as_bytes()),
+                    "{what} shown as {now}"
+                );
+                assert_eq!(shown(&again)[index], now, "{what}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_negative_stack_depth_is_refused_not_wrapped() {
+        for value in ["-1", "-2", "-64", "65", "18446744073709551615"] {
+            let o = Options::parse(format!("stack_depth={value}").as_bytes());
+            assert_eq!(o.stack_depth, 32, "stack_depth={value}");
+        }
     }
 }

@@ -23,18 +23,26 @@ fn bad_pairs_are_warned_once_and_good_ones_still_apply() {
     let run = support::run(&exe, "bogus=1:stack_depth=abc:exitcode=7:halt_on_error=2");
     let stderr = run.stderr();
     assert_eq!(
-        stderr.matches("unknown key in 'bogus=1'").count(),
+        stderr
+            .matches("K15_MEMORY_OPTIONS: bogus=1: unknown key")
+            .count(),
         1,
         "{stderr}"
     );
     assert_eq!(
         stderr
-            .matches("bad value (0..=64 expected) in 'stack_depth=abc'")
+            .matches("K15_MEMORY_OPTIONS: stack_depth=abc: must be 0..64, using 32\n")
             .count(),
         1,
         "{stderr}"
     );
-    assert_eq!(stderr.matches("'halt_on_error=2'").count(), 1, "{stderr}");
+    assert_eq!(
+        stderr
+            .matches("halt_on_error=2: must be 0 or 1, using 0\n")
+            .count(),
+        1,
+        "{stderr}"
+    );
     assert_eq!(
         run.output.status.code(),
         Some(7),
@@ -84,4 +92,44 @@ fn write_leak_report_writes_now_and_says_when_it_cannot() {
         &["/nonexistent/dir/now.log"],
     );
     assert!(run.stdout().contains("write_leak_report: false"));
+}
+
+/// Values that once were reinterpreted (`stack_depth=-1` set the budget bit and every `new`
+/// threw) and other nasty values of every key: each is refused with one line naming the value
+/// kept, and the program runs as with the defaults.
+#[test]
+fn out_of_range_values_of_every_key_are_refused_and_the_defaults_kept() {
+    let exe = program("options_out_of_range");
+    let bad = [
+        ("stack_depth=-1", "must be 0..64, using 32"),
+        ("stack_depth=-64", "must be 0..64, using 32"),
+        ("stack_depth=65", "must be 0..64, using 32"),
+        ("exitcode=-1", "must be 0..255, using 0"),
+        ("exitcode=256", "must be 0..255, using 0"),
+        ("report=2", "must be 0 or 1, using 1"),
+        ("halt_on_error=-1", "must be 0 or 1, using 0"),
+        ("budget=-64M", "must be 0..1T bytes"),
+        ("budget=2048G", "must be 0..1T bytes"),
+        ("pool_classes=64x-1", "must be sizes x counts"),
+        (
+            "unwinder=fast",
+            "must be dwarf or frame_pointer, using dwarf",
+        ),
+        ("json_path=", "must be a UTF-8 path"),
+    ];
+    let options: Vec<&str> = bad.iter().map(|(pair, _)| *pair).collect();
+    let run = support::run(&exe, &options.join(":"));
+    let stderr = run.stderr();
+    for (pair, why) in bad {
+        let line = format!("k15-memory: K15_MEMORY_OPTIONS: {pair}: {why}");
+        assert_eq!(stderr.matches(&line).count(), 1, "{line}\n{stderr}");
+    }
+    assert!(run.output.status.success(), "{stderr}");
+    // The defaults in force: the leak is reported with its stack, exit code 0.
+    assert_eq!(run.leaks().len(), 1, "{}", run.text);
+    assert!(
+        run.leaks()[0]["stack"].as_array().unwrap().len() > 1,
+        "{}",
+        run.text
+    );
 }

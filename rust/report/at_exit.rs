@@ -13,6 +13,18 @@ pub fn run() {
         return;
     }
     let options = crate::options::get();
+    if !options.report && options.exitcode == 0 {
+        return; // nothing to write, nothing to decide
+    }
+    let me = crate::tracker::guard::me();
+    if crate::tracker::in_tracker(me) {
+        // `exit` from a signal handler that interrupted this thread inside the tracker: what
+        // the thread was changing is read as it stands, and nothing is settled (see
+        // `live_list::stop_settling`).
+        crate::tracker::live_list::stop_settling();
+    } else {
+        crate::tracker::apply_deferred_frees();
+    }
     let _inside = crate::tracker::guard::Inside::enter();
     let stats = crate::tracker::stats();
     let errors = crate::tracker::errors::all().1;

@@ -23,13 +23,15 @@ fn write_report(out: &mut String, report: &Report) -> std::fmt::Result {
     writeln!(out, "  \"pid\": {},", std::process::id())?;
     writeln!(
         out,
-        "  \"summary\": {{ \"leaked_blocks\": {}, \"leaked_bytes\": {}, \"errors\": {}, \"total_allocations\": {}, \"peak_bytes\": {}, \"runtime_blocks\": {} }},",
+        "  \"summary\": {{ \"leaked_blocks\": {}, \"leaked_bytes\": {}, \"errors\": {}, \"total_allocations\": {}, \"peak_bytes\": {}, \"runtime_blocks\": {}, \"unsettled_threads\": {:?}, \"unrecorded_frees\": {} }},",
         report.leaks.len(),
         report.leaked_bytes(),
         report.error_count,
         report.stats.total_allocations,
         report.stats.peak_bytes,
-        report.runtime_blocks
+        report.runtime_blocks,
+        report.unsettled_threads,
+        crate::tracker::unrecorded_frees()
     )?;
     writeln!(out, "  \"leaks\": [")?;
     let mut leaks = report

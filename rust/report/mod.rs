@@ -61,6 +61,8 @@ pub struct Report {
     /// [`is_rust_runtime_setup`]): live at exit, but no leak of the program's.
     pub runtime_blocks: usize,
     pub stats: crate::ffi::Stats,
+    /// Threads whose lists could not be settled (see `StoppedWorld`): listed as they were.
+    pub unsettled_threads: Vec<u32>,
     stacks: HashMap<StackId, Vec<Frame>>,
 }
 
@@ -88,10 +90,12 @@ impl Report {
                 })
             });
         }
+        let unsettled_threads = world.unsettled_threads();
         drop(world);
         integrity::report_found();
         integrity::report_all(problems, StackId(0), BlockKind::New);
         integrity::check_quarantine(FoundBy::Report);
+        leaks.retain(|l| !crate::tracker::fork::inherited(l.thread, l.seq));
         leaks.sort_by_key(|l| (l.thread, l.seq));
         crate::engine::for_each_live_block(&mut |info, block| {
             leaks.push(Leak {
@@ -128,6 +132,7 @@ impl Report {
             error_count,
             runtime_blocks,
             stats: crate::tracker::stats(),
+            unsettled_threads,
             stacks,
         }
     }
@@ -200,6 +205,7 @@ pub fn write(report: &Report, text_path: &str, json_path: &str) -> std::io::Resu
 
 /// `write_leak_report(path)`: the report now, to `path` (+ `.json`) or the configured paths.
 pub fn write_now(path: Option<&str>) -> bool {
+    crate::tracker::apply_deferred_frees();
     let _inside = Inside::enter();
     let report = Report::collect();
     let options = crate::options::get();

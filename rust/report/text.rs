@@ -37,6 +37,22 @@ fn write_report(out: &mut String, report: &Report) -> std::fmt::Result {
             sites.len()
         )?;
     }
+    for thread in &report.unsettled_threads {
+        match thread {
+            0 => writeln!(
+                out,
+                "Blocks of exited threads or of threads sharing a list could not be settled: listed as they were."
+            )?,
+            n => writeln!(
+                out,
+                "Blocks of thread {n} could not be settled: listed as they were."
+            )?,
+        }
+    }
+    let unrecorded = crate::tracker::unrecorded_frees();
+    if unrecorded > 0 {
+        writeln!(out, "{unrecorded} frees could not be applied (see the limits in README): their blocks are in no list and still counted live.")?;
+    }
     for site in &sites {
         let first = site.leaks[0];
         let blocks = site.leaks.len();

@@ -2,7 +2,7 @@
 
 use crate::ffi::BlockKind;
 use crate::stack::StackId;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ErrorKind {
@@ -190,10 +190,34 @@ pub fn report(error: MemoryError) {
     }
 }
 
-/// The kept errors and the count of all of them.
+/// The kept errors and the count of all of them. Empty, with a line on stderr, when the log
+/// stays locked for as long as stopping the world waits: an `exit` from a signal handler that
+/// interrupted this very thread while it recorded an error.
 pub fn all() -> (Vec<MemoryError>, usize) {
-    let log = log();
-    (log.kept.clone(), log.total)
+    let mut waited = super::live_list::Patience::new();
+    loop {
+        let log = match ERRORS.try_lock() {
+            Ok(log) => log,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) if waited.more() => continue,
+            Err(TryLockError::WouldBlock) => {
+                crate::sys::write_fd(
+                    2,
+                    b"k15-memory: the memory error log stayed locked: errors left out\n",
+                );
+                return (Vec::new(), 0);
+            }
+        };
+        return (log.kept.clone(), log.total);
+    }
+}
+
+/// In a forked child: the errors so far were the parent's, which reports them.
+pub(crate) fn forget_inherited() {
+    *log() = ErrorLog {
+        kept: Vec::new(),
+        total: 0,
+    };
 }
 
 /// Held by `fork` (see `tracker::fork`).

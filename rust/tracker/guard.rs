@@ -1,12 +1,18 @@
 //! Per-thread state: the reentrancy guard ("inside the tracker"), the thread's number, its
-//! shard of the live lists, its allocation sequence, and what happens at its exit.
+//! shard of the live lists, its allocation sequence, the frees its signal handlers deferred,
+//! and what happens at its exit.
 //!
 //! The thread-local is `const`-initialised and has no `Drop`: C++ `thread_local` destructors
 //! call `delete` at thread exit, after Rust TLS destructors would have run.
 
+use super::header::BlockHeader;
 use super::live_list::{self, ThreadShard};
+use crate::ffi::BlockKind;
 use core::cell::Cell;
-use core::sync::atomic::{AtomicU32, Ordering};
+use core::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
+
+/// Frees a thread's signal handlers may defer before the thread next leaves the tracker.
+const DEFERRED_CAPACITY: usize = 128;
 
 struct ThreadState {
     inside_tracker: Cell<bool>,
@@ -18,6 +24,11 @@ struct ThreadState {
     shard: Cell<Option<ThreadShard>>,
     /// Whether the thread-exit destructor is set for this thread.
     exit_hook_armed: Cell<bool>,
+    /// Frees that signal handlers of this thread could not complete (see [`DeferredFree`]);
+    /// atomics so a handler's push and the thread's pop cannot lose an entry to each other.
+    deferred_len: AtomicUsize,
+    deferred: [AtomicUsize; DEFERRED_CAPACITY],
+    deferred_kinds: [AtomicU8; DEFERRED_CAPACITY],
 }
 
 thread_local! {
@@ -28,6 +39,9 @@ thread_local! {
             allocations: Cell::new(0),
             shard: Cell::new(None),
             exit_hook_armed: Cell::new(false),
+            deferred_len: AtomicUsize::new(0),
+            deferred: [const { AtomicUsize::new(0) }; DEFERRED_CAPACITY],
+            deferred_kinds: [const { AtomicU8::new(0) }; DEFERRED_CAPACITY],
         }
     };
 }
@@ -64,6 +78,86 @@ impl Inside {
         let seq = t.allocations.get().wrapping_add(1);
         t.allocations.set(seq);
         (me_of(t), seq)
+    }
+}
+
+/// Whether the calling thread is inside the tracker (allocating, or on a slow path of a free):
+/// then a signal handler's free must wait (see [`DeferredFree`]).
+#[inline]
+pub fn inside() -> bool {
+    this_thread().inside_tracker.get()
+}
+
+/// A free that a signal handler could not complete because it interrupted its own thread inside
+/// the tracker (which may hold the locks and lists the free needs): kept on the thread and
+/// applied when the thread leaves the tracker.
+#[derive(Clone, Copy)]
+pub enum DeferredFree {
+    /// A live block, claimed at once (a report in between does not list it, and a second free
+    /// of it is a double free); applied by queueing it for settling.
+    Claimed(*mut BlockHeader),
+    /// Anything else (a block freed since, a pointer not ours): freed again when applied, which
+    /// reports it.
+    Free { ptr: *mut u8, kind: BlockKind },
+}
+
+/// The kind kept for a [`DeferredFree::Claimed`]; a `Free` keeps its `BlockKind` there.
+const CLAIMED: u8 = u8::MAX;
+
+impl DeferredFree {
+    /// The pointer and the kind kept for it (a foreign pointer may have any alignment, so
+    /// the two are kept apart).
+    fn split(self) -> (usize, u8) {
+        match self {
+            DeferredFree::Claimed(header) => (header as usize, CLAIMED),
+            DeferredFree::Free { ptr, kind } => (ptr as usize, kind.repr),
+        }
+    }
+
+    fn join(address: usize, kind: u8) -> DeferredFree {
+        match kind {
+            CLAIMED => DeferredFree::Claimed(address as *mut BlockHeader),
+            repr => DeferredFree::Free {
+                ptr: address as *mut u8,
+                kind: BlockKind { repr },
+            },
+        }
+    }
+}
+
+/// Keeps `free` for the thread to apply; false when the thread's record is full.
+/// Async-signal-safe: a handler interrupting another push or a pop loses nothing.
+pub fn defer(free: DeferredFree) -> bool {
+    let t = this_thread();
+    // Reserve the slot first: a nested handler arriving before the store takes the next one.
+    let at = t.deferred_len.fetch_add(1, Ordering::Relaxed);
+    if at >= DEFERRED_CAPACITY {
+        t.deferred_len.fetch_sub(1, Ordering::Relaxed);
+        return false;
+    }
+    let (address, kind) = free.split();
+    t.deferred[at].store(address, Ordering::Relaxed);
+    t.deferred_kinds[at].store(kind, Ordering::Relaxed);
+    true
+}
+
+/// The last deferred free of the calling thread, taken off its record.
+pub fn take_deferred() -> Option<DeferredFree> {
+    let t = this_thread();
+    loop {
+        let len = t.deferred_len.load(Ordering::Relaxed);
+        if len == 0 {
+            return None;
+        }
+        let address = t.deferred[len - 1].load(Ordering::Relaxed);
+        let kind = t.deferred_kinds[len - 1].load(Ordering::Relaxed);
+        // Fails when a handler pushed in between; its entry is then the last one.
+        if t.deferred_len
+            .compare_exchange(len, len - 1, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            return Some(DeferredFree::join(address, kind));
+        }
     }
 }
 
@@ -125,6 +219,7 @@ pub fn arm_thread_exit() {
 extern "C" fn at_thread_exit(_: *mut libc::c_void) {
     let t = this_thread();
     t.exit_hook_armed.set(false);
+    super::apply_deferred_frees();
     let Some(shard) = t.shard.take() else {
         return; // no shard, so no heap lists either (they are parked on the shard)
     };
@@ -149,6 +244,16 @@ fn number_of(t: &ThreadState) -> u32 {
     }
 }
 
+/// How many blocks the calling thread has allocated (the `seq` of its last one).
+pub fn allocations_so_far() -> u32 {
+    this_thread().allocations.get()
+}
+
+/// The number the next thread to allocate will get.
+pub fn next_thread_number() -> u32 {
+    NEXT_THREAD_NUMBER.load(Ordering::Relaxed)
+}
+
 #[cold]
 fn assign_thread_number(t: &ThreadState) -> u32 {
     let number = NEXT_THREAD_NUMBER.fetch_add(1, Ordering::Relaxed);
@@ -160,6 +265,9 @@ impl Drop for Inside {
     #[inline]
     fn drop(&mut self) {
         self.0.inside_tracker.set(false);
+        if self.0.deferred_len.load(Ordering::Relaxed) != 0 {
+            super::apply_deferred_frees();
+        }
     }
 }
 
@@ -177,5 +285,40 @@ mod tests {
         );
         drop(outer);
         assert!(Inside::enter().is_some());
+    }
+
+    #[test]
+    fn deferred_frees_come_back_last_first_and_a_full_record_refuses() {
+        // A foreign pointer may be odd: kept whole.
+        let block = |i: usize| (0x10_0001 + i * 0x40) as *mut u8;
+        assert!(defer(DeferredFree::Claimed(block(1) as *mut BlockHeader)));
+        assert!(defer(DeferredFree::Free {
+            ptr: block(2),
+            kind: BlockKind::NewArray,
+        }));
+        match take_deferred() {
+            Some(DeferredFree::Free { ptr, kind }) => {
+                assert_eq!(ptr, block(2));
+                assert_eq!(kind.repr, BlockKind::NewArray.repr);
+            }
+            _ => panic!("the last one first"),
+        }
+        match take_deferred() {
+            Some(DeferredFree::Claimed(header)) => assert_eq!(header as *mut u8, block(1)),
+            _ => panic!("then the claimed one"),
+        }
+        assert!(take_deferred().is_none());
+        for i in 0..DEFERRED_CAPACITY {
+            assert!(defer(DeferredFree::Claimed(block(i) as *mut BlockHeader)));
+        }
+        assert!(!defer(DeferredFree::Claimed(block(0) as *mut BlockHeader)));
+        let mut taken = 0;
+        while take_deferred().is_some() {
+            taken += 1;
+        }
+        assert_eq!(
+            taken, DEFERRED_CAPACITY,
+            "a refused push left the record as it was"
+        );
     }
 }

@@ -76,6 +76,25 @@ impl SpinLock {
         }
     }
 
+    /// Locks, unless the lock stays held for longer than [`PATIENCE`] (its holder is gone or
+    /// stuck): then false.
+    #[cold]
+    fn lock_within(&self, holder: u32) -> bool {
+        let mut waited = Patience::new();
+        loop {
+            if self
+                .0
+                .compare_exchange_weak(0, holder, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
+                return true;
+            }
+            if !waited.more() {
+                return false;
+            }
+        }
+    }
+
     #[inline]
     fn held_by(&self, holder: u32) -> bool {
         self.0.load(Ordering::Relaxed) == holder
@@ -236,12 +255,15 @@ pub struct HeldShard<'a> {
 }
 
 /// What letting go of a [`HeldShard`] takes.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Held {
     ByOwner,
     ByLock,
     /// Part of a [`StoppedWorld`], which lets go of every shard at once.
     InStoppedWorld,
+    /// Part of a [`StoppedWorld`] that could not settle it: its owner may be in the middle of
+    /// a change, so the list is only read, never repaired.
+    Unsettled,
 }
 
 impl Shard {
@@ -327,6 +349,9 @@ impl HeldShard<'_> {
             } else {
                 (*head).prev = header;
             }
+            // The block is complete before the head names it: an exit report run by a signal
+            // handler that interrupted this thread here walks the list as it stands.
+            compiler_fence(Ordering::Release);
             *s.head.get() = header;
         }
     }
@@ -456,7 +481,11 @@ impl HeldShard<'_> {
             // SAFETY: `current` is a header on the held list (checked when it was reached).
             unsafe {
                 node = (*current).next;
-                if !node.is_null() && !super::integrity::links_back(node, current) && !repaired {
+                if !node.is_null()
+                    && !super::integrity::links_back(node, current)
+                    && !repaired
+                    && self.how != Held::Unsettled
+                {
                     super::integrity::repair_list(self);
                     repaired = true;
                     node = (*current).next;
@@ -476,63 +505,155 @@ impl Drop for HeldShard<'_> {
         match self.how {
             Held::ByOwner => self.shard.busy.store(0, Ordering::Release),
             Held::ByLock => self.shard.lock.unlock(),
-            Held::InStoppedWorld => {}
+            Held::InStoppedWorld | Held::Unsettled => {}
         }
     }
 }
 
+/// A set of shards, one bit each.
+#[derive(Clone, Copy, Default)]
+struct ShardSet([u64; SHARD_COUNT / 64]);
+
+impl ShardSet {
+    fn insert(&mut self, index: usize) {
+        self.0[index / 64] |= 1 << (index % 64);
+    }
+
+    fn contains(&self, index: usize) -> bool {
+        self.0[index / 64] & (1 << (index % 64)) != 0
+    }
+}
+
+/// Set when the exit report runs on a thread that a signal handler interrupted inside the
+/// tracker: that thread may hold a heap class lock or be in the middle of a list, so from then
+/// on queued frees are no longer settled (they stay claimed: no report lists them).
+static SETTLING_STOPPED: AtomicBool = AtomicBool::new(false);
+
+/// Stops settling queued frees for the rest of the process (see [`SETTLING_STOPPED`]).
+pub fn stop_settling() {
+    SETTLING_STOPPED.store(true, Ordering::Relaxed);
+}
+
+/// Whether [`stop_settling`] was called.
+pub fn settling_stopped() -> bool {
+    SETTLING_STOPPED.load(Ordering::Relaxed)
+}
+
+/// Whether thread `me` is in the middle of a change of its shard `shard` (a signal handler
+/// interrupted it there).
+pub fn is_changing(me: u32, shard: ThreadShard) -> bool {
+    let s = &SHARDS[shard.index as usize];
+    (shard.owned && s.busy.load(Ordering::Relaxed) != 0) || s.lock.held_by(me)
+}
+
+/// How long stopping the world waits for one shard before it gives up on it: its holder is
+/// gone (a thread that ended inside the tracker) or not coming back. A live holder lets go
+/// within microseconds, or at worst after another stopped world's walk or a `fork`.
+const PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Every shard held by one thread, its owner excluded: for the report, `stats()`, `fork` and
-/// settling queued frees. Never taken while the thread holds a shard.
-pub struct StoppedWorld(());
+/// settling queued frees. Never taken while the thread holds a shard, except by a signal
+/// handler (an `exit` in a handler runs the report): shards the calling thread itself holds,
+/// and shards whose holder does not let go within [`PATIENCE`], are left *unsettled* (not
+/// held; their lists read as they are) rather than waited for forever.
+pub struct StoppedWorld {
+    locked: ShardSet,
+    unsettled: ShardSet,
+}
 
 impl StoppedWorld {
     /// Stops every owner at its next change of its shard (and waits for changes under way),
-    /// then settles every queued free, so the lists and counters are exact. `holder` is the
-    /// calling thread's number, or [`FORK_HOLDER`].
+    /// then settles every queued free it can, so the lists and counters are exact unless some
+    /// shard is [`unsettled`](Self::unsettled_threads). `holder` is the calling thread's number,
+    /// or [`FORK_HOLDER`].
     pub fn stop(holder: u32) -> StoppedWorld {
+        let mut world = StoppedWorld {
+            locked: ShardSet::default(),
+            unsettled: ShardSet::default(),
+        };
         // In index order; nobody waits for a second shard lock while holding one otherwise.
-        for shard in &SHARDS {
-            shard.lock.lock(holder);
+        for (index, shard) in SHARDS.iter().enumerate() {
+            // Held by this very thread: a signal handler interrupted it inside the tracker.
+            let mine = holder != FORK_HOLDER && shard.lock.held_by(holder);
+            if mine || !shard.lock.lock_within(holder) {
+                world.unsettled.insert(index);
+                continue;
+            }
+            world.locked.insert(index);
             shard.revoked.store(true, Ordering::Relaxed);
         }
         crate::sys::process_barrier();
-        for shard in &SHARDS {
-            let mut spins = 0u32;
-            while shard.busy.load(Ordering::Acquire) != 0 {
-                spins += 1;
-                if spins < 128 {
-                    core::hint::spin_loop();
-                } else {
-                    std::thread::yield_now();
-                }
+        for (index, shard) in SHARDS.iter().enumerate() {
+            if world.locked.contains(index) && !shard.wait_until_idle(holder) {
+                world.unsettled.insert(index);
             }
         }
-        let world = StoppedWorld(());
-        world.settle_pending();
+        if !settling_stopped() {
+            world.settle_pending();
+        }
         world
     }
 
+    /// Whether blocks of shard `index` may be taken off its list: the shard is held, and
+    /// settling was not stopped for an exit from a signal handler.
+    pub fn can_settle(&self, index: u8) -> bool {
+        !self.unsettled.contains(index as usize) && !settling_stopped()
+    }
+
     pub fn shards(&self) -> impl Iterator<Item = HeldShard<'static>> + '_ {
-        SHARDS.iter().map(|shard| HeldShard {
+        SHARDS.iter().enumerate().map(|(index, shard)| HeldShard {
             shard,
-            how: Held::InStoppedWorld,
+            how: if self.unsettled.contains(index) {
+                Held::Unsettled
+            } else {
+                Held::InStoppedWorld
+            },
         })
+    }
+
+    /// The owners of the shards that could not be settled, in order, each once (0: a shard
+    /// without one owner: its thread has exited, or threads share it): their lists were read
+    /// as they were, which may be in the middle of a change.
+    pub fn unsettled_threads(&self) -> Vec<u32> {
+        let mut owners: Vec<u32> = (0..SHARD_COUNT)
+            .filter(|&index| self.unsettled.contains(index))
+            .map(|index| match SHARDS[index].owner.load(Ordering::Relaxed) {
+                NO_OWNER | GUEST => 0,
+                owner => owner,
+            })
+            .collect();
+        owners.sort_unstable();
+        owners.dedup();
+        owners
     }
 
     /// Takes every queued block off its list and frees it; blocks whose cookie no longer says
     /// they were claimed are skipped (a racing second free got there first, or the block was
-    /// freed and reused since: a double free reported then).
+    /// freed and reused since: a double free reported then). Queues of unsettled shards, and
+    /// blocks on unsettled shards, stay queued for the next stop.
     fn settle_pending(&self) {
-        for queue in &SHARDS {
+        for (index, queue) in SHARDS.iter().enumerate() {
+            if self.unsettled.contains(index) {
+                continue;
+            }
             let len = queue.pending_len.load(Ordering::Relaxed) as usize;
+            let mut kept = 0;
             for at in 0..len {
                 // SAFETY: the world is stopped; entries below `len` were written by the owner.
                 let header = unsafe { (*queue.pending.get())[at] };
+                // SAFETY: a claimed block is ours, not yet given back, and on its shard's list.
+                let shard = unsafe { (*header).shard } as usize;
+                if self.unsettled.contains(shard) {
+                    // SAFETY: as above; `kept <= at`.
+                    unsafe { (*queue.pending.get())[kept] = header };
+                    kept += 1;
+                    continue;
+                }
                 // SAFETY: the block was claimed (so it is ours and not yet given back); the
                 // cookie check tells whether it still is.
                 unsafe { super::settle_claimed_block(header, self) };
             }
-            queue.pending_len.store(0, Ordering::Relaxed);
+            queue.pending_len.store(kept as u32, Ordering::Relaxed);
         }
     }
 
@@ -556,10 +677,56 @@ impl StoppedWorld {
 
 impl Drop for StoppedWorld {
     fn drop(&mut self) {
-        for shard in &SHARDS {
-            shard.revoked.store(false, Ordering::Relaxed);
-            shard.lock.unlock();
+        for (index, shard) in SHARDS.iter().enumerate() {
+            if self.locked.contains(index) {
+                shard.revoked.store(false, Ordering::Relaxed);
+                shard.lock.unlock();
+            }
         }
+    }
+}
+
+impl Shard {
+    /// Waits, the shard's lock held and `revoked` set, until its owner is not in the middle of
+    /// a change; false when it never will be: the owner is the calling thread (interrupted by a
+    /// signal handler mid-change), has exited mid-change, or does not finish within
+    /// [`PATIENCE`].
+    fn wait_until_idle(&self, holder: u32) -> bool {
+        let mut waited = Patience::new();
+        while self.busy.load(Ordering::Acquire) != 0 {
+            let owner = self.owner.load(Ordering::Relaxed);
+            if owner == NO_OWNER || owner == holder || !waited.more() {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// A bounded spin: spins, then yields, until [`PATIENCE`] is spent.
+pub(crate) struct Patience {
+    spins: u32,
+    since: Option<std::time::Instant>,
+}
+
+impl Patience {
+    pub(crate) fn new() -> Self {
+        Patience {
+            spins: 0,
+            since: None,
+        }
+    }
+
+    /// Waits a little; false once the patience is spent.
+    pub(crate) fn more(&mut self) -> bool {
+        self.spins += 1;
+        if self.spins < 128 {
+            core::hint::spin_loop();
+            return true;
+        }
+        std::thread::yield_now();
+        let since = *self.since.get_or_insert_with(std::time::Instant::now);
+        since.elapsed() < PATIENCE
     }
 }
 
@@ -599,4 +766,35 @@ pub fn totals() -> Totals {
     t.live_blocks = t.allocations.saturating_sub(t.frees);
     t.peak_bytes = t.peak_bytes.max(t.live_bytes);
     t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A thread number no real thread has.
+    const INTERRUPTED: u32 = u32::MAX - 7;
+
+    #[test]
+    fn stopping_the_world_from_inside_a_change_leaves_that_shard_unsettled_instead_of_waiting() {
+        // As if a signal handler ran the report while its thread held guest shard 3.
+        let held = SHARDS[3].hold(INTERRUPTED, false).expect("shard 3 free");
+        let world = StoppedWorld::stop(INTERRUPTED);
+        assert!(!world.can_settle(3));
+        assert!(world.can_settle(4));
+        assert_eq!(
+            world.unsettled_threads(),
+            [0],
+            "a guest shard has no one owner"
+        );
+        drop(world);
+        assert!(
+            SHARDS[3].lock.held_by(INTERRUPTED),
+            "the world let go only of its own locks"
+        );
+        drop(held);
+        assert!(StoppedWorld::stop(INTERRUPTED)
+            .unsettled_threads()
+            .is_empty());
+    }
 }

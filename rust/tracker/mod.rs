@@ -7,7 +7,7 @@
 
 pub mod budget;
 pub mod errors;
-mod fork;
+pub mod fork;
 pub mod guard;
 pub mod header;
 mod heap;
@@ -20,7 +20,7 @@ pub mod raw;
 use crate::ffi::{BlockKind, Stats};
 use crate::stack::{self, StackId, StartFrame};
 use core::ffi::c_char;
-use core::sync::atomic::{AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use errors::{ErrorKind, MemoryError};
 use guard::Inside;
 use header::{BlockHeader, Lookup, NewBlock, Owner, Placement};
@@ -129,6 +129,7 @@ pub fn deallocate(ptr: *mut u8, kind: BlockKind, start: impl Fn() -> StartFrame 
             // SAFETY: the header is ours (its cookie was repaired just above).
             free_live(header, unsafe { (*header).live_cookie() }, kind, start)
         }
+        Lookup::Freed { .. } | Lookup::Foreign if guard::inside() => defer_free(ptr, kind, None),
         Lookup::Freed {
             size,
             alloc_stack,
@@ -179,6 +180,11 @@ fn free_live(
     kind: BlockKind,
     start: impl Fn() -> StartFrame + Copy,
 ) {
+    // A signal handler that interrupted its thread inside the tracker: the thread may hold what
+    // this free needs (a lock, its shard's list), so the free waits for the thread to leave.
+    if guard::inside() {
+        return defer_free(BlockHeader::user_ptr(header), kind, Some(header));
+    }
     // SAFETY: lookup saw a LIVE cookie; the fields read before holding the shard are only used
     // to find it, and everything is checked again once it is held.
     let (shard, allocated_with) = unsafe { ((*header).shard, (*header).kind) };
@@ -194,20 +200,15 @@ fn free_live(
         report_mismatch(header, kind, start());
     }
     let me = guard::me();
-    let own = shard == me.shard.index;
-    let held = if own {
-        // Indexed by the thread's own shard, not the header's: the header may still be on its
-        // way from memory, and the shard's loads and stores should not wait for it.
-        SHARDS[me.shard.index as usize].hold(me.number, me.shard.owned)
-    } else {
-        match SHARDS[shard as usize].lock_unowned(me.number) {
-            Ok(held) => Some(held),
-            Err(NotHeld::Owned) => return free_remote(header, kind, start, me),
-            Err(NotHeld::Reentered) => None,
-        }
+    if shard != me.shard.index {
+        return free_on_other_list(header, cookie, shard, kind, start, me);
+    }
+    // Indexed by the thread's own shard, not the header's: the header may still be on its way
+    // from memory, and the shard's loads and stores should not wait for it.
+    let Some(held) = SHARDS[me.shard.index as usize].hold(me.number, me.shard.owned) else {
+        // A signal handler freeing while its thread changes this shard.
+        return defer_free(BlockHeader::user_ptr(header), kind, Some(header));
     };
-    // None: a signal handler freeing while its thread holds this shard; the block stays live.
-    let Some(held) = held else { return };
     // SAFETY: with the shard held, a LIVE cookie and this shard mean the block is on this
     // list; a racing second free of the same pointer sees FREED or CLAIMED here instead.
     unsafe {
@@ -215,10 +216,96 @@ fn free_live(
             drop(held);
             return deallocate_raced(header, kind, start());
         }
-        if own {
-            free_on_own_list(held, header, hot);
-        } else {
-            free_off_list(held, header, Settling::No);
+        free_on_own_list(held, header, hot);
+    }
+}
+
+/// Frees a block of another shard: under that shard's lock when nobody owns it, else claimed
+/// and queued. Inside the tracker, since the locks it takes are not reentrant.
+#[cold]
+#[inline(never)]
+fn free_on_other_list(
+    header: *mut BlockHeader,
+    cookie: usize,
+    shard: u8,
+    kind: BlockKind,
+    start: impl Fn() -> StartFrame + Copy,
+    me: guard::Me,
+) {
+    // Not inside (free_live checked), but maybe interrupted in the middle of a change of its
+    // own shard, which may hold a heap class lock.
+    if in_tracker(me) {
+        return defer_free(BlockHeader::user_ptr(header), kind, Some(header));
+    }
+    let _inside = Inside::enter();
+    let held = match SHARDS[shard as usize].lock_unowned(me.number) {
+        Ok(held) => held,
+        Err(NotHeld::Owned) => return free_remote(header, kind, start, me),
+        Err(NotHeld::Reentered) => {
+            return defer_free(BlockHeader::user_ptr(header), kind, Some(header))
+        }
+    };
+    // SAFETY: as in free_live: checked again with the shard held.
+    unsafe {
+        if !(*header).cookie_is(cookie) || (*header).shard != shard {
+            drop(held);
+            return deallocate_raced(header, kind, start());
+        }
+        free_off_list(held, header, Settling::No);
+    }
+}
+
+/// Frees that could not be applied, counted and said in the report: deferred by a signal
+/// handler beyond what its thread's record holds (see [`guard::DeferredFree`]), or claimed
+/// blocks of a shard that stopping the world had to give up on.
+static UNRECORDED_FREES: AtomicU64 = AtomicU64::new(0);
+
+/// How many frees could not be applied (their blocks stay claimed and counted live).
+pub fn unrecorded_frees() -> u64 {
+    UNRECORDED_FREES.load(Ordering::Relaxed)
+}
+
+/// Whether the calling thread is in the tracker: inside it, or in the middle of a change of
+/// its own shard. Seen from a signal handler, its thread may then hold locks and lists.
+pub fn in_tracker(me: guard::Me) -> bool {
+    guard::inside() || live_list::is_changing(me.number, me.shard)
+}
+
+/// Keeps a free for the thread to apply when it leaves the tracker. A live block (`header`) is
+/// claimed now; one that cannot be was freed by someone else since the lookup (a double free,
+/// reported when this free is applied).
+#[cold]
+#[inline(never)]
+fn defer_free(ptr: *mut u8, kind: BlockKind, header: Option<*mut BlockHeader>) {
+    let free = match header {
+        // SAFETY: `header` was seen LIVE by lookup and is ours; claiming is one compare-and-swap.
+        Some(header) if unsafe { (*header).claim() } => guard::DeferredFree::Claimed(header),
+        _ => guard::DeferredFree::Free { ptr, kind },
+    };
+    record_deferred(free);
+}
+
+fn record_deferred(free: guard::DeferredFree) {
+    if !guard::defer(free) {
+        UNRECORDED_FREES.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Applies the calling thread's deferred frees: when it leaves the tracker, at its exit, and
+/// before `stats()` and the reports.
+#[cold]
+#[inline(never)]
+pub fn apply_deferred_frees() {
+    if in_tracker(guard::me()) {
+        return; // not left yet (a signal handler's call): applied when the thread leaves
+    }
+    while let Some(free) = guard::take_deferred() {
+        match free {
+            guard::DeferredFree::Claimed(header) => {
+                let _inside = Inside::enter();
+                queue_claimed(header, guard::me());
+            }
+            guard::DeferredFree::Free { ptr, kind } => deallocate(ptr, kind, StartFrame::here),
         }
     }
 }
@@ -280,6 +367,8 @@ unsafe fn release_freed(header: *mut BlockHeader, hot: init::Hot, settling: Sett
         } else if h.placement == Placement::Heap {
             heap::give_back_block(header as *mut u8, h.class);
         } else {
+            // Inside the tracker: the budget and the record of unmapped blocks take locks.
+            let _inside = Inside::enter();
             raw::release(header, h.raw_offset());
         }
     }
@@ -319,21 +408,26 @@ fn free_remote(
     start: impl Fn() -> StartFrame + Copy,
     me: guard::Me,
 ) {
-    let own = &SHARDS[me.shard.index as usize];
-    let Some(mut held) = own.hold(me.number, me.shard.owned) else {
-        return; // a signal handler inside its thread's change of its shard: the block stays live
-    };
     // SAFETY: lookup saw a LIVE cookie at this header, which is ours.
     if !unsafe { (*header).claim() } {
-        drop(held);
         return deallocate_raced(header, kind, start());
     }
+    queue_claimed(header, me);
+}
+
+/// Queues a claimed block on the calling thread's shard, or settles it at once when the queue
+/// is full or the thread has no shard of its own.
+fn queue_claimed(header: *mut BlockHeader, me: guard::Me) {
+    let Some(mut held) = SHARDS[me.shard.index as usize].hold(me.number, me.shard.owned) else {
+        // A signal handler in the middle of its thread's change of its shard.
+        return record_deferred(guard::DeferredFree::Claimed(header));
+    };
     if me.shard.owned && held.queue_pending(header) {
         return;
     }
     drop(held);
     let world = StoppedWorld::stop(me.number);
-    // SAFETY: claimed just above, and not queued.
+    // SAFETY: claimed, and not queued.
     unsafe { settle_claimed_block(header, &world) };
 }
 
@@ -344,10 +438,16 @@ fn free_remote(
 /// `header` is a header of ours that was claimed ([`BlockHeader::claim`]).
 pub(crate) unsafe fn settle_claimed_block(header: *mut BlockHeader, world: &StoppedWorld) {
     // SAFETY: the world is stopped, so nobody changes the block while it is claimed, and a
-    // claimed block is still on the list of its shard.
+    // claimed block is still on the list of its shard. A block on a shard the world could not
+    // settle stays claimed: listed by no report, but left in the counters.
     unsafe {
-        if (*header).is_claimed() {
+        if !(*header).is_claimed() {
+            return;
+        }
+        if world.can_settle((*header).shard) {
             free_off_list(world.shard((*header).shard), header, Settling::WorldStopped);
+        } else if !live_list::settling_stopped() {
+            UNRECORDED_FREES.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -453,6 +553,7 @@ pub fn check_heap(start: StartFrame) -> usize {
 
 /// Counters of the whole process.
 pub fn stats() -> Stats {
+    apply_deferred_frees();
     integrity::report_found();
     if live_list::any_pending() {
         let _inside = Inside::enter();

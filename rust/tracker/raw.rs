@@ -112,27 +112,37 @@ fn acquire_any(size: usize, align: usize) -> Option<RawBlock> {
     if size >= MAPPED_THRESHOLD || align >= PAGE_SIZE {
         return acquire_mapped(size, align);
     }
-    let raw_offset = HEADER_SIZE.next_multiple_of(align);
-    let total = raw_offset.checked_add(size)?;
+    // Page-aligned user pointers are kept for mapped blocks only, so freeing a malloc'd block
+    // never needs the page probe (a syscall). Asking for `align` bytes more lets the user
+    // pointer move off a page start. (Retrying the same size is no way out: chunks of a whole
+    // number of pages carved one after another from the top of glibc's heap all start at the
+    // same offset in their page, and such a retry recurred until the stack overflowed.)
+    let total = HEADER_SIZE
+        .next_multiple_of(align)
+        .checked_add(size)?
+        .checked_add(align)?;
     let raw = sys::raw_alloc(total, align);
     if raw.is_null() {
         return None;
     }
-    let block = RawBlock {
+    let raw_offset = malloc_user_offset(raw as usize, align);
+    Some(RawBlock {
         user: raw.wrapping_add(raw_offset),
         raw_offset,
         placement: Placement::Malloc,
         class: 0,
-    };
-    if !(block.user as usize).is_multiple_of(PAGE_SIZE) {
-        return Some(block);
+    })
+}
+
+/// Where the user pointer goes in a chunk at `raw` (aligned to `align`, below a page) with
+/// `align` bytes to spare: right after the header, or `align` further on if that is a page start.
+fn malloc_user_offset(raw: usize, align: usize) -> usize {
+    let offset = HEADER_SIZE.next_multiple_of(align);
+    if (raw + offset).is_multiple_of(PAGE_SIZE) {
+        offset + align
+    } else {
+        offset
     }
-    // Keep page-aligned user pointers for mapped blocks only, so freeing a malloc'd block never
-    // needs the page probe (a syscall). Rare: about one block in 256.
-    let retry = acquire_any(size, align);
-    // SAFETY: `raw` came from raw_alloc just above and was never handed out.
-    unsafe { sys::raw_free(raw) };
-    retry
 }
 
 /// A mapping whose user pointer is page-aligned, with the header at the end of the page before.
@@ -252,4 +262,38 @@ pub fn recently_unmapped(user: usize) -> Option<UnmappedBlock> {
         .flatten()
         .find(|b| b.user == user)
         .copied()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A chunk whose user pointer would fall on a page start gets it one alignment further on,
+    /// inside the room asked for (retrying the same size was no way out: glibc carves chunks of
+    /// a whole number of pages one after another at the same page offset, and the retry recurred
+    /// until the stack overflowed).
+    #[test]
+    fn a_malloc_user_pointer_is_moved_off_a_page_start() {
+        for align in [16, 64, 128, 2048] {
+            let header = HEADER_SIZE.next_multiple_of(align);
+            let at_page = 7 * PAGE_SIZE - header;
+            assert_eq!(malloc_user_offset(at_page, align), header + align);
+            assert!(!(at_page + header + align).is_multiple_of(PAGE_SIZE));
+            assert_eq!(malloc_user_offset(at_page + align, align), header);
+        }
+    }
+
+    #[test]
+    fn system_blocks_are_never_page_aligned_malloc_pointers() {
+        let size = 5 * PAGE_SIZE - HEADER_SIZE - 16; // a chunk of exactly 5 pages
+        let blocks: Vec<RawBlock> = (0..512)
+            .map(|_| acquire_system(size, 16).expect("memory"))
+            .collect();
+        for block in blocks {
+            assert!(!(block.user as usize).is_multiple_of(PAGE_SIZE));
+            assert_eq!(block.placement, Placement::Malloc);
+            // SAFETY: fresh from acquire_system, never handed out; raw as it computed.
+            unsafe { sys::raw_free(block.user.wrapping_sub(block.raw_offset)) };
+        }
+    }
 }
