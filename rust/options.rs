@@ -4,6 +4,7 @@
 //! options are parsed lazily, without allocating, into fixed-size fields.
 
 use crate::engine::ClassSpec;
+use crate::report::scan::LeakKind;
 use crate::stack::UnwindMode;
 use crate::sys::{self, StackBuffer};
 use core::cell::UnsafeCell;
@@ -67,6 +68,14 @@ pub struct Options {
     pub budget: usize,
     /// The budget's pool size classes; empty = derived from the budget.
     pub pool_classes: PoolClasses,
+    /// `suppressions=FILE`: leak and error rules (`report::suppress`).
+    pub suppressions: Option<PathOption>,
+    /// Whether the text lists reachable blocks (else one line with their total).
+    pub show_reachable: bool,
+    /// The leak kinds `exitcode` counts, as `LeakKind::bit`s.
+    pub leak_kinds: u8,
+    /// How many direct-leak sites the text lists (0: all).
+    pub max_leaks: usize,
 }
 
 /// `pool_classes=64x1000,256x500`: block size x block count per class (':' separates options).
@@ -121,6 +130,10 @@ impl Options {
         unwinder: UnwindMode::Dwarf,
         budget: 0,
         pool_classes: PoolClasses::EMPTY,
+        suppressions: None,
+        show_reachable: true,
+        leak_kinds: LeakKind::Direct.bit() | LeakKind::Indirect.bit(),
+        max_leaks: 0,
     };
 
     /// Applies `key=value:key=value`, warning once on stderr for each bad pair.
@@ -183,6 +196,23 @@ impl Options {
                 };
                 Ok(())
             }
+            b"suppressions" => {
+                let mut path = PathOption::from_static("");
+                path.set(value).then_some(()).ok_or("bad path")?;
+                self.suppressions = Some(path);
+                Ok(())
+            }
+            b"show_reachable" => parse_flag(value).map(|v| self.show_reachable = v),
+            b"leak_kinds" => {
+                self.leak_kinds = parse_leak_kinds(value)
+                    .ok_or("bad value (direct, indirect, reachable, all or none, by commas)")?;
+                Ok(())
+            }
+            b"max_leaks" => {
+                let max = parse_int(value).and_then(|n| usize::try_from(n).ok());
+                self.max_leaks = max.ok_or("bad value (a count, 0 for all)")?;
+                Ok(())
+            }
             _ => Err("unknown key"),
         }
     }
@@ -194,6 +224,22 @@ impl Options {
             None => format!("{}.json", self.log_path.as_str()),
         }
     }
+}
+
+/// `leak_kinds=direct,indirect`: a set of `LeakKind::bit`s (`all`, `none`).
+fn parse_leak_kinds(value: &[u8]) -> Option<u8> {
+    let mut bits = 0;
+    for name in value.split(|&b| b == b',') {
+        bits |= match name {
+            b"all" => LeakKind::ALL.iter().fold(0, |all, k| all | k.bit()),
+            b"none" => 0,
+            _ => LeakKind::ALL
+                .iter()
+                .find(|k| k.name().as_bytes() == name)?
+                .bit(),
+        };
+    }
+    Some(bits)
 }
 
 fn parse_int(value: &[u8]) -> Option<i64> {

@@ -50,7 +50,8 @@ fn json_path_and_log_path_choose_the_files() {
     let custom = dir.join("custom.json");
     let run = support::run(&exe, &format!("json_path={}", custom.display()));
     assert!(
-        run.text.contains("Leak of 20 bytes in 1 block (new[])"),
+        run.text
+            .contains("Direct leak of 20 bytes in 1 block (new[])"),
         "{}",
         run.text
     );
@@ -72,7 +73,7 @@ fn write_leak_report_writes_now_and_says_when_it_cannot() {
     assert!(run.stdout().contains("write_leak_report: true"));
     let text = std::fs::read_to_string(&now).unwrap();
     assert!(
-        text.contains("Leak of 20 bytes in 1 block (new[])"),
+        text.contains("Direct leak of 20 bytes in 1 block (new[])"),
         "{text}"
     );
     assert!(dir.join("now.log.json").exists());

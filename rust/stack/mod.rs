@@ -138,3 +138,16 @@ pub fn warm_up() {
     capture::warm_up_caches();
     let _ = capture(StartFrame::here(), MAX_DEPTH);
 }
+
+/// Where the calling thread's capture state lies: its memo keeps copies of stack words, which
+/// a leak scan must not take for pointers the program holds.
+pub fn tracker_thread_state() -> core::ops::Range<usize> {
+    capture::thread_state_range()
+}
+
+/// The calling thread's stack from `sp` (an address in the current frame) to its top, if its
+/// bounds are known.
+pub fn stack_above(sp: usize) -> Option<core::ops::Range<usize>> {
+    let (lo, hi) = capture::this_thread_stack_bounds()?;
+    (lo..hi).contains(&sp).then_some(sp..hi)
+}

@@ -64,6 +64,12 @@ impl Symbolizer {
         }
     }
 
+    /// Whether `address` lies in a module mapped when this symbolizer was made (a `__FILE__`
+    /// literal of a `dlclose`d library does not).
+    pub fn is_mapped(&self, address: usize) -> bool {
+        self.map.find(address).is_some()
+    }
+
     /// The frames of one return address, innermost inlined function first, the function
     /// that owns the machine code last. Never empty: at worst one frame with the module and
     /// offset and no name. Each address is resolved once.

@@ -14,6 +14,14 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
+    /// Every kind (suppression files name them).
+    pub const ALL: [ErrorKind; 4] = [
+        ErrorKind::MismatchedDelete,
+        ErrorKind::DoubleFree,
+        ErrorKind::InvalidFree,
+        ErrorKind::BudgetExceeded,
+    ];
+
     /// The name used in the reports (SPEC's `errors[].kind`).
     pub fn name(self) -> &'static str {
         match self {

@@ -49,6 +49,7 @@ extern "C" fn release_in_parent() {
 
 /// The other threads are gone in the child, and so is their ownership of shards.
 extern "C" fn release_in_child() {
+    crate::report::note_forked_child();
     HELD.with(|held| {
         if let Some(world) = &held.borrow().0 {
             world.forget_other_owners(super::guard::thread_number());
