@@ -12,4 +12,12 @@ Stats stats() noexcept {
 
 bool write_leak_report(const char* path) noexcept { return detail::write_leak_report(path); }
 
+void ignore_leak(const void* ptr) noexcept {
+    detail::ignore_leak(static_cast<std::uint8_t*>(const_cast<void*>(ptr)));
+}
+
+ScopedLeakIgnore::ScopedLeakIgnore() noexcept : token_(detail::begin_leak_ignore()) {}
+
+ScopedLeakIgnore::~ScopedLeakIgnore() { detail::end_leak_ignore(token_); }
+
 }  // namespace k15::memory

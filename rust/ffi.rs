@@ -137,6 +137,11 @@ pub mod bridge {
         unsafe fn write_leak_report(path: *const c_char) -> bool;
         /// Called once by the exit hook in `cpp/new_delete.cpp`, after every static destructor.
         fn report_at_exit();
+        /// `ignore_leak(ptr)`: any pointer; only a live block's is recorded.
+        unsafe fn ignore_leak(ptr: *mut u8);
+        /// `ScopedLeakIgnore`: the token `begin` returns is given to `end`.
+        fn begin_leak_ignore() -> usize;
+        fn end_leak_ignore(token: usize);
     }
 }
 
@@ -201,6 +206,20 @@ unsafe fn write_leak_report(path: *const c_char) -> bool {
 
 fn report_at_exit() {
     crate::report::at_exit::run();
+}
+
+/// # Safety
+/// None beyond cxx's: `ptr` may be anything; it is only looked up, never dereferenced blindly.
+unsafe fn ignore_leak(ptr: *mut u8) {
+    crate::report::ignore::ignore_leak(ptr);
+}
+
+fn begin_leak_ignore() -> usize {
+    crate::report::ignore::begin_scope()
+}
+
+fn end_leak_ignore(token: usize) {
+    crate::report::ignore::end_scope(token);
 }
 
 /// # Safety

@@ -44,6 +44,13 @@ struct Stats {
 namespace k15::memory {
 inline Stats stats() noexcept { return {}; }
 inline bool write_leak_report(const char* = nullptr) noexcept { return false; }
+inline void ignore_leak(const void*) noexcept {}
+class ScopedLeakIgnore {
+public:
+    ScopedLeakIgnore() noexcept {}
+    ScopedLeakIgnore(const ScopedLeakIgnore&) = delete;
+    ScopedLeakIgnore& operator=(const ScopedLeakIgnore&) = delete;
+};
 }  // namespace k15::memory
 
 #else
@@ -70,6 +77,24 @@ Stats stats() noexcept;
 // Writes the text report to `path` and the JSON report to `path` + ".json" now; nullptr means
 // the configured log_path (K15_MEMORY_OPTIONS). Returns false if a file could not be written.
 bool write_leak_report(const char* path = nullptr) noexcept;
+
+// The block at `ptr` lives on purpose: never reported as a leak (counted under
+// "ignore_leak()"), and the blocks it points to count as reachable. Null and pointers that are
+// no live block are ignored.
+void ignore_leak(const void* ptr) noexcept;
+
+// Every block this thread allocates while the scope is open lives on purpose, as with
+// ignore_leak (counted under "ScopedLeakIgnore"). Costs nothing per allocation.
+class ScopedLeakIgnore {
+public:
+    ScopedLeakIgnore() noexcept;
+    ~ScopedLeakIgnore();
+    ScopedLeakIgnore(const ScopedLeakIgnore&) = delete;
+    ScopedLeakIgnore& operator=(const ScopedLeakIgnore&) = delete;
+
+private:
+    std::size_t token_;
+};
 
 }  // namespace k15::memory
 
