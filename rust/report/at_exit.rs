@@ -24,17 +24,24 @@ pub fn run() {
         let (text_path, json_path) = super::paths(options);
         let line = match super::write(&report, &text_path, &json_path) {
             Ok(()) => format!("{}: see {text_path}\n", summary_line(&report)),
-            Err(failed) => {
+            Err(failed) if failed.path == text_path => {
                 // The report must not be lost: all of it goes to stderr instead.
-                let mut err = std::io::stderr().lock();
+                let mut err = std::io::BufWriter::new(std::io::stderr().lock());
                 let _ = super::text::write(&mut err, &report);
+                let _ = std::io::Write::flush(&mut err);
                 format!(
-                    "k15-memory: could not write the leak report to {}: {} (the text report is above)\n{}\n",
+                    "k15-memory: could not write the leak report to {}: {} (the report is above)\n{}\n",
                     failed.path,
                     failed.error,
                     summary_line(&report)
                 )
             }
+            Err(failed) => format!(
+                "k15-memory: could not write the JSON report to {}: {}\n{}: see {text_path}\n",
+                failed.path,
+                failed.error,
+                summary_line(&report)
+            ),
         };
         crate::sys::write_fd(2, line.as_bytes());
     }

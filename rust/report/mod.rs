@@ -502,10 +502,12 @@ pub struct WriteError {
     pub error: std::io::Error,
 }
 
-/// Writes the text report to `text_path` and the JSON one to `json_path`, streaming.
+/// Writes the text report to `text_path` and the JSON one to `json_path`, streaming; a failure
+/// of one does not stop the other. The error names the file that failed (the text's first).
 pub fn write(report: &Report, text_path: &str, json_path: &str) -> Result<(), WriteError> {
-    write_file(text_path, |out| text::write(out, report))?;
-    write_file(json_path, |out| json::write(out, report))
+    let text = write_file(text_path, |out| text::write(out, report));
+    let json = write_file(json_path, |out| json::write(out, report));
+    text.and(json)
 }
 
 fn write_file(
