@@ -1,6 +1,6 @@
-//! The JSON report, format `k15-leaks/2`: each distinct stack once in `stacks`, each allocation
-//! site once in `sites` (its stack by index), then one short entry per block and per error,
-//! written as it goes.
+//! The JSON report, format `k15-leaks/2`: one short entry per block (its allocation site by
+//! index into `sites`) and per error, each site once (its stack by index into `stacks`), each
+//! stack once as a list of indices into `frames`, each distinct frame once; written as it goes.
 
 use super::scan::LeakKind;
 use super::{Leak, Report};
@@ -65,21 +65,9 @@ pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
             .iter()
             .flat_map(|s| s.leaks.iter().copied()),
     );
-    let mut sites: HashMap<super::SiteKey, usize> = HashMap::new();
-    let mut site_rows = Vec::new();
-    let site_ids: Vec<usize> = ordered
-        .iter()
-        .map(|l| {
-            let next = sites.len();
-            *sites.entry(l.site_key()).or_insert_with(|| {
-                site_rows.push(*l);
-                next
-            })
-        })
-        .collect();
-
     writeln!(out, "  \"sites\": [")?;
-    for (i, l) in site_rows.iter().enumerate() {
+    for (i, &first) in report.site_blocks.iter().enumerate() {
+        let l = &report.leaks[first];
         writeln!(
             out,
             "    {{ \"stack\": {}, \"array\": {}, \"file\": {}, \"line\": {}, \"language\": \"{}\" }}{}",
@@ -88,15 +76,16 @@ pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
             l.file.map_or("null".to_owned(), quoted),
             l.line,
             l.language(),
-            comma(i, site_rows.len())
+            comma(i, report.site_blocks.len())
         )?;
     }
     writeln!(out, "  ],")?;
     writeln!(out, "  \"leaks\": [")?;
-    for (i, (l, site)) in ordered.iter().zip(&site_ids).enumerate() {
+    for (i, l) in ordered.iter().enumerate() {
         write!(
             out,
-            "{{\"site\":{site},\"leak_kind\":\"{}\",\"size\":{},\"seq\":{},\"thread\":{},\"address\":\"{:#x}\"",
+            "{{\"site\":{},\"leak_kind\":\"{}\",\"size\":{},\"seq\":{},\"thread\":{},\"address\":\"{:#x}\"",
+            l.site,
             l.leak_kind.name(),
             l.size,
             l.seq,
@@ -143,11 +132,43 @@ pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
         )?;
     }
     writeln!(out, "  ],")?;
-    writeln!(out, "  \"stacks\": [")?;
-    for (i, id) in stacks.order.iter().enumerate() {
+    // Each distinct frame once (stacks share most of theirs), then the stacks as frame lists.
+    let mut frames: HashMap<(usize, usize), usize> = HashMap::new();
+    let mut frame_rows: Vec<&Frame> = Vec::new();
+    let stack_rows: Vec<Vec<usize>> = stacks
+        .order
+        .iter()
+        .map(|id| {
+            let stack = report.frames(*id);
+            stack
+                .iter()
+                .enumerate()
+                .map(|(i, frame)| {
+                    // An address's inlined frames, told apart by their distance from the last
+                    // of them (the top of a stack may have lost the first ones to trimming).
+                    let from_end = stack[i..]
+                        .iter()
+                        .take_while(|f| f.address == frame.address)
+                        .count();
+                    *frames.entry((frame.address, from_end)).or_insert_with(|| {
+                        frame_rows.push(frame);
+                        frame_rows.len() - 1
+                    })
+                })
+                .collect()
+        })
+        .collect();
+    writeln!(out, "  \"frames\": [")?;
+    for (i, frame) in frame_rows.iter().enumerate() {
         write!(out, "    ")?;
-        write_stack(out, report.frames(*id))?;
-        writeln!(out, "{}", comma(i, stacks.order.len()))?;
+        write_frame(out, frame)?;
+        writeln!(out, "{}", comma(i, frame_rows.len()))?;
+    }
+    writeln!(out, "  ],")?;
+    writeln!(out, "  \"stacks\": [")?;
+    for (i, row) in stack_rows.iter().enumerate() {
+        let ids: Vec<String> = row.iter().map(usize::to_string).collect();
+        writeln!(out, "    [{}]{}", ids.join(","), comma(i, stack_rows.len()))?;
     }
     writeln!(out, "  ]")?;
     writeln!(out, "}}")
@@ -177,22 +198,31 @@ fn comma(i: usize, len: usize) -> &'static str {
     }
 }
 
-fn write_stack(out: &mut dyn Write, frames: &[Frame]) -> io::Result<()> {
-    write!(out, "[")?;
-    for (i, f) in frames.iter().enumerate() {
-        write!(
-            out,
-            "{}{{ \"function\": {}, \"file\": {}, \"line\": {}, \"inlined\": {}, \"address\": \"{:#x}\", \"module\": {} }}",
-            if i == 0 { "" } else { ", " },
-            f.function.as_deref().map_or("null".to_owned(), quoted),
-            f.file.as_deref().map_or("null".to_owned(), quoted),
-            f.line,
-            f.inlined,
-            f.address,
-            quoted(&f.module)
-        )?;
+fn write_frame(out: &mut dyn Write, f: &Frame) -> io::Result<()> {
+    out.write_all(b"{ \"function\": ")?;
+    write_quoted(out, f.function.as_deref())?;
+    out.write_all(b", \"file\": ")?;
+    write_quoted(out, f.file.as_deref())?;
+    write!(
+        out,
+        ", \"line\": {}, \"inlined\": {}, \"address\": \"{:#x}\", \"module\": ",
+        f.line, f.inlined, f.address
+    )?;
+    write_quoted(out, Some(&f.module))?;
+    out.write_all(b" }")
+}
+
+/// A JSON string literal, or `null`, straight into `out` (stacks are most of a big report).
+fn write_quoted(out: &mut dyn Write, s: Option<&str>) -> io::Result<()> {
+    match s {
+        None => out.write_all(b"null"),
+        Some(s) if !s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') => {
+            out.write_all(b"\"")?;
+            out.write_all(s.as_bytes())?;
+            out.write_all(b"\"")
+        }
+        Some(s) => out.write_all(quoted(s).as_bytes()),
     }
-    write!(out, "]")
 }
 
 /// A JSON string literal.

@@ -40,6 +40,8 @@ pub struct Leak {
     pub held_by: Option<usize>,
     /// The rule (index into [`Report::rules`]) that keeps the block out of the report.
     pub suppressed: Option<usize>,
+    /// Its allocation site: blocks with the same stack, kind and `K15_NEW` place share it.
+    pub site: u32,
 }
 
 impl Leak {
@@ -60,19 +62,69 @@ impl Leak {
         self.allocator.unwrap_or_else(|| errors::family(self.kind))
     }
 
-    /// What groups blocks into one allocation site: same stack, kind and `K15_NEW` site.
+    /// What groups blocks into one allocation site: same stack, kind and `K15_NEW` place (the
+    /// strings by address: literals, the same for every block of a site).
     fn site_key(&self) -> SiteKey {
         (
-            self.stack,
-            self.language(),
+            self.stack.0,
+            self.language().as_ptr() as usize,
             self.kind.repr,
-            self.file,
+            self.file.map_or(0, |f| f.as_ptr() as usize),
             self.line,
         )
     }
 }
 
-type SiteKey = (StackId, &'static str, u8, Option<&'static str>, u32);
+type SiteKey = (u32, usize, u8, usize, u32);
+
+/// Numbers every block's site ([`Leak::site`]) and returns one block of each, by site number.
+fn number_sites(leaks: &mut [Leak]) -> Vec<usize> {
+    let mut numbers: HashMap<SiteKey, u32, FastHash> = HashMap::default();
+    let mut first_of_site = Vec::new();
+    for (i, leak) in leaks.iter_mut().enumerate() {
+        let next = numbers.len() as u32;
+        leak.site = *numbers.entry(leak.site_key()).or_insert_with(|| {
+            first_of_site.push(i);
+            next
+        });
+    }
+    first_of_site
+}
+
+/// A multiply-rotate hash for the report's integer keys: SipHash's DoS resistance buys nothing
+/// here and costs most of the grouping time at a million blocks.
+type FastHash = core::hash::BuildHasherDefault<WordHasher>;
+
+#[derive(Default)]
+struct WordHasher(u64);
+
+impl core::hash::Hasher for WordHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u64(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+
+    fn write_u32(&mut self, word: u32) {
+        self.write_u64(u64::from(word));
+    }
+
+    fn write_u8(&mut self, word: u8) {
+        self.write_u64(u64::from(word));
+    }
+
+    fn write_usize(&mut self, word: usize) {
+        self.write_u64(word as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
 
 /// Blocks of one allocation site and one leak kind: one entry of the text report.
 pub struct Site<'a> {
@@ -134,6 +186,8 @@ pub struct Report {
     pub stats: crate::ffi::Stats,
     /// The suppression rules in force, with what each kept out (see [`Report::rules_used`]).
     rules: Vec<RuleCount>,
+    /// One block of each site ([`Leak::site`]), by site number.
+    pub site_blocks: Vec<usize>,
     stacks: HashMap<StackId, Vec<Frame>>,
 }
 
@@ -193,8 +247,10 @@ impl Report {
             }
             None => true,
         });
+        let site_blocks = number_sites(&mut leaks);
         Report {
             leaks,
+            site_blocks,
             errors: all_errors,
             error_count,
             runtime_blocks,
@@ -262,19 +318,20 @@ impl Report {
     /// (counting what they hold).
     pub fn direct_sites(&self) -> Vec<DirectSite<'_>> {
         let sites = self.sites(LeakKind::Direct);
-        let mut site_of_leader: HashMap<usize, usize> = HashMap::new();
+        let mut position_of_site = vec![usize::MAX; self.site_blocks.len()];
         for (i, site) in sites.iter().enumerate() {
-            for leak in &site.leaks {
-                site_of_leader.insert(self.index_of(leak), i);
-            }
+            position_of_site[site.first().site as usize] = i;
         }
         let mut held: Vec<Vec<&Leak>> = sites.iter().map(|_| Vec::new()).collect();
         for leak in self
             .reported()
             .filter(|l| l.leak_kind == LeakKind::Indirect)
         {
-            if let Some(&site) = leak.held_by.and_then(|d| site_of_leader.get(&d)) {
-                held[site].push(leak);
+            let Some(direct) = leak.held_by.map(|d| &self.leaks[d]) else {
+                continue;
+            };
+            if direct.suppressed.is_none() {
+                held[position_of_site[direct.site as usize]].push(leak);
             }
         }
         let mut direct: Vec<DirectSite<'_>> = sites
@@ -297,24 +354,16 @@ impl Report {
 
     /// `leaks` by allocation site.
     fn group<'a>(&'a self, leaks: impl Iterator<Item = &'a Leak>) -> Vec<Site<'a>> {
-        let mut by_site: HashMap<SiteKey, Vec<&'a Leak>> = HashMap::new();
-        for leak in leaks {
-            by_site.entry(leak.site_key()).or_default().push(leak);
-        }
-        by_site
-            .into_values()
+        let mut leaks: Vec<&'a Leak> = leaks.collect();
+        leaks.sort_by_key(|l| l.site); // stable: blocks stay in allocation order
+        leaks
+            .chunk_by(|a, b| a.site == b.site)
             .map(|leaks| Site {
                 total_bytes: leaks.iter().map(|l| l.size).sum(),
                 frames: self.frames(leaks[0].stack),
-                leaks,
+                leaks: leaks.to_vec(),
             })
             .collect()
-    }
-
-    /// The position of `leak` in [`Report::leaks`].
-    fn index_of(&self, leak: &Leak) -> usize {
-        // SAFETY: `leak` is an element of `self.leaks` (every `&Leak` the report hands out is).
-        (unsafe { (leak as *const Leak).offset_from(self.leaks.as_ptr()) }) as usize
     }
 
     /// Indirect blocks whose direct leak is not reported (suppressed by another rule), which no
@@ -359,6 +408,7 @@ fn live_blocks(symbolizer: &Symbolizer) -> Vec<Leak> {
                 leak_kind: LeakKind::Direct,
                 held_by: None,
                 suppressed: None,
+                site: 0,
             }
         }));
     }
@@ -378,6 +428,7 @@ fn live_blocks(symbolizer: &Symbolizer) -> Vec<Leak> {
             leak_kind: LeakKind::Direct,
             held_by: None,
             suppressed: None,
+            site: 0,
         })
     });
     leaks

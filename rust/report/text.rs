@@ -216,10 +216,11 @@ fn write_reachable(out: &mut dyn Write, report: &Report) -> io::Result<()> {
     for site in &sites {
         let first = site.first();
         let frames = site.frames;
-        let place = match (first.file, frames.first()) {
-            (Some(file), _) => format!("{file}:{}", first.line),
-            (None, Some(frame)) => describe_frame(frame),
-            (None, None) => "(no call stack)".to_owned(),
+        let mut place = String::new();
+        let _ = match (first.file, frames.first()) {
+            (Some(file), _) => write!(place, "{file}:{}", first.line),
+            (None, Some(frame)) => write_frame(&mut place, frame),
+            (None, None) => write!(place, "(no call stack)"),
         };
         writeln!(
             out,
@@ -234,11 +235,11 @@ fn write_reachable(out: &mut dyn Write, report: &Report) -> io::Result<()> {
 }
 
 /// `function file:line`, or `function (module+offset)` without debug info.
-fn describe_frame(frame: &Frame) -> String {
-    let function = frame.function.as_deref().unwrap_or("??");
+fn write_frame(out: &mut String, frame: &Frame) -> std::fmt::Result {
+    out.push_str(frame.function.as_deref().unwrap_or("??"));
     match &frame.file {
-        Some(file) => format!("{function} {file}:{}", frame.line),
-        None => format!("{function} ({}+{:#x})", frame.module, frame.module_offset),
+        Some(file) => write!(out, " {file}:{}", frame.line),
+        None => write!(out, " ({}+{:#x})", frame.module, frame.module_offset),
     }
 }
 
@@ -250,12 +251,9 @@ fn write_frames(out: &mut String, frames: &[Frame], indent: &str) -> std::fmt::R
         );
     }
     for (i, frame) in frames.iter().enumerate() {
-        writeln!(
-            out,
-            "{indent}#{i} {}{}",
-            describe_frame(frame),
-            if frame.inlined { " (inlined)" } else { "" }
-        )?;
+        write!(out, "{indent}#{i} ")?;
+        write_frame(out, frame)?;
+        out.push_str(if frame.inlined { " (inlined)\n" } else { "\n" });
     }
     Ok(())
 }

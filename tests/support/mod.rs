@@ -108,14 +108,25 @@ pub struct Run {
     pub raw_json: Value,
 }
 
-/// `k15-leaks/2` stores each stack and allocation site once and refers to them by index: this
-/// puts the site's fields into each leak and the frames in place of every stack index.
+/// `k15-leaks/2` stores each frame, stack and allocation site once and refers to them by index:
+/// this puts the site's fields into each leak and the frames in place of every stack index.
 pub fn inflate(raw: &Value) -> Value {
     let mut json = raw.clone();
     if raw.is_null() {
         return json;
     }
-    let stacks = raw["stacks"].as_array().expect("stacks table").clone();
+    let frames = raw["frames"].as_array().expect("frames table");
+    let stacks: Vec<Value> = raw["stacks"]
+        .as_array()
+        .expect("stacks table")
+        .iter()
+        .map(|ids| {
+            let ids = ids.as_array().expect("a stack is a list of frame indices");
+            ids.iter()
+                .map(|i| frames[i.as_u64().unwrap() as usize].clone())
+                .collect()
+        })
+        .collect();
     let stack = |v: &Value| stacks[v.as_u64().expect("stack index") as usize].clone();
     let sites = raw["sites"].as_array().expect("sites table").clone();
     for leak in json["leaks"].as_array_mut().expect("leaks") {
