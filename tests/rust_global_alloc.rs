@@ -1,6 +1,8 @@
 //! Rust code with `#[global_allocator] TrackedAlloc` lands in the same tracker and leak log,
 //! marked `"language": "rust"`. Its own process: the test re-runs this binary as a child.
 
+mod support;
+
 use k15_memory::TrackedAlloc;
 use std::process::Command;
 

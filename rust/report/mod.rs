@@ -442,6 +442,8 @@ fn classify(leaks: &mut [Leak], stack: Option<core::ops::Range<usize>>) {
             address: l.address,
             size: l.size,
             root: l.suppressed.is_some(),
+            readable: l.allocator.is_none()
+                || crate::engine::allocator_of(l.address as *const u8).is_some(),
         })
         .collect();
     for (leak, verdict) in leaks.iter_mut().zip(scan::classify(&nodes, stack)) {

@@ -56,13 +56,15 @@ pub struct Verdict {
     pub held_by: Option<usize>,
 }
 
-/// A block to classify: where it lies, and whether it is a root itself (an ignored block:
-/// what it points to is reachable).
+/// A block to classify: where it lies, whether it is a root itself (an ignored block: what it
+/// points to is reachable), and whether its memory can be read (not so for the blocks an engine
+/// allocator left live when it was dropped: its memory is gone).
 #[derive(Clone, Copy)]
 pub struct Node {
     pub address: usize,
     pub size: usize,
     pub root: bool,
+    pub readable: bool,
 }
 
 /// Classifies `nodes` against the process's roots now (see the module doc), and `stack`: the
@@ -216,7 +218,9 @@ impl<'a> Graph<'a> {
 
     fn scan_block(&self, i: usize, found: &mut impl FnMut(usize)) {
         let node = self.nodes[i];
-        self.scan(node.address, node.address + node.size, found);
+        if node.readable {
+            self.scan(node.address, node.address + node.size, found);
+        }
     }
 }
 
@@ -276,6 +280,7 @@ mod tests {
                 address: b.as_ptr() as usize,
                 size: 32,
                 root: false,
+                readable: true,
             })
             .collect();
         let mut memory = memory;
@@ -337,11 +342,13 @@ mod tests {
                 address: memory[0].as_ptr() as usize,
                 size: 16,
                 root: true,
+                readable: true,
             },
             Node {
                 address: memory[1].as_ptr() as usize,
                 size: 16,
                 root: false,
+                readable: true,
             },
         ];
         let mut memory = memory;

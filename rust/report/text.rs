@@ -216,8 +216,18 @@ fn write_reachable(out: &mut dyn Write, report: &Report) -> io::Result<()> {
     for site in &sites {
         let first = site.first();
         let frames = site.frames;
+        // The first frame of the program's own sources names the site best (library frames
+        // such as basic_string's constructor say little).
+        let own = frames
+            .iter()
+            .find(|f| {
+                f.file
+                    .as_deref()
+                    .is_some_and(|file| file.starts_with('/') && !file.starts_with("/usr/"))
+            })
+            .or(frames.first());
         let mut place = String::new();
-        let _ = match (first.file, frames.first()) {
+        let _ = match (first.file, own) {
             (Some(file), _) => write!(place, "{file}:{}", first.line),
             (None, Some(frame)) => write_frame(&mut place, frame),
             (None, None) => write!(place, "(no call stack)"),
