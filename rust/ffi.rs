@@ -142,6 +142,8 @@ pub mod bridge {
         /// `ScopedLeakIgnore`: the token `begin` returns is given to `end`.
         fn begin_leak_ignore() -> usize;
         fn end_leak_ignore(token: usize);
+        /// After a `dlopen` or `dlclose` (`cpp/modules.cpp`): the module set may have changed.
+        fn modules_changed();
     }
 }
 
@@ -212,6 +214,12 @@ fn report_at_exit() {
 /// None beyond cxx's: `ptr` may be anything; it is only looked up, never dereferenced blindly.
 unsafe fn ignore_leak(ptr: *mut u8) {
     crate::report::ignore::ignore_leak(ptr);
+}
+
+fn modules_changed() {
+    let _inside = tracker::guard::Inside::enter(); // both keep their lists in our own memory
+    crate::stack::modules_changed();
+    crate::symbolize::modules::note_changes();
 }
 
 fn begin_leak_ignore() -> usize {

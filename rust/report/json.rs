@@ -133,7 +133,7 @@ pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
     }
     writeln!(out, "  ],")?;
     // Each distinct frame once (stacks share most of theirs), then the stacks as frame lists.
-    let mut frames: HashMap<(usize, usize), usize> = HashMap::new();
+    let mut frames: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
     let mut frame_rows: Vec<&Frame> = Vec::new();
     let stack_rows: Vec<Vec<usize>> = stacks
         .order
@@ -145,15 +145,22 @@ pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
                 .enumerate()
                 .map(|(i, frame)| {
                     // An address's inlined frames, told apart by their distance from the last
-                    // of them (the top of a stack may have lost the first ones to trimming).
+                    // of them (the top of a stack may have lost the first ones to trimming);
+                    // one address may also name different code in modules loaded at different
+                    // times, hence the comparison.
                     let from_end = stack[i..]
                         .iter()
                         .take_while(|f| f.address == frame.address)
                         .count();
-                    *frames.entry((frame.address, from_end)).or_insert_with(|| {
-                        frame_rows.push(frame);
-                        frame_rows.len() - 1
-                    })
+                    let rows = frames.entry((frame.address, from_end)).or_default();
+                    match rows.iter().find(|&&row| same_frame(frame_rows[row], frame)) {
+                        Some(&row) => row,
+                        None => {
+                            frame_rows.push(frame);
+                            rows.push(frame_rows.len() - 1);
+                            frame_rows.len() - 1
+                        }
+                    }
                 })
                 .collect()
         })
@@ -196,6 +203,10 @@ fn comma(i: usize, len: usize) -> &'static str {
     } else {
         ""
     }
+}
+
+fn same_frame(a: &Frame, b: &Frame) -> bool {
+    (&a.function, &a.file, a.line, &a.module) == (&b.function, &b.file, b.line, &b.module)
 }
 
 fn write_frame(out: &mut dyn Write, f: &Frame) -> io::Result<()> {

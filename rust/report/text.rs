@@ -3,7 +3,6 @@
 
 use super::scan::LeakKind;
 use super::{Report, Site, Total};
-use crate::stack;
 use crate::symbolize::{Frame, Symbolizer, UNKNOWN_MODULE};
 use crate::tracker::errors::{self, MemoryError};
 use std::fmt::Write as _;
@@ -350,8 +349,8 @@ pub fn print_error(error: &MemoryError) {
     let mut cached = lock_symbolizer_for_fork();
     let symbolizer = cached.get_or_insert_with(Symbolizer::new);
     let symbolize = |symbolizer: &mut Symbolizer| {
-        let alloc = symbolizer.symbolize_stack(stack::frames(error.alloc_stack));
-        let free = symbolizer.symbolize_stack(stack::frames(error.free_stack));
+        let alloc = symbolizer.symbolize_stack(error.alloc_stack);
+        let free = symbolizer.symbolize_stack(error.free_stack);
         (alloc, free)
     };
     let (mut alloc, mut free) = symbolize(symbolizer);

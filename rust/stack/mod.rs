@@ -151,3 +151,10 @@ pub fn stack_above(sp: usize) -> Option<core::ops::Range<usize>> {
     let (lo, hi) = capture::this_thread_stack_bounds()?;
     (lo..hi).contains(&sp).then_some(sp..hi)
 }
+
+/// After a `dlopen` or `dlclose`: the unwinder's view of the modules is brought up to date (a
+/// library mapped where an unloaded one was must not be walked with the old one's tables).
+pub fn modules_changed() {
+    depot::new_generation();
+    let _ = modules::refresh();
+}
