@@ -465,12 +465,10 @@ fn suppress_leaks(leaks: &mut [Leak], stacks: &HashMap<StackId, Vec<Frame>>) {
             .entry(leak.stack)
             .or_insert_with(|| suppressions.matching("leak", &stacks[&leak.stack]))
     };
-    for i in 0..leaks.len() {
-        let leak = &leaks[i];
-        if leak.suppressed.is_some() || leak.leak_kind == LeakKind::Reachable {
-            continue;
+    for leak in leaks.iter_mut() {
+        if leak.suppressed.is_none() && leak.leak_kind != LeakKind::Reachable {
+            leak.suppressed = rule_of(leak).map(|r| r + 2);
         }
-        leaks[i].suppressed = rule_of(&leaks[i]).map(|r| r + 2);
     }
     for i in 0..leaks.len() {
         if leaks[i].suppressed.is_none() {

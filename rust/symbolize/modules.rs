@@ -201,10 +201,10 @@ unsafe extern "C" fn add_module(
         let range = start..start.wrapping_add(phdr.p_memsz as usize);
         match phdr.p_type {
             libc::PT_LOAD => record.segments.push(range),
-            // SAFETY: a PT_NOTE segment is mapped, readable, `p_memsz` bytes long.
             libc::PT_NOTE if record.build_id.is_empty() => {
-                record.build_id =
-                    build_id(unsafe { std::slice::from_raw_parts(start as *const u8, range.len()) })
+                // SAFETY: a PT_NOTE segment is mapped, readable, `p_memsz` bytes long.
+                let notes = unsafe { std::slice::from_raw_parts(start as *const u8, range.len()) };
+                record.build_id = build_id(notes);
             }
             _ => {}
         }
