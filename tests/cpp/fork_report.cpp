@@ -1,19 +1,12 @@
 // Reports of many processes: the parent leaks one block and forks; the child leaks another and
 // exits normally, printing its pid. `clean`: leaks nothing.
+#include "keep.h"
 #include <k15/memory.h>
 
 #include <cstdio>
 #include <cstring>
 #include <sys/wait.h>
 #include <unistd.h>
-
-namespace {
-template <typename T>
-T* keep(T* p) {
-    asm volatile("" : : "g"(p) : "memory");
-    return p;
-}
-}  // namespace
 
 int main(int argc, char** argv) {
     if (argc > 1 && std::strcmp(argv[1], "clean") == 0) {

@@ -1,5 +1,6 @@
 // One program per leak shape the report must classify as valgrind does: each shape allocates
 // blocks of sizes no other shape uses, so the test can find them in both reports.
+#include "keep.h"
 #include <k15/memory.h>
 
 #include <cstdio>
@@ -11,13 +12,6 @@
 #include <vector>
 
 namespace {
-
-// Keeps the optimizer from dropping a block (and its pointer) before it is stored.
-template <typename T>
-T* keep(T* p) {
-    asm volatile("" : : "g"(p) : "memory");
-    return p;
-}
 
 // A lost struct that owns two blocks: 1 direct (the struct), 2 indirect.
 struct Owner {

@@ -2,18 +2,13 @@
 // singleton kept on purpose, a third-party library's leaks, blocks ignored through the API and
 // a double free. `thirdparty` as argument: only the third-party leak, the singleton and the
 // ignored blocks.
+#include "keep.h"
 #include <k15/memory.h>
 
 #include <cstdio>
 #include <cstring>
 
 namespace {
-
-template <typename T>
-T* keep(T* p) {
-    asm volatile("" : : "g"(p) : "memory");
-    return p;
-}
 
 struct Element {
     Element* children[4] = {};

@@ -2,17 +2,10 @@
 // that allocates, so each build symbolizes differently.
 // No k15 header: plain new in a plugin goes to the executable's tracked operator new.
 
+#include "keep.h"
 #ifndef PLUGIN_NAME
 #define PLUGIN_NAME plugin_allocates
 #endif
-
-namespace {
-template <typename T>
-T* keep(T* p) {
-    asm volatile("" : : "g"(p) : "memory");
-    return p;
-}
-}  // namespace
 
 [[gnu::noinline]] void PLUGIN_NAME(int size) { keep(new char[size]); }
 
