@@ -81,36 +81,129 @@ pub fn end_scope(token: usize) {
     });
 }
 
-/// Which rule ignores the block allocated as `seq` by `thread` at `address`, if any.
-pub struct IgnoreSet(Vec<Ignored>);
+/// The ignored blocks and scopes at report time, indexed for lookups by block.
+pub struct IgnoreSet {
+    blocks: std::collections::HashSet<(usize, u32, u32)>,
+    /// `(thread, from, to)`, sorted, overlapping ones merged.
+    scopes: Vec<(u32, u32, u32)>,
+}
 
 impl IgnoreSet {
     pub fn now() -> IgnoreSet {
-        IgnoreSet(
-            IGNORED
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone(),
-        )
+        let mut set = IgnoreSet {
+            blocks: std::collections::HashSet::new(),
+            scopes: Vec::new(),
+        };
+        for entry in IGNORED
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+        {
+            match *entry {
+                Ignored::Block {
+                    address,
+                    thread,
+                    seq,
+                } => {
+                    set.blocks.insert((address, thread, seq));
+                }
+                Ignored::Scope { thread, from, to } => set.scopes.push((thread, from, to)),
+            }
+        }
+        set.scopes.sort_unstable();
+        // Nested and overlapping scopes of a thread merged: at most one can hold a block.
+        let mut merged: Vec<(u32, u32, u32)> = Vec::with_capacity(set.scopes.len());
+        for scope in set.scopes.drain(..) {
+            match merged.last_mut() {
+                Some(last) if last.0 == scope.0 && scope.1 <= last.2 => {
+                    last.2 = last.2.max(scope.2)
+                }
+                _ => merged.push(scope),
+            }
+        }
+        set.scopes = merged;
+        set
     }
 
+    /// Which rule ignores the block allocated as `seq` by `thread` at `address`, if any.
     pub fn rule_for(&self, address: usize, thread: u32, seq: u32) -> Option<&'static str> {
-        self.0.iter().find_map(|entry| match *entry {
-            Ignored::Block {
-                address: a,
-                thread: t,
-                seq: s,
-            } if a == address && t == thread && s == seq => Some(IGNORE_LEAK),
-            Ignored::Scope {
-                thread: t,
-                from,
-                to,
-            } if t == thread && (from..to).contains(&seq) && seq != 0 => Some(SCOPED),
-            _ => None,
-        })
+        if self.blocks.contains(&(address, thread, seq)) {
+            return Some(IGNORE_LEAK);
+        }
+        // Scopes of this thread that start at or before `seq`; nested ones may end earlier
+        // than an enclosing one, so each is checked.
+        let first = self.scopes.partition_point(|&(t, _, _)| t < thread);
+        let last = self
+            .scopes
+            .partition_point(|&(t, from, _)| (t, from) <= (thread, seq));
+        self.scopes[first..last]
+            .iter()
+            .any(|&(_, _, to)| seq < to)
+            .then_some(SCOPED)
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.blocks.is_empty() && self.scopes.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nested_and_sequential_scopes_cover_exactly_their_allocations() {
+        let mut list = vec![
+            Ignored::Scope {
+                thread: 2,
+                from: 10,
+                to: 20,
+            },
+            Ignored::Scope {
+                thread: 2,
+                from: 12,
+                to: 15,
+            }, // nested
+            Ignored::Scope {
+                thread: 2,
+                from: 30,
+                to: u32::MAX,
+            }, // still open
+            Ignored::Scope {
+                thread: 3,
+                from: 5,
+                to: 6,
+            },
+            Ignored::Block {
+                address: 0x1000,
+                thread: 1,
+                seq: 7,
+            },
+        ];
+        list.reverse();
+        *IGNORED.lock().unwrap() = list;
+        let set = IgnoreSet::now();
+        let rule = |thread, seq| set.rule_for(0x2000, thread, seq);
+        assert_eq!(
+            [9, 10, 14, 19, 20, 29, 30, 99].map(|s| rule(2, s)),
+            [
+                None,
+                Some(SCOPED),
+                Some(SCOPED),
+                Some(SCOPED),
+                None,
+                None,
+                Some(SCOPED),
+                Some(SCOPED)
+            ]
+        );
+        assert_eq!([4, 5, 6].map(|s| rule(3, s)), [None, Some(SCOPED), None]);
+        assert_eq!(rule(1, 10), None);
+        assert_eq!(set.rule_for(0x1000, 1, 7), Some(IGNORE_LEAK));
+        assert_eq!(
+            set.rule_for(0x1000, 1, 8),
+            None,
+            "a later block at the same address"
+        );
     }
 }
