@@ -147,7 +147,8 @@ pub mod bridge {
     }
 }
 
-pub use bridge::{BlockKind, Stats};
+pub use bridge::BlockKind;
+use bridge::Stats;
 use bridge::{
     EngineClassSpec, EngineIdentity, EngineLeaks, EngineMarker, EngineMemStats, EngineStats,
 };
@@ -195,7 +196,20 @@ pub unsafe extern "C" fn k15_memory_deallocate(
 }
 
 fn stats() -> Stats {
-    tracker::stats()
+    let tracker::Stats {
+        live_blocks,
+        live_bytes,
+        peak_bytes,
+        total_allocations,
+        total_frees,
+    } = tracker::stats();
+    Stats {
+        live_blocks,
+        live_bytes,
+        peak_bytes,
+        total_allocations,
+        total_frees,
+    }
 }
 
 /// # Safety

@@ -183,7 +183,7 @@ pub struct Report {
     /// Blocks the Rust runtime allocates once for itself before `main` and keeps (see
     /// [`is_rust_runtime_setup`]): live at exit, but no leak of the program's.
     pub runtime_blocks: usize,
-    pub stats: crate::ffi::Stats,
+    pub stats: crate::tracker::Stats,
     /// The suppression rules in force, with what each kept out (see [`Report::rules_used`]).
     rules: Vec<RuleCount>,
     /// One block of each site ([`Leak::site`]), by site number.

@@ -15,7 +15,7 @@ mod init;
 pub mod live_list;
 pub mod raw;
 
-use crate::ffi::{BlockKind, Stats};
+use crate::ffi::BlockKind;
 use crate::stack::{self, StackId, StartFrame};
 use core::ffi::c_char;
 use errors::{ErrorKind, MemoryError};
@@ -333,6 +333,16 @@ pub fn capture_stack(_inside: &Inside, start: StartFrame) -> StackId {
 fn bad_free(error: impl FnOnce() -> MemoryError) {
     let _inside = Inside::enter();
     errors::report(error());
+}
+
+/// Counters of the whole process; bytes are user-requested sizes, headers excluded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub live_blocks: u64,
+    pub live_bytes: u64,
+    pub peak_bytes: u64,
+    pub total_allocations: u64,
+    pub total_frees: u64,
 }
 
 /// Counters of the whole process.
