@@ -215,7 +215,7 @@ impl Report {
         let runtime_blocks = before - leaks.len();
 
         let ignored = ignore::IgnoreSet::now();
-        let mut rules: Vec<RuleCount> = [ignore::IGNORE_LEAK, ignore::SCOPED]
+        let mut rules: Vec<RuleCount> = IGNORE_RULES
             .into_iter()
             .map(str::to_owned)
             .chain(suppressions().rules.iter().map(|r| r.text.clone()))
@@ -228,7 +228,7 @@ impl Report {
             for leak in &mut leaks {
                 leak.suppressed = ignored
                     .rule_for(leak.address, leak.thread, leak.seq)
-                    .map(|rule| usize::from(rule == ignore::SCOPED));
+                    .and_then(|rule| IGNORE_RULES.iter().position(|r| *r == rule));
             }
         }
         classify(&mut leaks, stack);
@@ -241,7 +241,7 @@ impl Report {
         }
         all_errors.retain(|e| match suppressed_error(e, &stacks) {
             Some(rule) => {
-                rules[rule + 2].errors += 1;
+                rules[IGNORE_RULES.len() + rule].errors += 1;
                 error_count -= 1;
                 false
             }
@@ -452,8 +452,12 @@ fn classify(leaks: &mut [Leak], stack: Option<core::ops::Range<usize>>) {
     }
 }
 
+/// The rules of `ignore_leak` and `ScopedLeakIgnore`: the report's first rules, before those of
+/// the `suppressions=` file.
+const IGNORE_RULES: [&str; 2] = [ignore::IGNORE_LEAK, ignore::SCOPED];
+
 /// Applies the `leak:` rules to direct and indirect leaks; the blocks a suppressed direct leak
-/// holds go with it. Rule indices are offset by the two ignore rules in front.
+/// holds go with it. Rule indices follow the [`IGNORE_RULES`].
 fn suppress_leaks(leaks: &mut [Leak], stacks: &HashMap<StackId, Vec<Frame>>) {
     let suppressions = suppressions();
     if suppressions.rules.is_empty() {
@@ -467,7 +471,7 @@ fn suppress_leaks(leaks: &mut [Leak], stacks: &HashMap<StackId, Vec<Frame>>) {
     };
     for leak in leaks.iter_mut() {
         if leak.suppressed.is_none() && leak.leak_kind != LeakKind::Reachable {
-            leak.suppressed = rule_of(leak).map(|r| r + 2);
+            leak.suppressed = rule_of(leak).map(|r| IGNORE_RULES.len() + r);
         }
     }
     for i in 0..leaks.len() {

@@ -1,5 +1,6 @@
-//! The text report, read like LeakSanitizer's: a summary, then one entry per allocation site,
-//! largest total first, each with its symbolized stack; memory errors with both stacks.
+//! The text report, read like LeakSanitizer's: a summary, the direct leaks by allocation site
+//! (largest first, each with the indirect blocks it holds), memory errors with both stacks, the
+//! reachable blocks, and what suppressions kept out.
 
 use super::scan::LeakKind;
 use super::{Report, Site, Total};
