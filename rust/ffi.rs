@@ -231,9 +231,8 @@ unsafe fn ignore_leak(ptr: *mut u8) {
 }
 
 fn modules_changed() {
-    let _inside = tracker::guard::Inside::enter(); // both keep their lists in our own memory
+    let _inside = tracker::guard::Inside::enter(); // the module lists are our own memory
     crate::stack::modules_changed();
-    crate::symbolize::modules::note_changes();
 }
 
 fn begin_leak_ignore() -> usize {

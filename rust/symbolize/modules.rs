@@ -1,9 +1,10 @@
 //! The history of mapped modules (path, build id, load range, when loaded and unloaded), and the
 //! map a symbolizer looks frames up in.
 //!
-//! [`note_changes`] rescans `dl_iterate_phdr` when the module set may have changed (tracker
-//! start, every `dlopen`/`dlclose` through `cpp/modules.cpp`, a stack walk that met an unknown
-//! module), never on the allocation path. "When" is the stack depot's watermark: stack ids grow
+//! [`note_changes`] rescans `dl_iterate_phdr` when the module set has changed (the stack
+//! walker's rescans: at tracker start, after every `dlopen`/`dlclose` through
+//! `cpp/modules.cpp`, when a walk meets an unknown module) and at report time, never on the
+//! allocation path. "When" is the stack depot's watermark: stack ids grow
 //! with time, so a stack whose id lies in a module's `[loaded, unloaded)` window was captured
 //! while that module was mapped. A frame in a module since `dlclose`d, or in a range another
 //! library was later mapped over, is symbolized against the module that was there; the module's
