@@ -145,3 +145,36 @@ fn a_clean_run_prints_its_one_summary_line() {
     );
     assert!(run.text.contains("No leaks"), "{}", run.text);
 }
+
+#[test]
+fn write_leak_report_expands_percent_p_too() {
+    let dir = support::scratch("report_paths_write_now");
+    let exe = support::build(&dir, "options", &["tests/cpp/options.cpp"], &[]);
+    let pattern = dir.join("now.%p.log");
+    let run = support::run_with(
+        &exe,
+        "unused",
+        "report=0",
+        &[],
+        &[pattern.to_str().unwrap()],
+    );
+    assert!(
+        run.stdout().contains("write_leak_report: true"),
+        "{}",
+        run.stdout()
+    );
+    let written: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("now."))
+        .collect();
+    let pid = written
+        .iter()
+        .find_map(|name| name.strip_prefix("now.")?.strip_suffix(".log"))
+        .unwrap_or_else(|| panic!("{written:?}"));
+    assert!(pid.parse::<u32>().is_ok(), "{written:?}");
+    assert!(
+        written.contains(&format!("now.{pid}.log.json")),
+        "{written:?}"
+    );
+}

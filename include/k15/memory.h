@@ -74,7 +74,8 @@ namespace k15::memory {
 // The counters now.
 Stats stats() noexcept;
 
-// Writes the text report to `path` and the JSON report to `path` + ".json" now; nullptr means
+// Writes the text report to `path` and the JSON report to `path` + ".json" now (%p in `path`
+// is the pid); nullptr means
 // the configured log_path (K15_MEMORY_OPTIONS). Returns false if a file could not be written.
 bool write_leak_report(const char* path = nullptr) noexcept;
 

@@ -582,21 +582,23 @@ fn write_file(
 /// The report's paths: `%p` becomes the pid; a forked child whose paths have no `%p` writes
 /// beside its parent's, with its pid appended, rather than over them.
 pub fn paths(options: &crate::options::Options) -> (String, String) {
-    let pid = std::process::id().to_string();
     let child = FORKED_CHILD.load(core::sync::atomic::Ordering::Relaxed);
     let expand = |path: &str| {
-        if path.contains("%p") {
-            path.replace("%p", &pid)
-        } else if child {
-            format!("{path}.{pid}")
+        if !path.contains("%p") && child {
+            format!("{path}.{}", std::process::id())
         } else {
-            path.to_owned()
+            with_pid(path)
         }
     };
     (
         expand(options.log_path.as_str()),
         expand(&options.json_path()),
     )
+}
+
+/// `path` with every `%p` replaced by the pid.
+fn with_pid(path: &str) -> String {
+    path.replace("%p", &std::process::id().to_string())
 }
 
 static FORKED_CHILD: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
@@ -606,14 +608,18 @@ pub fn note_forked_child() {
     FORKED_CHILD.store(true, core::sync::atomic::Ordering::Relaxed);
 }
 
-/// `write_leak_report(path)`: the report now, to `path` (+ `.json`) or the configured paths.
+/// `write_leak_report(path)`: the report now, to `path` (+ `.json`; `%p` is the pid) or the
+/// configured paths.
 pub fn write_now(path: Option<&str>) -> bool {
     let here = 0u8;
     let stack = stack::stack_above(core::ptr::addr_of!(here) as usize);
     let _inside = Inside::enter();
     let report = Report::collect(stack);
     let result = match path {
-        Some(p) => write(&report, p, &format!("{p}.json")),
+        Some(p) => {
+            let p = with_pid(p);
+            write(&report, &p, &format!("{p}.json"))
+        }
         None => {
             let (text_path, json_path) = paths(crate::options::get());
             write(&report, &text_path, &json_path)
