@@ -9,6 +9,7 @@ fn main() {
         "cpp/bullet_hooks.cpp",
         "cpp/engine.cpp",
         "cpp/take_over.cpp",
+        "cpp/modules.cpp",
     ];
     cxx_build::bridge("rust/ffi.rs")
         .files(sources)

@@ -16,4 +16,12 @@ std::size_t check_heap() noexcept {
     return detail::check_heap(reinterpret_cast<std::size_t>(__builtin_frame_address(0)));
 }
 
+void ignore_leak(const void* ptr) noexcept {
+    detail::ignore_leak(static_cast<std::uint8_t*>(const_cast<void*>(ptr)));
+}
+
+ScopedLeakIgnore::ScopedLeakIgnore() noexcept : token_(detail::begin_leak_ignore()) {}
+
+ScopedLeakIgnore::~ScopedLeakIgnore() { detail::end_leak_ignore(token_); }
+
 }  // namespace k15::memory

@@ -140,10 +140,18 @@ pub mod bridge {
         unsafe fn write_leak_report(path: *const c_char) -> bool;
         /// Called once by the exit hook in `cpp/new_delete.cpp`, after every static destructor.
         fn report_at_exit();
+        /// `ignore_leak(ptr)`: any pointer; only a live block's is recorded.
+        unsafe fn ignore_leak(ptr: *mut u8);
+        /// `ScopedLeakIgnore`: the token `begin` returns is given to `end`.
+        fn begin_leak_ignore() -> usize;
+        fn end_leak_ignore(token: usize);
+        /// After a `dlopen` or `dlclose` (`cpp/modules.cpp`): the module set may have changed.
+        fn modules_changed();
     }
 }
 
-pub use bridge::{BlockKind, Stats};
+pub use bridge::BlockKind;
+use bridge::Stats;
 use bridge::{
     EngineClassSpec, EngineIdentity, EngineLeaks, EngineMarker, EngineMemStats, EngineStats,
 };
@@ -201,7 +209,20 @@ pub extern "C" fn k15_memory_pass_foreign_blocks_to(
 }
 
 fn stats() -> Stats {
-    tracker::stats()
+    let tracker::Stats {
+        live_blocks,
+        live_bytes,
+        peak_bytes,
+        total_allocations,
+        total_frees,
+    } = tracker::stats();
+    Stats {
+        live_blocks,
+        live_bytes,
+        peak_bytes,
+        total_allocations,
+        total_frees,
+    }
 }
 
 /// # Safety
@@ -221,6 +242,25 @@ unsafe fn write_leak_report(path: *const c_char) -> bool {
 
 fn report_at_exit() {
     crate::report::at_exit::run();
+}
+
+/// # Safety
+/// None beyond cxx's: `ptr` may be anything; it is only looked up, never dereferenced blindly.
+unsafe fn ignore_leak(ptr: *mut u8) {
+    crate::report::ignore::ignore_leak(ptr);
+}
+
+fn modules_changed() {
+    let _inside = tracker::guard::Inside::enter(); // the module lists are our own memory
+    crate::stack::modules_changed();
+}
+
+fn begin_leak_ignore() -> usize {
+    crate::report::ignore::begin_scope()
+}
+
+fn end_leak_ignore(token: usize) {
+    crate::report::ignore::end_scope(token);
 }
 
 /// # Safety

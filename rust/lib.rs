@@ -26,8 +26,8 @@ pub mod symbolize;
 pub mod sys;
 pub mod tracker;
 
-pub use ffi::Stats;
 pub use rust_alloc::TrackedAlloc;
+pub use tracker::Stats;
 
 /// Counters of the whole process (live, peak and totals), as C++'s `k15::memory::stats()`.
 pub fn stats() -> Stats {

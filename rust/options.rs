@@ -4,6 +4,7 @@
 //! options are parsed lazily, without allocating, into fixed-size fields.
 
 use crate::engine::ClassSpec;
+use crate::report::scan::LeakKind;
 use crate::stack::UnwindMode;
 use crate::sys::{self, StackBuffer};
 use core::cell::UnsafeCell;
@@ -76,6 +77,14 @@ pub struct Options {
     pub break_on: Option<(u32, u32)>,
     /// Bytes of freed blocks held back, filled, to catch writes after free (0 = off).
     pub quarantine: usize,
+    /// `suppressions=FILE`: leak and error rules (`report::suppress`).
+    pub suppressions: Option<PathOption>,
+    /// Whether the text lists reachable blocks (else one line with their total).
+    pub show_reachable: bool,
+    /// The leak kinds `exitcode` counts, as `LeakKind::bit`s.
+    pub leak_kinds: u8,
+    /// How many direct-leak sites the text lists (0: all).
+    pub max_leaks: usize,
 }
 
 /// `pool_classes=64x1000,256x500`: block size x block count per class (':' separates options).
@@ -133,6 +142,10 @@ impl Options {
         free_stacks: false,
         break_on: None,
         quarantine: 0,
+        suppressions: None,
+        show_reachable: true,
+        leak_kinds: LeakKind::Direct.bit() | LeakKind::Indirect.bit(),
+        max_leaks: 0,
     };
 
     /// Applies `key=value:key=value`, warning once on stderr for each bad pair (the value
@@ -343,6 +356,55 @@ const KEYS: &[Key] = &[
             };
         },
     },
+    Key {
+        name: "suppressions",
+        expected: "must be a UTF-8 path of 1..1023 bytes",
+        apply: |o, v| {
+            let mut path = PathOption::from_static("");
+            let valid = path.set(v);
+            if valid {
+                o.suppressions = Some(path);
+            }
+            valid
+        },
+        show: |o, w| {
+            let _ = w.write_str(o.suppressions.as_ref().map_or("none", |p| p.as_str()));
+        },
+    },
+    flag_key!(show_reachable),
+    Key {
+        name: "leak_kinds",
+        expected: "must be direct, indirect, reachable, all or none, by commas",
+        apply: |o, v| match parse_leak_kinds(v) {
+            Some(bits) => {
+                o.leak_kinds = bits;
+                true
+            }
+            None => false,
+        },
+        show: |o, w| {
+            let mut kinds = LeakKind::ALL.iter().filter(|k| o.leak_kinds & k.bit() != 0);
+            match kinds.next() {
+                None => {
+                    let _ = w.write_str("none");
+                }
+                Some(first) => {
+                    let _ = w.write_str(first.name());
+                    for kind in kinds {
+                        let _ = write!(w, ",{}", kind.name());
+                    }
+                }
+            }
+        },
+    },
+    Key {
+        name: "max_leaks",
+        expected: "must be 0..4294967295 (0: every site)",
+        apply: |o, v| set_int(v, 0, u32::MAX as i64, |n| o.max_leaks = n as usize),
+        show: |o, w| {
+            let _ = write!(w, "{}", o.max_leaks);
+        },
+    },
 ];
 
 /// Sets an integer option from `value` if it is a number in `min..=max`.
@@ -362,6 +424,22 @@ fn set_flag(value: &[u8], set: impl FnOnce(bool)) -> bool {
     };
     set(flag);
     true
+}
+
+/// `leak_kinds=direct,indirect`: a set of `LeakKind::bit`s (`all`, `none`).
+fn parse_leak_kinds(value: &[u8]) -> Option<u8> {
+    let mut bits = 0;
+    for name in value.split(|&b| b == b',') {
+        bits |= match name {
+            b"all" => LeakKind::ALL.iter().fold(0, |all, k| all | k.bit()),
+            b"none" => 0,
+            _ => LeakKind::ALL
+                .iter()
+                .find(|k| k.name().as_bytes() == name)?
+                .bit(),
+        };
+    }
+    Some(bits)
 }
 
 fn parse_int(value: &[u8]) -> Option<i64> {

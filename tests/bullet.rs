@@ -54,7 +54,7 @@ fn the_leaked_shape_is_reported_with_its_allocating_function() {
     assert_eq!(leak["stack"][1]["function"], "main");
     assert!(
         run.text
-            .contains("Leak of 72 bytes in 1 block (btAlignedAlloc) allocated from:"),
+            .contains("Direct leak of 72 bytes in 1 block (btAlignedAlloc) allocated from:"),
         "{}",
         run.text
     );

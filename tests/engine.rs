@@ -51,7 +51,12 @@ fn leaks_of_every_allocator_carry_its_name_and_the_users_stack() {
         assert_eq!(leak.3, line, "{leak:?}");
     }
     assert_eq!(run.json["summary"]["leaked_blocks"], 5);
-    assert!(run.text.contains("Leak of 40 bytes in 1 block (pool)"));
+    assert!(
+        run.text
+            .contains("Direct leak of 40 bytes in 1 block (pool)"),
+        "{}",
+        run.text
+    );
 }
 
 #[test]

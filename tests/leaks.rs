@@ -52,16 +52,20 @@ fn engine_sample_reports_exactly_its_three_leaks() {
     assert_eq!(summary["errors"], 0);
     assert!(summary["total_allocations"].as_u64().unwrap() > 50);
     assert!(summary["peak_bytes"].as_u64().unwrap() >= 1336);
-    assert_eq!(run.json["format"], "k15-leaks/1");
+    assert_eq!(run.json["format"], "k15-leaks/2");
     assert_eq!(run.json["program"], exe.to_str().unwrap());
 
     // The text report: largest site first, each with its kind.
     let text = &run.text;
     let first = text
-        .find("Leak of 768 bytes in 1 block (new[])")
+        .find("Direct leak of 768 bytes in 1 block (new[])")
         .expect(text);
-    let second = text.find("Leak of 512 bytes in 1 block (new)").expect(text);
-    let third = text.find("Leak of 56 bytes in 1 block (new)").expect(text);
+    let second = text
+        .find("Direct leak of 512 bytes in 1 block (new)")
+        .expect(text);
+    let third = text
+        .find("Direct leak of 56 bytes in 1 block (new)")
+        .expect(text);
     assert!(first < second && second < third, "{text}");
     assert!(
         text.contains("SUMMARY: k15-memory: 1336 bytes leaked in 3 blocks; 0 memory errors"),

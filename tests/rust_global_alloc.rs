@@ -1,6 +1,8 @@
 //! Rust code with `#[global_allocator] TrackedAlloc` lands in the same tracker and leak log,
 //! marked `"language": "rust"`. Its own process: the test re-runs this binary as a child.
 
+mod support;
+
 use k15_memory::TrackedAlloc;
 use std::process::Command;
 
@@ -47,8 +49,7 @@ fn rust_leak_appears_in_the_leak_log() {
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("rust.log.json")).unwrap()).unwrap();
+    let json = support::inflate(&support::read_json(&dir.join("rust.log.json")));
     let leaks = json["leaks"].as_array().unwrap();
     // Only the deliberate leak: the runtime's own start-up blocks are not listed.
     let ours: Vec<_> = leaks.iter().filter(|l| l["size"] == LEAK_SIZE).collect();

@@ -50,6 +50,13 @@ namespace memory {
 inline Stats stats() noexcept { return {}; }
 inline bool write_leak_report(const char* = nullptr) noexcept { return false; }
 inline std::size_t check_heap() noexcept { return 0; }
+inline void ignore_leak(const void*) noexcept {}
+class ScopedLeakIgnore {
+public:
+    ScopedLeakIgnore() noexcept {}
+    ScopedLeakIgnore(const ScopedLeakIgnore&) = delete;
+    ScopedLeakIgnore& operator=(const ScopedLeakIgnore&) = delete;
+};
 }  // namespace memory
 }  // namespace k15
 
@@ -79,7 +86,8 @@ namespace memory {
 // The counters now.
 Stats stats() noexcept;
 
-// Writes the text report to `path` and the JSON report to `path` + ".json" now; nullptr means
+// Writes the text report to `path` and the JSON report to `path` + ".json" now (%p in `path`
+// is the pid); nullptr means
 // the configured log_path (K15_MEMORY_OPTIONS). Returns false if a file could not be written.
 bool write_leak_report(const char* path = nullptr) noexcept;
 
@@ -87,6 +95,24 @@ bool write_leak_report(const char* path = nullptr) noexcept;
 // tracker's links), reports each problem found with the block's allocation stack and this
 // call's stack, repairs what it can, and returns the number of problems (0: all intact).
 std::size_t check_heap() noexcept;
+
+// The block at `ptr` lives on purpose: never reported as a leak (counted under
+// "ignore_leak()"), and the blocks it points to count as reachable. Null and pointers that are
+// no live block are ignored.
+void ignore_leak(const void* ptr) noexcept;
+
+// Every block this thread allocates while the scope is open lives on purpose, as with
+// ignore_leak (counted under "ScopedLeakIgnore"). Costs nothing per allocation.
+class ScopedLeakIgnore {
+public:
+    ScopedLeakIgnore() noexcept;
+    ~ScopedLeakIgnore();
+    ScopedLeakIgnore(const ScopedLeakIgnore&) = delete;
+    ScopedLeakIgnore& operator=(const ScopedLeakIgnore&) = delete;
+
+private:
+    std::size_t token_;
+};
 
 }  // namespace memory
 }  // namespace k15

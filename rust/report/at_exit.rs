@@ -32,30 +32,57 @@ pub fn run() {
         return; // nothing was ever tracked (a Rust test binary that links the library, say)
     }
     // Collected even with report=0: the exit code depends on what it finds.
-    let report = super::Report::collect();
-    let found_something = !report.leaks.is_empty() || report.error_count > 0;
+    let report = super::Report::collect(None);
     if options.report {
-        let log_path = options.log_path.as_str();
-        match super::write(&report, log_path, &options.json_path()) {
-            Ok(()) if found_something => {
-                let line = format!(
-                    "k15-memory: {} leaked blocks ({} bytes), {} memory errors: see {}\n",
-                    report.leaks.len(),
-                    report.leaked_bytes(),
-                    report.error_count,
-                    log_path
-                );
-                crate::sys::write_fd(2, line.as_bytes());
+        let (text_path, json_path) = super::paths(options);
+        let line = match super::write(&report, &text_path, &json_path) {
+            Ok(()) => format!("{}: see {text_path}\n", summary_line(&report)),
+            Err(failed) if failed.path == text_path => {
+                // The report must not be lost: all of it goes to stderr instead.
+                let mut err = std::io::BufWriter::new(std::io::stderr().lock());
+                let _ = super::text::write(&mut err, &report);
+                let _ = std::io::Write::flush(&mut err);
+                format!(
+                    "k15-memory: could not write the leak report to {}: {} (the report is above)\n{}\n",
+                    failed.path,
+                    failed.error,
+                    summary_line(&report)
+                )
             }
-            Ok(()) => {}
-            Err(e) => {
-                let line =
-                    format!("k15-memory: could not write the leak report to {log_path}: {e}\n");
-                crate::sys::write_fd(2, line.as_bytes());
-            }
-        }
+            Err(failed) => format!(
+                "k15-memory: could not write the JSON report to {}: {}\n{}: see {text_path}\n",
+                failed.path,
+                failed.error,
+                summary_line(&report)
+            ),
+        };
+        crate::sys::write_fd(2, line.as_bytes());
     }
-    if options.exitcode != 0 && found_something {
+    if options.exitcode != 0 && report.counted_for_exit(options.leak_kinds) > 0 {
         crate::sys::exit_now(options.exitcode);
     }
+}
+
+/// `k15-memory: 3 leaked blocks (1336 bytes), 2 reachable blocks (96 bytes), 0 memory errors`.
+fn summary_line(report: &super::Report) -> String {
+    use super::text::count;
+    let leaked = report.leaked();
+    let reachable = report.total(super::scan::LeakKind::Reachable);
+    let mut line = format!(
+        "k15-memory: {} ({})",
+        count(leaked.blocks, "leaked block"),
+        count(leaked.bytes, "byte")
+    );
+    if reachable.blocks > 0 {
+        line += &format!(
+            ", {} still reachable ({})",
+            count(reachable.blocks, "block"),
+            count(reachable.bytes, "byte")
+        );
+    }
+    let suppressed = report.suppressed();
+    if suppressed.blocks > 0 {
+        line += &format!(", {} suppressed", count(suppressed.blocks, "block"));
+    }
+    line + &format!(", {}", count(report.error_count, "memory error"))
 }

@@ -1,20 +1,27 @@
-//! The JSON report, format `k15-leaks/1` (SPEC): one entry per leaked block and per error.
+//! The JSON report, format `k15-leaks/2`: one short entry per block (its allocation site by
+//! index into `sites`) and per error, each site once (its stack by index into `stacks`), each
+//! stack once as a list of indices into `frames`, each distinct frame once; written as it goes.
 
-use super::Report;
+use super::scan::LeakKind;
+use super::{Leak, Report};
 use crate::stack::StackId;
 use crate::symbolize::Frame;
 use crate::tracker::errors::{self, MemoryError};
-use std::fmt::Write;
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::io::{self, Write};
 
-pub fn render(report: &Report) -> String {
-    let mut out = String::new();
-    let _ = write_report(&mut out, report);
-    out
-}
+pub const FORMAT: &str = "k15-leaks/2";
 
-fn write_report(out: &mut String, report: &Report) -> std::fmt::Result {
+/// The whole JSON report into `out`.
+pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
+    let leaked = report.leaked();
+    let direct = report.total(LeakKind::Direct);
+    let indirect = report.total(LeakKind::Indirect);
+    let reachable = report.total(LeakKind::Reachable);
+    let suppressed = report.suppressed();
     writeln!(out, "{{")?;
-    writeln!(out, "  \"format\": \"k15-leaks/1\",")?;
+    writeln!(out, "  \"format\": \"{FORMAT}\",")?;
     writeln!(
         out,
         "  \"program\": {},",
@@ -23,9 +30,17 @@ fn write_report(out: &mut String, report: &Report) -> std::fmt::Result {
     writeln!(out, "  \"pid\": {},", std::process::id())?;
     writeln!(
         out,
-        "  \"summary\": {{ \"leaked_blocks\": {}, \"leaked_bytes\": {}, \"errors\": {}, \"total_allocations\": {}, \"peak_bytes\": {}, \"runtime_blocks\": {}, \"unsettled_threads\": {:?}, \"unrecorded_frees\": {} }},",
-        report.leaks.len(),
-        report.leaked_bytes(),
+        "  \"summary\": {{ \"leaked_blocks\": {}, \"leaked_bytes\": {}, \"direct_blocks\": {}, \"direct_bytes\": {}, \"indirect_blocks\": {}, \"indirect_bytes\": {}, \"reachable_blocks\": {}, \"reachable_bytes\": {}, \"suppressed_blocks\": {}, \"suppressed_bytes\": {}, \"errors\": {}, \"total_allocations\": {}, \"peak_bytes\": {}, \"runtime_blocks\": {}, \"unsettled_threads\": {:?}, \"unrecorded_frees\": {} }},",
+        leaked.blocks,
+        leaked.bytes,
+        direct.blocks,
+        direct.bytes,
+        indirect.blocks,
+        indirect.bytes,
+        reachable.blocks,
+        reachable.bytes,
+        suppressed.blocks,
+        suppressed.bytes,
         report.error_count,
         report.stats.total_allocations,
         report.stats.peak_bytes,
@@ -33,34 +48,63 @@ fn write_report(out: &mut String, report: &Report) -> std::fmt::Result {
         report.unsettled_threads,
         crate::tracker::unrecorded_frees()
     )?;
+    let mut stacks = StackTable::default();
+    // Blocks in report order: direct sites, each followed by what it holds, then reachable ones.
+    let mut ordered: Vec<&Leak> = Vec::with_capacity(report.leaks.len());
+    for direct in report.direct_sites() {
+        ordered.extend(&direct.site.leaks);
+        ordered.extend(direct.held.iter().flat_map(|s| s.leaks.iter().copied()));
+    }
+    ordered.extend(
+        report
+            .orphan_indirect()
+            .iter()
+            .flat_map(|s| s.leaks.iter().copied()),
+    );
+    ordered.extend(
+        report
+            .sites(LeakKind::Reachable)
+            .iter()
+            .flat_map(|s| s.leaks.iter().copied()),
+    );
+    writeln!(out, "  \"sites\": [")?;
+    for (i, &first) in report.site_blocks.iter().enumerate() {
+        let l = &report.leaks[first];
+        writeln!(
+            out,
+            "    {{ \"stack\": {}, \"array\": {}, \"file\": {}, \"line\": {}, \"language\": \"{}\" }}{}",
+            stacks.id(l.stack),
+            l.kind == crate::ffi::BlockKind::NewArray,
+            l.file.map_or("null".to_owned(), quoted),
+            l.line,
+            l.language(),
+            comma(i, report.site_blocks.len())
+        )?;
+    }
+    writeln!(out, "  ],")?;
     writeln!(out, "  \"leaks\": [")?;
-    let mut leaks = report
-        .sites()
-        .into_iter()
-        .flat_map(|site| site.leaks)
-        .peekable();
-    while let Some(l) = leaks.next() {
+    for (i, l) in ordered.iter().enumerate() {
         write!(
             out,
-            "    {{ \"size\": {}, \"array\": {}, \"file\": {}, \"line\": {}, \"seq\": {}, \"thread\": {}, \"language\": \"{}\", \"address\": \"{:#x}\", \"stack\": ",
+            "{{\"site\":{},\"leak_kind\":\"{}\",\"size\":{},\"seq\":{},\"thread\":{},\"address\":\"{:#x}\"",
+            l.site,
+            l.leak_kind.name(),
             l.size,
-            l.kind == crate::ffi::BlockKind::NewArray,
-            l.file.as_deref().map_or("null".to_owned(), quoted),
-            l.line,
             l.seq,
             l.thread,
-            l.language(),
             l.address
         )?;
-        write_stack(out, report.frames(l.stack))?;
-        writeln!(out, " }}{}", if leaks.peek().is_some() { "," } else { "" })?;
+        if let Some(d) = l.held_by {
+            write!(out, ",\"held_by\":\"{:#x}\"", report.leaks[d].address)?;
+        }
+        writeln!(out, "}}{}", comma(i, ordered.len()))?;
     }
     writeln!(out, "  ],")?;
     writeln!(out, "  \"errors\": [")?;
     for (i, e) in report.errors.iter().enumerate() {
         write!(
             out,
-            "    {{ \"kind\": \"{}\", \"address\": \"{:#x}\", \"size\": {}, \"file\": {}, \"line\": {}, \"allocated_with\": {}, \"freed_with\": {}, \"allocator\": {}, \"detail\": {}, \"alloc_stack\": ",
+            "    {{ \"kind\": \"{}\", \"address\": \"{:#x}\", \"size\": {}, \"file\": {}, \"line\": {}, \"allocated_with\": {}, \"freed_with\": {}, \"allocator\": {}, \"detail\": {}, \"alloc_stack\": {}, \"free_stack\": {}",
             e.kind.name(),
             e.address,
             e.size,
@@ -70,16 +114,71 @@ fn write_report(out: &mut String, report: &Report) -> std::fmt::Result {
             if e.allocator.is_some() || (e.kind.is_damage() && e.detail.is_some()) { "null".to_owned() } else { quoted(errors::release_family(e.freed_with)) },
             e.allocator.map_or("null".to_owned(), quoted),
             e.detail.map_or("null".to_owned(), quoted),
+            stacks.id(e.alloc_stack),
+            stacks.id(e.free_stack),
         )?;
-        write_stack(out, report.frames(e.alloc_stack))?;
-        write!(out, ", \"free_stack\": ")?;
-        write_stack(out, report.frames(e.free_stack))?;
-        write_damage_fields(out, e, report)?;
+        write_damage_fields(out, e, &mut stacks)?;
+        writeln!(out, " }}{}", comma(i, report.errors.len()))?;
+    }
+    writeln!(out, "  ],")?;
+    writeln!(out, "  \"suppressions\": [")?;
+    let rules: Vec<_> = report.rules_used().collect();
+    for (i, r) in rules.iter().enumerate() {
         writeln!(
             out,
-            " }}{}",
-            if i + 1 < report.errors.len() { "," } else { "" }
+            "    {{ \"rule\": {}, \"blocks\": {}, \"bytes\": {}, \"errors\": {} }}{}",
+            quoted(&r.rule),
+            r.blocks,
+            r.bytes,
+            r.errors,
+            comma(i, rules.len())
         )?;
+    }
+    writeln!(out, "  ],")?;
+    // Each distinct frame once (stacks share most of theirs), then the stacks as frame lists.
+    let mut frames: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
+    let mut frame_rows: Vec<&Frame> = Vec::new();
+    let stack_rows: Vec<Vec<usize>> = stacks
+        .order
+        .iter()
+        .map(|id| {
+            let stack = report.frames(*id);
+            stack
+                .iter()
+                .enumerate()
+                .map(|(i, frame)| {
+                    // An address's inlined frames, told apart by their distance from the last
+                    // of them (the top of a stack may have lost the first ones to trimming);
+                    // one address may also name different code in modules loaded at different
+                    // times, hence the comparison.
+                    let from_end = stack[i..]
+                        .iter()
+                        .take_while(|f| f.address == frame.address)
+                        .count();
+                    let rows = frames.entry((frame.address, from_end)).or_default();
+                    match rows.iter().find(|&&row| same_frame(frame_rows[row], frame)) {
+                        Some(&row) => row,
+                        None => {
+                            frame_rows.push(frame);
+                            rows.push(frame_rows.len() - 1);
+                            frame_rows.len() - 1
+                        }
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    writeln!(out, "  \"frames\": [")?;
+    for (i, frame) in frame_rows.iter().enumerate() {
+        write!(out, "    ")?;
+        write_frame(out, frame)?;
+        writeln!(out, "{}", comma(i, frame_rows.len()))?;
+    }
+    writeln!(out, "  ],")?;
+    writeln!(out, "  \"stacks\": [")?;
+    for (i, row) in stack_rows.iter().enumerate() {
+        let ids: Vec<String> = row.iter().map(usize::to_string).collect();
+        writeln!(out, "    [{}]{}", ids.join(","), comma(i, stack_rows.len()))?;
     }
     writeln!(out, "  ]")?;
     writeln!(out, "}}")
@@ -87,7 +186,11 @@ fn write_report(out: &mut String, report: &Report) -> std::fmt::Result {
 
 /// The fields of the error kinds that name bytes or a first free: `offset` and `bytes` (hex
 /// pairs as found) for damage, `offset` for a pointer inside a block, `previous_free_stack`.
-fn write_damage_fields(out: &mut String, e: &MemoryError, report: &Report) -> std::fmt::Result {
+fn write_damage_fields(
+    out: &mut dyn Write,
+    e: &MemoryError,
+    stacks: &mut StackTable,
+) -> io::Result<()> {
     if let Some(damage) = &e.damage {
         write!(
             out,
@@ -99,28 +202,68 @@ fn write_damage_fields(out: &mut String, e: &MemoryError, report: &Report) -> st
         write!(out, ", \"offset\": {offset}")?;
     }
     if e.previous_free_stack != StackId(0) {
-        write!(out, ", \"previous_free_stack\": ")?;
-        write_stack(out, report.frames(e.previous_free_stack))?;
+        write!(
+            out,
+            ", \"previous_free_stack\": {}",
+            stacks.id(e.previous_free_stack)
+        )?;
     }
     Ok(())
 }
 
-fn write_stack(out: &mut String, frames: &[Frame]) -> std::fmt::Result {
-    write!(out, "[")?;
-    for (i, f) in frames.iter().enumerate() {
-        write!(
-            out,
-            "{}{{ \"function\": {}, \"file\": {}, \"line\": {}, \"inlined\": {}, \"address\": \"{:#x}\", \"module\": {} }}",
-            if i == 0 { "" } else { ", " },
-            f.function.as_deref().map_or("null".to_owned(), quoted),
-            f.file.as_deref().map_or("null".to_owned(), quoted),
-            f.line,
-            f.inlined,
-            f.address,
-            quoted(&f.module)
-        )?;
+/// The stacks the report names, numbered in order of first use.
+#[derive(Default)]
+struct StackTable {
+    ids: HashMap<StackId, usize>,
+    order: Vec<StackId>,
+}
+
+impl StackTable {
+    fn id(&mut self, stack: StackId) -> usize {
+        *self.ids.entry(stack).or_insert_with(|| {
+            self.order.push(stack);
+            self.order.len() - 1
+        })
     }
-    write!(out, "]")
+}
+
+fn comma(i: usize, len: usize) -> &'static str {
+    if i + 1 < len {
+        ","
+    } else {
+        ""
+    }
+}
+
+fn same_frame(a: &Frame, b: &Frame) -> bool {
+    (&a.function, &a.file, a.line, &a.module) == (&b.function, &b.file, b.line, &b.module)
+}
+
+fn write_frame(out: &mut dyn Write, f: &Frame) -> io::Result<()> {
+    out.write_all(b"{ \"function\": ")?;
+    write_quoted(out, f.function.as_deref())?;
+    out.write_all(b", \"file\": ")?;
+    write_quoted(out, f.file.as_deref())?;
+    write!(
+        out,
+        ", \"line\": {}, \"inlined\": {}, \"address\": \"{:#x}\", \"module\": ",
+        f.line, f.inlined, f.address
+    )?;
+    write_quoted(out, Some(&f.module))?;
+    out.write_all(b" }")
+}
+
+/// A JSON string literal, or `null`, straight into `out` (stacks are most of a big report).
+fn write_quoted(out: &mut dyn Write, s: Option<&str>) -> io::Result<()> {
+    match s {
+        None => out.write_all(b"null"),
+        Some(s) if !s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') => {
+            out.write_all(b"\"")?;
+            out.write_all(s.as_bytes())?;
+            out.write_all(b"\"")
+        }
+        Some(s) => out.write_all(quoted(s).as_bytes()),
+    }
 }
 
 /// A JSON string literal.

@@ -1,8 +1,12 @@
-//! The leak report: a snapshot of the live lists, grouped by allocation site, written as text
-//! (LeakSanitizer-like) and as JSON (`k15-leaks/1`).
+//! The leak report: a snapshot of the live blocks, classified (direct, indirect, reachable) by a
+//! pointer scan, filtered by suppressions, grouped by allocation site, written as text
+//! (LeakSanitizer-like) and as JSON (`k15-leaks/2`).
 
 pub mod at_exit;
+pub mod ignore;
 pub mod json;
+pub mod scan;
+pub mod suppress;
 pub mod text;
 
 use crate::ffi::BlockKind;
@@ -13,7 +17,11 @@ use crate::tracker::guard::Inside;
 use crate::tracker::header::BlockHeader;
 use crate::tracker::integrity::{self, FoundBy};
 use crate::tracker::live_list::StoppedWorld;
+use scan::{LeakKind, Node};
 use std::collections::HashMap;
+use std::io::Write;
+use std::sync::OnceLock;
+use suppress::Suppressions;
 
 /// One block still live when the snapshot was taken.
 #[derive(Clone, Debug)]
@@ -21,13 +29,20 @@ pub struct Leak {
     pub address: usize,
     pub size: usize,
     pub kind: BlockKind,
-    pub file: Option<String>,
+    pub file: Option<&'static str>,
     pub line: u32,
     pub seq: u32,
     pub thread: u32,
     pub stack: StackId,
     /// The engine allocator that served the block (`rust/engine`), if not `new`/Rust/Bullet.
     pub allocator: Option<&'static str>,
+    pub leak_kind: LeakKind,
+    /// For an indirect leak: the direct leak (index into [`Report::leaks`]) that holds it.
+    pub held_by: Option<usize>,
+    /// The rule (index into [`Report::rules`]) that keeps the block out of the report.
+    pub suppressed: Option<usize>,
+    /// Its allocation site: blocks with the same stack, kind and `K15_NEW` place share it.
+    pub site: u32,
 }
 
 impl Leak {
@@ -42,136 +57,484 @@ impl Leak {
             _ => "c++",
         }
     }
+
+    /// How it was allocated: `new`, `new[]`, … or the engine allocator's name.
+    pub fn family(&self) -> &'static str {
+        self.allocator.unwrap_or_else(|| errors::family(self.kind))
+    }
+
+    /// What groups blocks into one allocation site: same stack, kind and `K15_NEW` place (the
+    /// strings by address: literals, the same for every block of a site).
+    fn site_key(&self) -> SiteKey {
+        (
+            self.stack.0,
+            self.language().as_ptr() as usize,
+            self.kind.repr,
+            self.file.map_or(0, |f| f.as_ptr() as usize),
+            self.line,
+        )
+    }
 }
 
-/// Leaks that share a stack, kind and `K15_NEW` site: one entry of the text report.
+type SiteKey = (u32, usize, u8, usize, u32);
+
+/// Numbers every block's site ([`Leak::site`]) and returns one block of each, by site number.
+fn number_sites(leaks: &mut [Leak]) -> Vec<usize> {
+    let mut numbers: HashMap<SiteKey, u32, FastHash> = HashMap::default();
+    let mut first_of_site = Vec::new();
+    for (i, leak) in leaks.iter_mut().enumerate() {
+        let next = numbers.len() as u32;
+        leak.site = *numbers.entry(leak.site_key()).or_insert_with(|| {
+            first_of_site.push(i);
+            next
+        });
+    }
+    first_of_site
+}
+
+/// A multiply-rotate hash for the report's integer keys: SipHash's DoS resistance buys nothing
+/// here and costs most of the grouping time at a million blocks.
+type FastHash = core::hash::BuildHasherDefault<WordHasher>;
+
+#[derive(Default)]
+struct WordHasher(u64);
+
+impl core::hash::Hasher for WordHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u64(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+
+    fn write_u32(&mut self, word: u32) {
+        self.write_u64(u64::from(word));
+    }
+
+    fn write_u8(&mut self, word: u8) {
+        self.write_u64(u64::from(word));
+    }
+
+    fn write_usize(&mut self, word: usize) {
+        self.write_u64(word as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// Blocks of one allocation site and one leak kind: one entry of the text report.
 pub struct Site<'a> {
     pub leaks: Vec<&'a Leak>,
     pub total_bytes: usize,
+    /// The symbolized stack the blocks share.
+    pub frames: &'a [Frame],
+}
+
+impl<'a> Site<'a> {
+    pub fn first(&self) -> &'a Leak {
+        self.leaks[0]
+    }
+}
+
+/// A direct-leak site and the indirect blocks its blocks hold, by site.
+pub struct DirectSite<'a> {
+    pub site: Site<'a>,
+    pub held: Vec<Site<'a>>,
+    pub held_bytes: usize,
+    pub held_blocks: usize,
+}
+
+/// One suppression rule (a `suppressions=` line, `ignore_leak()` or `ScopedLeakIgnore`) and
+/// what it kept out of the report.
+#[derive(Clone, Debug, Default)]
+pub struct RuleCount {
+    pub rule: String,
+    pub blocks: usize,
+    pub bytes: usize,
+    pub errors: usize,
+}
+
+/// Blocks and bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Total {
+    pub blocks: usize,
+    pub bytes: usize,
+}
+
+impl Total {
+    fn add(&mut self, size: usize) {
+        self.blocks += 1;
+        self.bytes += size;
+    }
 }
 
 /// Everything a report shows, symbolized.
 pub struct Report {
+    /// Every block live at the snapshot, reported or suppressed, by thread and sequence.
     pub leaks: Vec<Leak>,
-    /// The first errors (`errors::MAX_KEPT_ERRORS`), in order.
+    /// The first errors (`errors::MAX_KEPT_ERRORS`) not suppressed, in order.
     pub errors: Vec<MemoryError>,
-    /// All errors, listed or not.
+    /// All errors, listed or not, suppressed ones excluded.
     pub error_count: usize,
     /// Blocks the Rust runtime allocates once for itself before `main` and keeps (see
     /// [`is_rust_runtime_setup`]): live at exit, but no leak of the program's.
     pub runtime_blocks: usize,
-    pub stats: crate::ffi::Stats,
+    pub stats: crate::tracker::Stats,
     /// Threads whose lists could not be settled (see `StoppedWorld`): listed as they were.
     pub unsettled_threads: Vec<u32>,
+    /// The suppression rules in force, with what each kept out (see [`Report::rules_used`]).
+    rules: Vec<RuleCount>,
+    /// One block of each site ([`Leak::site`]), by site number.
+    pub site_blocks: Vec<usize>,
     stacks: HashMap<StackId, Vec<Frame>>,
 }
 
 impl Report {
-    /// Snapshots the live lists, the engine allocators' live and retired blocks and the errors, and
-    /// symbolizes every stack they name.
-    pub fn collect() -> Report {
-        let mut leaks = Vec::new();
-        let mut problems = Vec::new();
-        let world = StoppedWorld::stop(crate::tracker::guard::thread_number());
-        for held in world.shards() {
-            integrity::check_list(&held, FoundBy::Report, &mut problems, |header| {
-                // SAFETY: headers on a held list are live and stay so while the world is stopped.
-                let h = unsafe { &*header };
-                leaks.push(Leak {
-                    address: BlockHeader::user_ptr(header) as usize,
-                    size: h.size,
-                    kind: h.kind,
-                    file: integrity::file_of(h),
-                    line: h.line,
-                    seq: h.seq,
-                    thread: h.thread,
-                    stack: h.alloc_stack,
-                    allocator: None,
-                })
-            });
-        }
-        let unsettled_threads = world.unsettled_threads();
-        drop(world);
-        integrity::report_found();
-        integrity::report_all(problems, StackId(0), BlockKind::New);
-        integrity::check_quarantine(FoundBy::Report);
-        leaks.retain(|l| !crate::tracker::fork::inherited(l.thread, l.seq));
-        leaks.sort_by_key(|l| (l.thread, l.seq));
-        crate::engine::for_each_live_block(&mut |info, block| {
-            leaks.push(Leak {
-                address: block.address,
-                size: block.size,
-                kind: BlockKind::New,
-                file: None,
-                line: 0,
-                seq: 0,
-                thread: 0,
-                stack: StackId(block.tag),
-                allocator: Some(info.name),
-            })
-        });
-        let (errors, error_count) = errors::all();
+    /// Snapshots the live lists, the engine allocators' live blocks and the errors, classifies
+    /// the blocks, applies the suppressions and symbolizes every stack they name. `stack`: the
+    /// caller's live stack, scanned as a root (during the run; not at exit).
+    pub fn collect(stack: Option<core::ops::Range<usize>>) -> Report {
         let mut symbolizer = Symbolizer::new();
+        let (mut leaks, unsettled_threads) = live_blocks(&symbolizer);
+        let (mut all_errors, mut error_count) = errors::all();
         let mut stacks = HashMap::new();
         let ids = leaks.iter().map(|l| l.stack).chain(
-            errors
+            all_errors
                 .iter()
                 .flat_map(|e| [e.alloc_stack, e.free_stack, e.previous_free_stack]),
         );
         for id in ids {
             stacks
                 .entry(id)
-                .or_insert_with(|| symbolizer.symbolize_stack(stack::frames(id)));
+                .or_insert_with(|| symbolizer.symbolize_stack(id));
         }
         let before = leaks.len();
         leaks.retain(|leak| !is_rust_runtime_setup(&stacks[&leak.stack]));
         let runtime_blocks = before - leaks.len();
+
+        let ignored = ignore::IgnoreSet::now();
+        let mut rules: Vec<RuleCount> = IGNORE_RULES
+            .into_iter()
+            .map(str::to_owned)
+            .chain(suppressions().rules.iter().map(|r| r.text.clone()))
+            .map(|rule| RuleCount {
+                rule,
+                ..RuleCount::default()
+            })
+            .collect();
+        if !ignored.is_empty() {
+            for leak in &mut leaks {
+                leak.suppressed = ignored
+                    .rule_for(leak.address, leak.thread, leak.seq)
+                    .and_then(|rule| IGNORE_RULES.iter().position(|r| *r == rule));
+            }
+        }
+        classify(&mut leaks, stack);
+        suppress_leaks(&mut leaks, &stacks);
+        for leak in &leaks {
+            if let Some(rule) = leak.suppressed {
+                rules[rule].blocks += 1;
+                rules[rule].bytes += leak.size;
+            }
+        }
+        all_errors.retain(|e| match suppressed_error(e, &stacks) {
+            Some(rule) => {
+                rules[IGNORE_RULES.len() + rule].errors += 1;
+                error_count -= 1;
+                false
+            }
+            None => true,
+        });
+        let site_blocks = number_sites(&mut leaks);
         Report {
             leaks,
-            errors,
+            site_blocks,
+            errors: all_errors,
             error_count,
             runtime_blocks,
             stats: crate::tracker::stats(),
             unsettled_threads,
+            rules,
             stacks,
         }
     }
 
-    pub fn leaked_bytes(&self) -> usize {
-        self.leaks.iter().map(|l| l.size).sum()
+    /// The rules that kept something out of the report.
+    pub fn rules_used(&self) -> impl Iterator<Item = &RuleCount> {
+        self.rules.iter().filter(|r| r.blocks > 0 || r.errors > 0)
     }
 
     pub fn frames(&self, id: StackId) -> &[Frame] {
         self.stacks.get(&id).map_or(&[], Vec::as_slice)
     }
 
-    /// Leaks grouped by allocation site, largest total first.
-    pub fn sites(&self) -> Vec<Site<'_>> {
-        type SiteKey<'a> = (StackId, &'static str, u8, Option<&'a str>, u32);
-        let mut by_site: HashMap<SiteKey<'_>, Site<'_>> = HashMap::new();
-        for leak in &self.leaks {
-            let key = (
-                leak.stack,
-                leak.language(),
-                leak.kind.repr,
-                leak.file.as_deref(),
-                leak.line,
-            );
-            let site = by_site.entry(key).or_insert_with(|| Site {
-                leaks: Vec::new(),
-                total_bytes: 0,
-            });
-            site.leaks.push(leak);
-            site.total_bytes += leak.size;
+    /// The blocks the report shows (not suppressed).
+    pub fn reported(&self) -> impl Iterator<Item = &Leak> {
+        self.leaks.iter().filter(|l| l.suppressed.is_none())
+    }
+
+    /// Blocks and bytes of one kind, suppressed blocks excluded.
+    pub fn total(&self, kind: LeakKind) -> Total {
+        let mut total = Total::default();
+        for leak in self.reported().filter(|l| l.leak_kind == kind) {
+            total.add(leak.size);
         }
-        let mut sites: Vec<Site<'_>> = by_site.into_values().collect();
-        sites.sort_by(|a, b| {
-            b.total_bytes.cmp(&a.total_bytes).then_with(|| {
-                (a.leaks[0].thread, a.leaks[0].seq).cmp(&(b.leaks[0].thread, b.leaks[0].seq))
+        total
+    }
+
+    /// Direct and indirect leaks together: what "leaked" means in the summaries.
+    pub fn leaked(&self) -> Total {
+        let (direct, indirect) = (self.total(LeakKind::Direct), self.total(LeakKind::Indirect));
+        Total {
+            blocks: direct.blocks + indirect.blocks,
+            bytes: direct.bytes + indirect.bytes,
+        }
+    }
+
+    pub fn suppressed(&self) -> Total {
+        let mut total = Total::default();
+        for leak in self.leaks.iter().filter(|l| l.suppressed.is_some()) {
+            total.add(leak.size);
+        }
+        total
+    }
+
+    /// What `exitcode` counts: errors, and blocks of the kinds `leak_kinds=` names.
+    pub fn counted_for_exit(&self, leak_kinds: u8) -> usize {
+        let blocks = self
+            .reported()
+            .filter(|l| leak_kinds & l.leak_kind.bit() != 0)
+            .count();
+        blocks + self.error_count
+    }
+
+    /// Reported blocks of `kind` grouped by allocation site, largest total first.
+    pub fn sites(&self, kind: LeakKind) -> Vec<Site<'_>> {
+        sorted_sites(self.group(self.reported().filter(|l| l.leak_kind == kind)))
+    }
+
+    /// The direct-leak sites, each with the indirect blocks held through it, largest first
+    /// (counting what they hold).
+    pub fn direct_sites(&self) -> Vec<DirectSite<'_>> {
+        let sites = self.sites(LeakKind::Direct);
+        let mut position_of_site = vec![usize::MAX; self.site_blocks.len()];
+        for (i, site) in sites.iter().enumerate() {
+            position_of_site[site.first().site as usize] = i;
+        }
+        let mut held: Vec<Vec<&Leak>> = sites.iter().map(|_| Vec::new()).collect();
+        for leak in self
+            .reported()
+            .filter(|l| l.leak_kind == LeakKind::Indirect)
+        {
+            let Some(direct) = leak.held_by.map(|d| &self.leaks[d]) else {
+                continue;
+            };
+            if direct.suppressed.is_none() {
+                held[position_of_site[direct.site as usize]].push(leak);
+            }
+        }
+        let mut direct: Vec<DirectSite<'_>> = sites
+            .into_iter()
+            .zip(held)
+            .map(|(site, held)| {
+                let held_bytes = held.iter().map(|l| l.size).sum();
+                let held_blocks = held.len();
+                DirectSite {
+                    site,
+                    held: sorted_sites(self.group(held.into_iter())),
+                    held_bytes,
+                    held_blocks,
+                }
+            })
+            .collect();
+        direct.sort_by_key(|d| core::cmp::Reverse(d.site.total_bytes + d.held_bytes));
+        direct
+    }
+
+    /// `leaks` by allocation site.
+    fn group<'a>(&'a self, leaks: impl Iterator<Item = &'a Leak>) -> Vec<Site<'a>> {
+        let mut leaks: Vec<&'a Leak> = leaks.collect();
+        leaks.sort_by_key(|l| l.site); // stable: blocks stay in allocation order
+        leaks
+            .chunk_by(|a, b| a.site == b.site)
+            .map(|leaks| Site {
+                total_bytes: leaks.iter().map(|l| l.size).sum(),
+                frames: self.frames(leaks[0].stack),
+                leaks: leaks.to_vec(),
+            })
+            .collect()
+    }
+
+    /// Indirect blocks whose direct leak is not reported (suppressed by another rule), which no
+    /// direct site lists.
+    pub fn orphan_indirect(&self) -> Vec<Site<'_>> {
+        let orphans = self.reported().filter(|l| {
+            l.leak_kind == LeakKind::Indirect
+                && l.held_by.is_none_or(|d| self.leaks[d].suppressed.is_some())
+        });
+        sorted_sites(self.group(orphans))
+    }
+}
+
+/// Every live tracked block (by thread, then sequence) and every engine allocator's live block.
+/// `__FILE__` strings of unloaded modules are dropped rather than read.
+fn live_blocks(symbolizer: &Symbolizer) -> (Vec<Leak>, Vec<u32>) {
+    let mut leaks = Vec::new();
+    let mut problems = Vec::new();
+    let mut file_names: HashMap<usize, Option<&'static str>> = HashMap::new();
+    let world = StoppedWorld::stop(crate::tracker::guard::thread_number());
+    for held in world.shards() {
+        integrity::check_list(&held, FoundBy::Report, &mut problems, |header| {
+            // SAFETY: headers on a held list are live and stay so while the world is stopped.
+            let h = unsafe { &*header };
+            let file = *file_names.entry(h.file as usize).or_insert_with(|| {
+                // SAFETY: the `file` of a live block is null or a `__FILE__` literal, here of
+                // a module still mapped.
+                symbolizer
+                    .is_mapped(h.file as usize)
+                    .then(|| unsafe { crate::sys::c_str(h.file) })
+                    .flatten()
+            });
+            leaks.push(Leak {
+                address: BlockHeader::user_ptr(header) as usize,
+                size: h.size,
+                kind: h.kind,
+                file,
+                line: h.line,
+                seq: h.seq,
+                thread: h.thread,
+                stack: h.alloc_stack,
+                allocator: None,
+                leak_kind: LeakKind::Direct,
+                held_by: None,
+                suppressed: None,
+                site: 0,
             })
         });
-        sites
     }
+    let unsettled_threads = world.unsettled_threads();
+    drop(world);
+    integrity::report_found();
+    integrity::report_all(problems, StackId(0), BlockKind::New);
+    integrity::check_quarantine(FoundBy::Report);
+    leaks.retain(|l| !crate::tracker::fork::inherited(l.thread, l.seq));
+    leaks.sort_unstable_by_key(|l| (l.thread, l.seq));
+    crate::engine::for_each_live_block(&mut |info, block| {
+        leaks.push(Leak {
+            address: block.address,
+            size: block.size,
+            kind: BlockKind::New,
+            file: None,
+            line: 0,
+            seq: 0,
+            thread: 0,
+            stack: StackId(block.tag),
+            allocator: Some(info.name),
+            leak_kind: LeakKind::Direct,
+            held_by: None,
+            suppressed: None,
+            site: 0,
+        })
+    });
+    (leaks, unsettled_threads)
+}
+
+/// Sets every block's kind from a scan of the roots (ignored blocks count as roots).
+fn classify(leaks: &mut [Leak], stack: Option<core::ops::Range<usize>>) {
+    let nodes: Vec<Node> = leaks
+        .iter()
+        .map(|l| Node {
+            address: l.address,
+            size: l.size,
+            root: l.suppressed.is_some(),
+            readable: l.allocator.is_none()
+                || crate::engine::allocator_of(l.address as *const u8).is_some(),
+        })
+        .collect();
+    for (leak, verdict) in leaks.iter_mut().zip(scan::classify(&nodes, stack)) {
+        leak.leak_kind = verdict.kind;
+        leak.held_by = verdict.held_by;
+    }
+}
+
+/// The rules of `ignore_leak` and `ScopedLeakIgnore`: the report's first rules, before those of
+/// the `suppressions=` file.
+const IGNORE_RULES: [&str; 2] = [ignore::IGNORE_LEAK, ignore::SCOPED];
+
+/// Applies the `leak:` rules to direct and indirect leaks; the blocks a suppressed direct leak
+/// holds go with it. Rule indices follow the [`IGNORE_RULES`].
+fn suppress_leaks(leaks: &mut [Leak], stacks: &HashMap<StackId, Vec<Frame>>) {
+    let suppressions = suppressions();
+    if suppressions.rules.is_empty() {
+        return;
+    }
+    let mut by_stack: HashMap<StackId, Option<usize>> = HashMap::new();
+    let mut rule_of = |leak: &Leak| {
+        *by_stack
+            .entry(leak.stack)
+            .or_insert_with(|| suppressions.matching("leak", &stacks[&leak.stack]))
+    };
+    for leak in leaks.iter_mut() {
+        if leak.suppressed.is_none() && leak.leak_kind != LeakKind::Reachable {
+            leak.suppressed = rule_of(leak).map(|r| IGNORE_RULES.len() + r);
+        }
+    }
+    for i in 0..leaks.len() {
+        if leaks[i].suppressed.is_none() {
+            if let Some(d) = leaks[i].held_by {
+                leaks[i].suppressed = leaks[d].suppressed;
+            }
+        }
+    }
+}
+
+/// The rule of `suppressions=` that matches a memory error, by its kind, on either stack.
+fn suppressed_error(error: &MemoryError, stacks: &HashMap<StackId, Vec<Frame>>) -> Option<usize> {
+    let kind = error.kind.name();
+    let rules = suppressions();
+    [error.alloc_stack, error.free_stack]
+        .iter()
+        .find_map(|id| rules.matching(kind, stacks.get(id).map_or(&[], Vec::as_slice)))
+}
+
+/// Whether a memory error is suppressed (for the line printed when it happens).
+pub fn is_suppressed(error: &MemoryError, alloc: &[Frame], free: &[Frame]) -> bool {
+    let rules = suppressions();
+    !rules.rules.is_empty()
+        && [alloc, free]
+            .iter()
+            .any(|frames| rules.matching(error.kind.name(), frames).is_some())
+}
+
+/// The `suppressions=` file, read once; its warnings go to stderr then.
+fn suppressions() -> &'static Suppressions {
+    static LOADED: OnceLock<Suppressions> = OnceLock::new();
+    LOADED.get_or_init(|| {
+        let _inside = Inside::enter();
+        let loaded = match &crate::options::get().suppressions {
+            Some(path) => Suppressions::load(path.as_str()),
+            None => Suppressions::default(),
+        };
+        for warning in &loaded.warnings {
+            crate::sys::write_fd(2, format!("k15-memory: {warning}\n").as_bytes());
+        }
+        loaded
+    })
+}
+
+/// Largest total first; ties by the first block's allocation order.
+fn sorted_sites(mut sites: Vec<Site<'_>>) -> Vec<Site<'_>> {
+    sites.sort_by(|a, b| {
+        b.total_bytes
+            .cmp(&a.total_bytes)
+            .then_with(|| (a.first().thread, a.first().seq).cmp(&(b.first().thread, b.first().seq)))
+    });
+    sites
 }
 
 /// A stack made only by the Rust runtime's start-up (`std::rt::init` and what it calls, before
@@ -197,21 +560,81 @@ fn is_rust_runtime_setup(stack: &[Frame]) -> bool {
         && before_main.iter().all(|f| runtime(f))
 }
 
-/// Writes the text report to `text_path` and the JSON one to `json_path`.
-pub fn write(report: &Report, text_path: &str, json_path: &str) -> std::io::Result<()> {
-    std::fs::write(text_path, text::render(report))?;
-    std::fs::write(json_path, json::render(report))
+/// Which file failed, and why.
+#[derive(Debug)]
+pub struct WriteError {
+    pub path: String,
+    pub error: std::io::Error,
 }
 
-/// `write_leak_report(path)`: the report now, to `path` (+ `.json`) or the configured paths.
+/// Writes the text report to `text_path` and the JSON one to `json_path`, streaming; a failure
+/// of one does not stop the other. The error names the file that failed (the text's first).
+pub fn write(report: &Report, text_path: &str, json_path: &str) -> Result<(), WriteError> {
+    let text = write_file(text_path, |out| text::write(out, report));
+    let json = write_file(json_path, |out| json::write(out, report));
+    text.and(json)
+}
+
+fn write_file(
+    path: &str,
+    render: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> Result<(), WriteError> {
+    let failed = |error| WriteError {
+        path: path.to_owned(),
+        error,
+    };
+    let file = std::fs::File::create(path).map_err(failed)?;
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+    render(&mut out).map_err(failed)?;
+    out.flush().map_err(failed)
+}
+
+/// The report's paths: `%p` becomes the pid; a forked child whose paths have no `%p` writes
+/// beside its parent's, with its pid appended, rather than over them.
+pub fn paths(options: &crate::options::Options) -> (String, String) {
+    let child = FORKED_CHILD.load(core::sync::atomic::Ordering::Relaxed);
+    let expand = |path: &str| {
+        if !path.contains("%p") && child {
+            format!("{path}.{}", std::process::id())
+        } else {
+            with_pid(path)
+        }
+    };
+    (
+        expand(options.log_path.as_str()),
+        expand(&options.json_path()),
+    )
+}
+
+/// `path` with every `%p` replaced by the pid.
+fn with_pid(path: &str) -> String {
+    path.replace("%p", &std::process::id().to_string())
+}
+
+static FORKED_CHILD: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+
+/// Called in the child after `fork`: its report must not overwrite the parent's.
+pub fn note_forked_child() {
+    FORKED_CHILD.store(true, core::sync::atomic::Ordering::Relaxed);
+}
+
+/// `write_leak_report(path)`: the report now, to `path` (+ `.json`; `%p` is the pid) or the
+/// configured paths.
 pub fn write_now(path: Option<&str>) -> bool {
     crate::tracker::apply_deferred_frees();
+    let here = 0u8;
+    let stack = stack::stack_above(core::ptr::addr_of!(here) as usize);
     let _inside = Inside::enter();
-    let report = Report::collect();
-    let options = crate::options::get();
+    let report = Report::collect(stack);
     let result = match path {
-        Some(p) => write(&report, p, &format!("{p}.json")),
-        None => write(&report, options.log_path.as_str(), &options.json_path()),
+        Some(p) => {
+            let p = with_pid(p);
+            write(&report, &p, &format!("{p}.json"))
+        }
+        None => {
+            let (text_path, json_path) = paths(crate::options::get());
+            write(&report, &text_path, &json_path)
+        }
     };
     result.is_ok()
 }

@@ -1,21 +1,20 @@
-//! The text report, read like LeakSanitizer's: a summary, then one entry per allocation site,
-//! largest total first, each with its symbolized stack; memory errors with both stacks.
+//! The text report, read like LeakSanitizer's: a summary, the direct leaks by allocation site
+//! (largest first, each with the indirect blocks it holds), memory errors with both stacks, the
+//! reachable blocks, and what suppressions kept out.
 
-use super::Report;
-use crate::stack::{self, StackId};
+use super::scan::LeakKind;
+use super::{Report, Site, Total};
+use crate::stack::StackId;
 use crate::symbolize::{Frame, Symbolizer, UNKNOWN_MODULE};
 use crate::tracker::errors::{self, MemoryError};
-use std::fmt::Write;
+use std::fmt::Write as _;
+use std::io::{self, Write};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-pub fn render(report: &Report) -> String {
-    let mut out = String::new();
-    let _ = write_report(&mut out, report);
-    out
-}
-
-fn write_report(out: &mut String, report: &Report) -> std::fmt::Result {
-    let sites = report.sites();
+/// The whole text report into `out`.
+pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
+    let direct_sites = report.direct_sites();
+    let leaked = report.leaked();
     writeln!(
         out,
         "================================================================="
@@ -26,15 +25,22 @@ fn write_report(out: &mut String, report: &Report) -> std::fmt::Result {
         std::process::id(),
         program_path()
     )?;
-    if report.leaks.is_empty() {
-        writeln!(out, "No leaks: every tracked block was freed.")?;
-    } else {
+    if leaked.blocks == 0 {
         writeln!(
             out,
-            "Detected {} leaked bytes in {} blocks from {} allocation sites.",
-            report.leaked_bytes(),
-            report.leaks.len(),
-            sites.len()
+            "No leaks: every tracked block was freed or is still reachable."
+        )?;
+    } else {
+        let direct = report.total(LeakKind::Direct);
+        let indirect = report.total(LeakKind::Indirect);
+        writeln!(
+            out,
+            "Detected {} leaked in {} from {}: {} direct, {} indirect.",
+            count(leaked.bytes, "byte"),
+            count(leaked.blocks, "block"),
+            count(direct_sites.len(), "allocation site"),
+            direct.blocks,
+            indirect.blocks,
         )?;
     }
     for thread in &report.unsettled_threads {
@@ -51,57 +57,75 @@ fn write_report(out: &mut String, report: &Report) -> std::fmt::Result {
     }
     let unrecorded = crate::tracker::unrecorded_frees();
     if unrecorded > 0 {
-        writeln!(out, "{unrecorded} frees could not be applied (see the limits in README): their blocks are in no list and still counted live.")?;
-    }
-    for site in &sites {
-        let first = site.leaks[0];
-        let blocks = site.leaks.len();
-        writeln!(out)?;
         writeln!(
             out,
-            "Leak of {} bytes in {} block{} ({}) allocated from:",
-            site.total_bytes,
-            blocks,
-            if blocks == 1 { "" } else { "s" },
-            first
-                .allocator
-                .unwrap_or_else(|| errors::family(first.kind))
+            "{} could not be applied (see the limits in README): their blocks are in no list and still counted live.",
+            count(unrecorded as usize, "free")
         )?;
-        if let Some(file) = &first.file {
-            writeln!(out, "    at {}:{} (K15_NEW)", file, first.line)?;
+    }
+    let max = crate::options::get().max_leaks;
+    let listed = if max == 0 {
+        direct_sites.len()
+    } else {
+        max.min(direct_sites.len())
+    };
+    for direct in &direct_sites[..listed] {
+        writeln!(out)?;
+        write_site(out, "Direct leak", &direct.site, "    ")?;
+        if direct.held_blocks > 0 {
+            writeln!(
+                out,
+                "  and {} ({}) through {}:",
+                count(direct.held_blocks, "indirect block"),
+                count(direct.held_bytes, "byte"),
+                if direct.site.leaks.len() == 1 {
+                    "it"
+                } else {
+                    "them"
+                }
+            )?;
+            for site in &direct.held {
+                write_site(out, "Indirect leak", site, "        ")?;
+            }
         }
-        write_frames(out, report.frames(first.stack), "    ")?;
-        let seqs: Vec<String> = site
-            .leaks
+    }
+    if listed < direct_sites.len() {
+        let rest = &direct_sites[listed..];
+        let blocks: usize = rest
             .iter()
-            .take(8)
-            .map(|l| format!("{}/{}", l.thread, l.seq))
-            .collect();
-        let more = if blocks > 8 {
-            format!(" and {} more", blocks - 8)
-        } else {
-            String::new()
-        };
-        writeln!(out, "    blocks (thread/seq): {}{}", seqs.join(", "), more)?;
+            .map(|d| d.site.leaks.len() + d.held_blocks)
+            .sum();
+        let bytes: usize = rest.iter().map(|d| d.site.total_bytes + d.held_bytes).sum();
+        writeln!(
+            out,
+            "\n... and {} more direct-leak sites, {} ({}) with what they hold, not listed (max_leaks={max})",
+            rest.len(),
+            count(blocks, "block"),
+            count(bytes, "byte"),
+        )?;
+    }
+    for site in &report.orphan_indirect() {
+        writeln!(out)?;
+        write_site(
+            out,
+            "Indirect leak (its direct leak is suppressed)",
+            site,
+            "    ",
+        )?;
     }
     for error in &report.errors {
         writeln!(out)?;
-        write_error(
-            out,
+        let mut text = String::new();
+        let _ = write_error(
+            &mut text,
             error,
             &[
                 report.frames(error.alloc_stack),
                 report.frames(error.free_stack),
                 report.frames(error.previous_free_stack),
             ],
-        )?;
-    }
-    if report.runtime_blocks > 0 {
-        writeln!(
-            out,
-            "\n({} blocks the Rust runtime allocated for itself before main are not listed.)",
-            report.runtime_blocks
-        )?;
+        );
+        out.write_all(text.as_bytes())?;
     }
     if report.error_count > report.errors.len() {
         writeln!(
@@ -110,16 +134,147 @@ fn write_report(out: &mut String, report: &Report) -> std::fmt::Result {
             report.error_count - report.errors.len()
         )?;
     }
+    write_reachable(out, report)?;
+    for rule in report.rules_used() {
+        let mut what = Vec::new();
+        if rule.blocks > 0 {
+            what.push(format!(
+                "{} ({})",
+                count(rule.blocks, "block"),
+                count(rule.bytes, "byte")
+            ));
+        }
+        if rule.errors > 0 {
+            what.push(count(rule.errors, "memory error"));
+        }
+        writeln!(
+            out,
+            "\nSuppressed: {} by `{}`",
+            what.join(" and "),
+            rule.rule
+        )?;
+    }
+    if report.runtime_blocks > 0 {
+        writeln!(
+            out,
+            "\n({} the Rust runtime allocated for itself before main not listed.)",
+            count(report.runtime_blocks, "block")
+        )?;
+    }
     writeln!(out)?;
     writeln!(
         out,
-        "SUMMARY: k15-memory: {} bytes leaked in {} blocks; {} memory errors; {} allocations in total, peak {} bytes.",
-        report.leaked_bytes(),
-        report.leaks.len(),
-        report.error_count,
-        report.stats.total_allocations,
-        report.stats.peak_bytes
+        "SUMMARY: k15-memory: {} leaked in {}; {}; {} in total, peak {}.",
+        count(leaked.bytes, "byte"),
+        count(leaked.blocks, "block"),
+        count(report.error_count, "memory error"),
+        count(report.stats.total_allocations as usize, "allocation"),
+        count(report.stats.peak_bytes as usize, "byte"),
     )
+}
+
+/// `n thing` or `n things`.
+pub fn count(n: usize, thing: &str) -> String {
+    format!("{n} {thing}{}", if n == 1 { "" } else { "s" })
+}
+
+/// One site: its heading, `K15_NEW` place, stack and the blocks' thread/seq.
+fn write_site(out: &mut dyn Write, what: &str, site: &Site<'_>, indent: &str) -> io::Result<()> {
+    let first = site.first();
+    let blocks = site.leaks.len();
+    let heading_indent = &indent[..indent.len() - 4];
+    writeln!(
+        out,
+        "{heading_indent}{what} of {} in {} ({}) allocated from:",
+        count(site.total_bytes, "byte"),
+        count(blocks, "block"),
+        first.family()
+    )?;
+    if let Some(file) = first.file {
+        writeln!(out, "{indent}at {}:{} (K15_NEW)", file, first.line)?;
+    }
+    let mut frames = String::new();
+    let _ = write_frames(&mut frames, site.frames, indent);
+    out.write_all(frames.as_bytes())?;
+    let seqs: Vec<String> = site
+        .leaks
+        .iter()
+        .take(8)
+        .map(|l| format!("{}/{}", l.thread, l.seq))
+        .collect();
+    let more = if blocks > 8 {
+        format!(" and {} more", blocks - 8)
+    } else {
+        String::new()
+    };
+    writeln!(
+        out,
+        "{indent}blocks (thread/seq): {}{}",
+        seqs.join(", "),
+        more
+    )
+}
+
+/// The reachable blocks: one line per site, or one line in all with `show_reachable=0`.
+fn write_reachable(out: &mut dyn Write, report: &Report) -> io::Result<()> {
+    let total: Total = report.total(LeakKind::Reachable);
+    if total.blocks == 0 {
+        return Ok(());
+    }
+    if !crate::options::get().show_reachable {
+        return writeln!(
+            out,
+            "\nStill reachable: {} in {}, not leaks (show_reachable=1 lists them).",
+            count(total.bytes, "byte"),
+            count(total.blocks, "block")
+        );
+    }
+    let sites = report.sites(LeakKind::Reachable);
+    writeln!(
+        out,
+        "\nStill reachable: {} in {} from {}, not leaks (a global, thread-local or reachable block points to them):",
+        count(total.bytes, "byte"),
+        count(total.blocks, "block"),
+        count(sites.len(), "site")
+    )?;
+    for site in &sites {
+        let first = site.first();
+        let frames = site.frames;
+        // The first frame of the program's own sources names the site best (library frames
+        // such as basic_string's constructor say little).
+        let own = frames
+            .iter()
+            .find(|f| {
+                f.file
+                    .as_deref()
+                    .is_some_and(|file| file.starts_with('/') && !file.starts_with("/usr/"))
+            })
+            .or(frames.first());
+        let mut place = String::new();
+        let _ = match (first.file, own) {
+            (Some(file), _) => write!(place, "{file}:{}", first.line),
+            (None, Some(frame)) => write_frame(&mut place, frame),
+            (None, None) => write!(place, "(no call stack)"),
+        };
+        writeln!(
+            out,
+            "    {} in {} ({}) from {}",
+            count(site.total_bytes, "byte"),
+            count(site.leaks.len(), "block"),
+            first.family(),
+            place
+        )?;
+    }
+    Ok(())
+}
+
+/// `function file:line`, or `function (module+offset)` without debug info.
+fn write_frame(out: &mut String, frame: &Frame) -> std::fmt::Result {
+    out.push_str(frame.function.as_deref().unwrap_or("??"));
+    match &frame.file {
+        Some(file) => write!(out, " {file}:{}", frame.line),
+        None => write!(out, " ({}+{:#x})", frame.module, frame.module_offset),
+    }
 }
 
 fn write_frames(out: &mut String, frames: &[Frame], indent: &str) -> std::fmt::Result {
@@ -130,16 +285,9 @@ fn write_frames(out: &mut String, frames: &[Frame], indent: &str) -> std::fmt::R
         );
     }
     for (i, frame) in frames.iter().enumerate() {
-        write!(
-            out,
-            "{indent}#{i} {}",
-            frame.function.as_deref().unwrap_or("??")
-        )?;
-        match &frame.file {
-            Some(file) => write!(out, " {}:{}", file, frame.line)?,
-            None => write!(out, " ({}+{:#x})", frame.module, frame.module_offset)?,
-        }
-        writeln!(out, "{}", if frame.inlined { " (inlined)" } else { "" })?;
+        write!(out, "{indent}#{i} ")?;
+        write_frame(out, frame)?;
+        out.push_str(if frame.inlined { " (inlined)\n" } else { "\n" });
     }
     Ok(())
 }
@@ -292,7 +440,7 @@ pub fn print_error(error: &MemoryError) {
             error.free_stack,
             error.previous_free_stack,
         ]
-        .map(|id| symbolizer.symbolize_stack(stack::frames(id)))
+        .map(|id| symbolizer.symbolize_stack(id))
     };
     let mut stacks = symbolize(symbolizer);
     if stacks.iter().flatten().any(|f| f.module == UNKNOWN_MODULE) {
@@ -301,8 +449,11 @@ pub fn print_error(error: &MemoryError) {
         stacks = symbolize(symbolizer);
     }
     drop(cached);
-    let mut out = String::from("k15-memory: ");
     let [alloc, free, previous_free] = &stacks;
+    if super::is_suppressed(error, alloc, free) {
+        return;
+    }
+    let mut out = String::from("k15-memory: ");
     let _ = write_error(&mut out, error, &[alloc, free, previous_free]);
     crate::sys::write_fd(2, out.as_bytes());
 }

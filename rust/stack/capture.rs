@@ -84,6 +84,14 @@ thread_local! {
     };
 }
 
+/// The address range of the calling thread's [`ThreadState`].
+pub(super) fn thread_state_range() -> core::ops::Range<usize> {
+    THREAD.with(|t| {
+        let start = t as *const ThreadState as usize;
+        start..start + core::mem::size_of::<ThreadState>()
+    })
+}
+
 #[cfg(test)]
 thread_local! {
     /// Frames this thread's walks took over from a memo instead of unwinding (tests only).
@@ -151,6 +159,11 @@ fn stack_bounds(t: &ThreadState) -> Option<(usize, usize)> {
         init_thread(t);
     }
     (t.bounds.get() == BOUNDS_OK).then(|| (t.lo.get(), t.hi.get()))
+}
+
+/// The calling thread's stack bounds (lowest, highest address), if they could be read.
+pub(super) fn this_thread_stack_bounds() -> Option<(usize, usize)> {
+    THREAD.try_with(stack_bounds).ok().flatten()
 }
 
 /// [`StartFrame::caller_of`] with both reads checked against the current thread's stack.

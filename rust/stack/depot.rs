@@ -80,13 +80,23 @@ pub(super) fn init() -> bool {
     install(&ARENA, ARENA_WORDS * 8) && install(&TABLE, TABLE_SLOTS * 8)
 }
 
+/// Bumped when the module set changes: the same return addresses captured before and after are
+/// different stacks (a plugin reloaded at the same address may be another build).
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// A change of the module set (`dlopen`, `dlclose`): stacks interned from now on are new ones.
+pub fn new_generation() {
+    GENERATION.fetch_add(1, Ordering::Relaxed);
+}
+
 fn hash(frames: &[usize]) -> u64 {
     // Four independent multiply-rotate lanes (the multiplies overlap instead of forming one
     // 30-step dependency chain), then a murmur3 finaliser so the low bits (slot index) and the
     // high bits (tag) both depend on every frame.
     const K: u64 = 0x9e37_79b9_7f4a_7c15;
+    let generation = GENERATION.load(Ordering::Relaxed).wrapping_mul(K);
     let mut lanes = [
-        0x243f_6a88_85a3_08d3u64 ^ frames.len() as u64,
+        0x243f_6a88_85a3_08d3u64 ^ frames.len() as u64 ^ generation,
         0x1319_8a2e_0370_7344,
         0xa409_3822_299f_31d0,
         0x082e_fa98_ec4e_6c89,
@@ -208,4 +218,10 @@ pub fn frames(id: StackId) -> &'static [usize] {
 /// Number of distinct stacks stored so far.
 pub fn len() -> usize {
     ENTRIES.load(Ordering::Relaxed)
+}
+
+/// The id the next new stack will get at the earliest: ids grow with time, so a stack whose id
+/// is below the watermark read at some moment was captured before it.
+pub fn watermark() -> u32 {
+    BUMP.load(Ordering::Acquire).min(ARENA_WORDS) as u32
 }

@@ -138,3 +138,24 @@ pub fn warm_up() {
     capture::warm_up_caches();
     let _ = capture(StartFrame::here(), MAX_DEPTH);
 }
+
+/// Where the calling thread's capture state lies: its memo keeps copies of stack words, which
+/// a leak scan must not take for pointers the program holds.
+pub fn tracker_thread_state() -> core::ops::Range<usize> {
+    capture::thread_state_range()
+}
+
+/// The calling thread's stack from `sp` (an address in the current frame) to its top, if its
+/// bounds are known.
+pub fn stack_above(sp: usize) -> Option<core::ops::Range<usize>> {
+    let (lo, hi) = capture::this_thread_stack_bounds()?;
+    (lo..hi).contains(&sp).then_some(sp..hi)
+}
+
+/// After a `dlopen` or `dlclose`: the unwinder's view of the modules and the history of modules
+/// are brought up to date (a library mapped where an unloaded one was must not be walked with
+/// the old one's tables, nor symbolized with its debug info).
+pub fn modules_changed() {
+    depot::new_generation();
+    let _ = modules::refresh();
+}

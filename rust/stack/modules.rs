@@ -64,7 +64,8 @@ pub(crate) fn current_or_scan() -> Option<&'static Snapshot> {
 }
 
 /// Slow path: rescans the modules if the loader's list changed since the last snapshot (or
-/// there is none), publishes the result and returns the current snapshot.
+/// there is none), publishes the result, updates the history of modules and returns the
+/// current snapshot.
 #[cold]
 #[inline(never)]
 pub(crate) fn refresh() -> Option<&'static Snapshot> {
@@ -77,6 +78,9 @@ pub(crate) fn refresh() -> Option<&'static Snapshot> {
     }
     let snap = Box::into_raw(Box::new(scan()?));
     CURRENT.store(snap, Ordering::Release);
+    // The symbolizer's history of modules learns of the change too, before any stack can be
+    // captured in a module mapped now.
+    crate::symbolize::modules::note_changes();
     current()
 }
 

@@ -7,13 +7,15 @@
 //! ([`resolver`]) -> frames, innermost inlined function first -> per-address cache.
 //! [`Symbolizer::symbolize_stack`] then trims the tracker's own frames by name ([`names`]).
 
-mod modules;
+pub mod modules;
 mod names;
 mod resolver;
 #[cfg(test)]
 mod tests;
 
 use std::collections::HashMap;
+
+use crate::stack::StackId;
 
 pub use names::is_allocator_frame;
 
@@ -49,7 +51,8 @@ pub struct Symbolizer {
     map: ModuleMap,
     /// Per module, in `map.modules` order: not tried yet, unreadable, or loaded.
     debug: Vec<Option<Option<DebugInfo>>>,
-    cache: HashMap<usize, Box<[Frame]>>,
+    /// By address and the module mapped there.
+    cache: HashMap<(usize, Option<usize>), Box<[Frame]>>,
 }
 
 impl Symbolizer {
@@ -64,24 +67,38 @@ impl Symbolizer {
         }
     }
 
-    /// The frames of one return address, innermost inlined function first, the function
-    /// that owns the machine code last. Never empty: at worst one frame with the module and
-    /// offset and no name. Each address is resolved once.
-    pub fn resolve(&mut self, address: usize) -> &[Frame] {
-        let Symbolizer { map, debug, cache } = self;
-        cache
-            .entry(address)
-            .or_insert_with(|| resolve_uncached(map, debug, address))
+    /// Whether `address` lies in a module still mapped when this symbolizer was made (a
+    /// `__FILE__` literal of a `dlclose`d library does not).
+    pub fn is_mapped(&self, address: usize) -> bool {
+        self.map.is_mapped_now(address)
     }
 
-    /// All frames of one captured stack (innermost call first), with the tracker's own and
-    /// the allocator wrappers' frames ([`is_allocator_frame`]) trimmed from the top. Only
-    /// the top run goes: after the first user frame everything stays. A stack made only of
-    /// such frames is returned whole rather than empty.
-    pub fn symbolize_stack(&mut self, return_addresses: &[usize]) -> Vec<Frame> {
+    /// The frames of one return address, innermost inlined function first, the function
+    /// that owns the machine code last. Never empty: at worst one frame with the module and
+    /// offset and no name. Each address is resolved once (per module mapped there).
+    pub fn resolve(&mut self, address: usize) -> &[Frame] {
+        self.resolve_in(address, None)
+    }
+
+    /// [`Symbolizer::resolve`] against the module mapped at `address` when `stack` was captured.
+    fn resolve_in(&mut self, address: usize, stack: Option<StackId>) -> &[Frame] {
+        let Symbolizer { map, debug, cache } = self;
+        let module = map.find(address, stack);
+        cache
+            .entry((address, module))
+            .or_insert_with(|| resolve_uncached(map, debug, address, module))
+    }
+
+    /// All frames of one captured stack (innermost call first), each against the module mapped
+    /// at its address when the stack was captured, with the tracker's own and the allocator
+    /// wrappers' frames ([`is_allocator_frame`]) trimmed from the top. Only the top run goes:
+    /// after the first user frame everything stays. A stack made only of such frames is
+    /// returned whole rather than empty.
+    pub fn symbolize_stack(&mut self, stack: StackId) -> Vec<Frame> {
+        let return_addresses = crate::stack::frames(stack);
         let mut frames = Vec::with_capacity(return_addresses.len());
         for &address in return_addresses {
-            frames.extend_from_slice(self.resolve(address));
+            frames.extend_from_slice(self.resolve_in(address, Some(stack)));
         }
         let own = frames
             .iter()
@@ -104,8 +121,9 @@ fn resolve_uncached(
     map: &ModuleMap,
     debug: &mut [Option<Option<DebugInfo>>],
     address: usize,
+    module: Option<usize>,
 ) -> Box<[Frame]> {
-    let Some(index) = map.find(address) else {
+    let Some(index) = module else {
         return Box::new([Frame {
             function: None,
             file: None,

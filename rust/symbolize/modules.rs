@@ -1,10 +1,78 @@
-//! Snapshot of the loaded modules from `dl_iterate_phdr`: path, load bias and `PT_LOAD` ranges.
+//! The history of mapped modules (path, build id, load range, when loaded and unloaded), and the
+//! map a symbolizer looks frames up in.
+//!
+//! [`note_changes`] rescans `dl_iterate_phdr` when the module set has changed (the stack
+//! walker's rescans: at tracker start, after every `dlopen`/`dlclose` through
+//! `cpp/modules.cpp`, when a walk meets an unknown module) and at report time, never on the
+//! allocation path. "When" is the stack depot's watermark: stack ids grow
+//! with time, so a stack whose id lies in a module's `[loaded, unloaded)` window was captured
+//! while that module was mapped. A frame in a module since `dlclose`d, or in a range another
+//! library was later mapped over, is symbolized against the module that was there; the module's
+//! file is kept open, so a file replaced on disk (hot reload) still gives its old debug info.
 
 use std::ffi::{c_int, c_void, CStr};
+use std::fs::File;
 use std::ops::Range;
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
+use std::sync::{Mutex, PoisonError};
 
-/// One loaded ELF object (the main program or a shared library).
+use crate::stack::StackId;
+
+/// One mapping of an ELF object, from its load to its unload.
+struct Record {
+    name: String,
+    /// The file it was loaded from, open since (`None` for the vdso).
+    file: Option<File>,
+    build_id: Vec<u8>,
+    /// The executable: read through /proc/self/exe, which opens it even when its path has
+    /// since been deleted or replaced.
+    is_main: bool,
+    bias: usize,
+    segments: Vec<Range<usize>>,
+    /// Depot watermarks: stack ids in `loaded..unloaded` were captured while it was mapped.
+    loaded: u32,
+    unloaded: u32,
+}
+
+static HISTORY: Mutex<Vec<Record>> = Mutex::new(Vec::new());
+
+/// Rescans the loaded modules: those gone are marked unloaded now, new ones loaded now.
+pub fn note_changes() {
+    let _inside = crate::tracker::guard::Inside::enter(); // the history is the tracker's memory
+    let mut seen: Vec<Record> = Vec::new();
+    // SAFETY: the callback matches what dl_iterate_phdr expects; `seen` outlives the call.
+    unsafe { libc::dl_iterate_phdr(Some(add_module), (&raw mut seen).cast::<c_void>()) };
+    let now = crate::stack::depot::watermark();
+    let mut history = HISTORY.lock().unwrap_or_else(PoisonError::into_inner);
+    for old in history.iter_mut().filter(|r| r.unloaded == u32::MAX) {
+        let same =
+            |r: &Record| r.name == old.name && r.bias == old.bias && r.build_id == old.build_id;
+        if !seen.iter().any(same) {
+            old.unloaded = now;
+        }
+    }
+    for mut new in seen {
+        let known = history.iter().any(|r| {
+            r.unloaded == u32::MAX
+                && r.name == new.name
+                && r.bias == new.bias
+                && r.build_id == new.build_id
+        });
+        if !known {
+            new.loaded = now;
+            let path = if new.is_main {
+                "/proc/self/exe"
+            } else {
+                new.name.as_str()
+            };
+            new.file = File::open(path).ok();
+            history.push(new);
+        }
+    }
+}
+
+/// One module as a symbolizer sees it.
 pub(crate) struct Module {
     /// The path shown in frames: the real path of the executable, or the loader's name.
     pub(crate) name: String,
@@ -12,79 +80,106 @@ pub(crate) struct Module {
     pub(crate) file: Option<PathBuf>,
     /// `dlpi_addr`: runtime address minus the address stated in the file (0 for non-PIE).
     pub(crate) bias: usize,
+    window: Range<u32>,
 }
 
-/// The modules of the process and their mapped address ranges, sorted for lookup.
+/// Every module the process has mapped so far, with their ranges, for lookup.
 pub(crate) struct ModuleMap {
     pub(crate) modules: Vec<Module>,
-    /// `(runtime range of one PT_LOAD segment, index into modules)`, sorted by start.
+    /// `(runtime range of one PT_LOAD segment, index into modules)`; ranges of modules loaded
+    /// at different times may overlap.
     segments: Vec<(Range<usize>, usize)>,
 }
 
 impl ModuleMap {
-    /// Takes the snapshot now: a library `dlclose`d later keeps its entry, and one loaded
-    /// later is not in it, so take it while the stacks' modules are still mapped.
+    /// The history so far (brought up to date first).
     pub(crate) fn snapshot() -> Self {
+        note_changes();
+        let history = HISTORY.lock().unwrap_or_else(PoisonError::into_inner);
         let mut map = ModuleMap {
             modules: Vec::new(),
             segments: Vec::new(),
         };
-        // SAFETY: the callback matches the signature dl_iterate_phdr expects, and `data` is
-        // a valid `&mut ModuleMap` that outlives the call (the iteration is synchronous).
-        unsafe {
-            libc::dl_iterate_phdr(Some(add_module), (&raw mut map).cast::<c_void>());
+        for (index, record) in history.iter().enumerate() {
+            // A live module is read through its path (separate debug files are found beside
+            // it); an unloaded one through the file kept open, which may since be replaced.
+            let file = match &record.file {
+                None => None,
+                Some(file) if record.unloaded != u32::MAX => {
+                    Some(PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())))
+                }
+                Some(_) if record.is_main => Some(PathBuf::from("/proc/self/exe")),
+                Some(_) => Some(PathBuf::from(&record.name)),
+            };
+            map.modules.push(Module {
+                name: record.name.clone(),
+                file,
+                bias: record.bias,
+                window: record.loaded..record.unloaded,
+            });
+            map.segments
+                .extend(record.segments.iter().map(|s| (s.clone(), index)));
         }
-        map.segments.sort_by_key(|(range, _)| range.start);
         map
     }
 
-    /// The index of the module whose `PT_LOAD` segment contains `address`.
-    pub(crate) fn find(&self, address: usize) -> Option<usize> {
-        let after = self
+    /// Whether a module mapped now holds `address`.
+    pub(crate) fn is_mapped_now(&self, address: usize) -> bool {
+        self.segments.iter().any(|(range, index)| {
+            range.contains(&address) && self.modules[*index].window.end == u32::MAX
+        })
+    }
+
+    /// The module holding `address` when `stack` was captured: the one whose window holds the
+    /// stack's id, else (a module found late) the latest one mapped there.
+    pub(crate) fn find(&self, address: usize, stack: Option<StackId>) -> Option<usize> {
+        let mut candidates = self
             .segments
-            .partition_point(|(range, _)| range.start <= address);
-        let (range, index) = self.segments.get(after.checked_sub(1)?)?;
-        range.contains(&address).then_some(*index)
+            .iter()
+            .filter(|(range, _)| range.contains(&address))
+            .map(|(_, index)| *index);
+        match stack {
+            Some(id) => {
+                let all: Vec<usize> = candidates.collect();
+                all.iter()
+                    .copied()
+                    .find(|&i| self.modules[i].window.contains(&id.0))
+                    .or(all.last().copied())
+            }
+            None => candidates.next_back(),
+        }
     }
 }
 
-/// `dl_iterate_phdr` callback: records one module. Allocates (the caller is at report time,
-/// under the tracker's reentrancy guard) but never panics across the C frame.
+/// `dl_iterate_phdr` callback: records one module. Allocates (under the tracker's reentrancy
+/// guard) but never panics across the C frame.
 unsafe extern "C" fn add_module(
     info: *mut libc::dl_phdr_info,
     _size: usize,
     data: *mut c_void,
 ) -> c_int {
     // SAFETY: dl_iterate_phdr passes a valid info for the duration of the call, and `data`
-    // is the `&mut ModuleMap` given by `snapshot`.
-    let (info, map) = unsafe { (&*info, &mut *data.cast::<ModuleMap>()) };
+    // is the `&mut Vec<Record>` given by `note_changes`.
+    let (info, seen) = unsafe { (&*info, &mut *data.cast::<Vec<Record>>()) };
     let loader_name = if info.dlpi_name.is_null() {
         &[][..]
     } else {
         // SAFETY: a non-null dlpi_name is a NUL-terminated string owned by the loader.
         unsafe { CStr::from_ptr(info.dlpi_name) }.to_bytes()
     };
-    let (name, file) = if map.modules.is_empty() && loader_name.is_empty() {
+    let is_main = seen.is_empty() && loader_name.is_empty();
+    let name = if is_main {
         // The main program comes first with an empty name (backtrace-rs
-        // libs_dl_iterate_phdr.rs `infer_current_exe`); /proc/self/exe opens it even when
-        // the path has since been deleted or replaced.
-        let real = std::fs::read_link("/proc/self/exe")
+        // libs_dl_iterate_phdr.rs `infer_current_exe`).
+        std::fs::read_link("/proc/self/exe")
             .map(|path| path.to_string_lossy().into_owned())
-            .unwrap_or_else(|_| "/proc/self/exe".to_owned());
-        (real, Some(PathBuf::from("/proc/self/exe")))
+            .unwrap_or_else(|_| "/proc/self/exe".to_owned())
     } else {
-        let name = String::from_utf8_lossy(loader_name).into_owned();
-        // The vdso ("linux-vdso.so.1") and other file-less objects keep their name for the
-        // module+offset of a frame, but there is nothing to read debug info from.
-        let file = std::fs::File::open(&name)
-            .ok()
-            .map(|_| PathBuf::from(&name));
-        (name, file)
+        String::from_utf8_lossy(loader_name).into_owned()
     };
     if name.is_empty() {
         return 0;
     }
-    let index = map.modules.len();
     let bias = info.dlpi_addr as usize;
     let phdrs = if info.dlpi_phdr.is_null() {
         &[][..]
@@ -92,11 +187,52 @@ unsafe extern "C" fn add_module(
         // SAFETY: dlpi_phdr points to dlpi_phnum program headers of the mapped object.
         unsafe { std::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) }
     };
-    for phdr in phdrs.iter().filter(|phdr| phdr.p_type == libc::PT_LOAD) {
+    let mut record = Record {
+        name,
+        file: None,
+        build_id: Vec::new(),
+        is_main,
+        bias,
+        segments: Vec::new(),
+        loaded: 0,
+        unloaded: u32::MAX,
+    };
+    for phdr in phdrs {
         let start = bias.wrapping_add(phdr.p_vaddr as usize);
-        map.segments
-            .push((start..start.wrapping_add(phdr.p_memsz as usize), index));
+        let range = start..start.wrapping_add(phdr.p_memsz as usize);
+        match phdr.p_type {
+            libc::PT_LOAD => record.segments.push(range),
+            libc::PT_NOTE if record.build_id.is_empty() => {
+                // SAFETY: a PT_NOTE segment is mapped, readable, `p_memsz` bytes long.
+                let notes = unsafe { std::slice::from_raw_parts(start as *const u8, range.len()) };
+                record.build_id = build_id(notes);
+            }
+            _ => {}
+        }
     }
-    map.modules.push(Module { name, file, bias });
+    seen.push(record);
     0
+}
+
+/// The `NT_GNU_BUILD_ID` note of a `PT_NOTE` segment, if there is one.
+fn build_id(mut notes: &[u8]) -> Vec<u8> {
+    const NT_GNU_BUILD_ID: u32 = 3;
+    let word = |b: &[u8], at: usize| {
+        b.get(at..at + 4)
+            .map(|w| u32::from_ne_bytes(w.try_into().unwrap()))
+    };
+    while let (Some(name_size), Some(desc_size), Some(kind)) =
+        (word(notes, 0), word(notes, 4), word(notes, 8))
+    {
+        let name_end = 12 + (name_size as usize).next_multiple_of(4);
+        let desc_end = name_end + (desc_size as usize).next_multiple_of(4);
+        if kind == NT_GNU_BUILD_ID && notes.get(12..15) == Some(b"GNU") {
+            return notes
+                .get(name_end..name_end + desc_size as usize)
+                .unwrap_or(&[])
+                .to_vec();
+        }
+        notes = notes.get(desc_end..).unwrap_or(&[]);
+    }
+    Vec::new()
 }

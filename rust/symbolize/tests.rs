@@ -156,7 +156,7 @@ fn trims_only_the_top_run_of_own_frames() {
         .iter()
         .flat_map(|&address| symbolizer.resolve(address).to_vec())
         .collect();
-    let trimmed = symbolizer.symbolize_stack(&stack);
+    let trimmed = symbolizer.symbolize_stack(crate::stack::depot::intern(&stack));
     // Everything in this crate (capture, named_leaf, this test) is "the tracker".
     let own = all
         .iter()
@@ -174,7 +174,9 @@ fn trims_only_the_top_run_of_own_frames() {
 
     // A user frame between own frames: the ones below it stay.
     let atoi = libc::atoi as *const () as usize + 1;
-    let mixed = symbolizer.symbolize_stack(&[stack[0], stack[1], atoi, stack[0]]);
+    let mixed = symbolizer.symbolize_stack(crate::stack::depot::intern(&[
+        stack[0], stack[1], atoi, stack[0],
+    ]));
     assert_eq!(mixed.len(), 2, "{mixed:#?}");
     assert_eq!(mixed[0].address, atoi);
     assert_eq!(
@@ -183,7 +185,12 @@ fn trims_only_the_top_run_of_own_frames() {
     );
 
     // Nothing but own frames: shown whole rather than as an empty stack.
-    assert_eq!(symbolizer.symbolize_stack(&stack[..2]).len(), 2);
+    assert_eq!(
+        symbolizer
+            .symbolize_stack(crate::stack::depot::intern(&stack[..2]))
+            .len(),
+        2
+    );
 }
 
 /// One address as GNU addr2line prints it: (function, file name, line) per frame.
@@ -417,7 +424,7 @@ fn cpp_frames_of_a_shared_library_are_demangled_inlined_and_trimmed() {
     };
 
     let mut symbolizer = Symbolizer::new();
-    let frames = symbolizer.symbolize_stack(&stack);
+    let frames = symbolizer.symbolize_stack(crate::stack::depot::intern(&stack));
     // Only now: debug info is read from the file on first use, not at dlopen.
     std::fs::remove_dir_all(&folder).unwrap();
     let seen: Vec<(&str, u32, bool)> = frames

@@ -33,6 +33,18 @@ impl ErrorKind {
         )
     }
 
+    /// Every kind (suppression files name them).
+    pub const ALL: [ErrorKind; 8] = [
+        ErrorKind::MismatchedDelete,
+        ErrorKind::DoubleFree,
+        ErrorKind::InvalidFree,
+        ErrorKind::BudgetExceeded,
+        ErrorKind::Overrun,
+        ErrorKind::Underrun,
+        ErrorKind::UseAfterFree,
+        ErrorKind::HeapCorruption,
+    ];
+
     /// The name used in the reports (SPEC's `errors[].kind`).
     pub fn name(self) -> &'static str {
         match self {

@@ -76,6 +76,7 @@ extern "C" fn release_in_parent() {
 
 /// The other threads are gone in the child, and so is their ownership of shards.
 extern "C" fn release_in_child() {
+    crate::report::note_forked_child();
     let me = super::guard::thread_number();
     HELD.with(|held| {
         if let Some(world) = &held.borrow().0 {

@@ -236,6 +236,13 @@ pub fn thread_number() -> u32 {
     number_of(this_thread())
 }
 
+/// The calling thread's number and the `seq` its next allocation will get (off the hot path:
+/// `ScopedLeakIgnore` marks its bounds with it).
+pub fn next_sequence() -> (u32, u32) {
+    let t = this_thread();
+    (number_of(t), t.allocations.get().wrapping_add(1))
+}
+
 #[inline]
 fn number_of(t: &ThreadState) -> u32 {
     match t.number.get() {

@@ -17,7 +17,7 @@ pub mod live_list;
 mod quarantine;
 pub mod raw;
 
-use crate::ffi::{BlockKind, Stats};
+use crate::ffi::BlockKind;
 use crate::stack::{self, StackId, StartFrame};
 use core::ffi::c_char;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -549,6 +549,16 @@ fn bad_free(error: impl FnOnce() -> MemoryError) {
 /// `check_heap()`: see [`integrity::check_heap`].
 pub fn check_heap(start: StartFrame) -> usize {
     integrity::check_heap(start)
+}
+
+/// Counters of the whole process; bytes are user-requested sizes, headers excluded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub live_blocks: u64,
+    pub live_bytes: u64,
+    pub peak_bytes: u64,
+    pub total_allocations: u64,
+    pub total_frees: u64,
 }
 
 /// Counters of the whole process.

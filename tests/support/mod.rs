@@ -123,7 +123,58 @@ pub fn preload_lib() -> PathBuf {
 pub struct Run {
     pub output: Output,
     pub text: String,
+    /// The JSON report with each leak's site and every stack written out in place (see
+    /// [`inflate`]), so tests read `leak["stack"][0]["function"]`.
     pub json: Value,
+    /// The JSON report as written (`k15-leaks/2`: stacks and sites by index).
+    pub raw_json: Value,
+}
+
+/// `k15-leaks/2` stores each frame, stack and allocation site once and refers to them by index:
+/// this puts the site's fields into each leak and the frames in place of every stack index.
+pub fn inflate(raw: &Value) -> Value {
+    let mut json = raw.clone();
+    if raw.is_null() {
+        return json;
+    }
+    let frames = raw["frames"].as_array().expect("frames table");
+    let stacks: Vec<Value> = raw["stacks"]
+        .as_array()
+        .expect("stacks table")
+        .iter()
+        .map(|ids| {
+            let ids = ids.as_array().expect("a stack is a list of frame indices");
+            ids.iter()
+                .map(|i| frames[i.as_u64().unwrap() as usize].clone())
+                .collect()
+        })
+        .collect();
+    let stack = |v: &Value| stacks[v.as_u64().expect("stack index") as usize].clone();
+    let sites = raw["sites"].as_array().expect("sites table").clone();
+    for leak in json["leaks"].as_array_mut().expect("leaks") {
+        let site = &sites[leak["site"].as_u64().expect("site index") as usize];
+        for (key, value) in site.as_object().unwrap() {
+            let value = if key == "stack" {
+                stack(value)
+            } else {
+                value.clone()
+            };
+            leak[key] = value;
+        }
+    }
+    for error in json["errors"].as_array_mut().expect("errors") {
+        for (_, value) in error
+            .as_object_mut()
+            .unwrap()
+            .iter_mut()
+            .filter(|(k, _)| k.ends_with("_stack"))
+        {
+            if value.is_u64() {
+                *value = stack(value);
+            }
+        }
+    }
+    json
 }
 
 impl Run {
@@ -193,10 +244,20 @@ pub fn run_with(
         .output()
         .expect("the program runs");
     let text = std::fs::read_to_string(&log).unwrap_or_default();
-    let json = std::fs::read_to_string(&json_path)
+    let raw_json = read_json(&json_path);
+    Run {
+        output,
+        text,
+        json: inflate(&raw_json),
+        raw_json,
+    }
+}
+
+/// A JSON report (`null` if there is none).
+pub fn read_json(path: &Path) -> Value {
+    std::fs::read_to_string(path)
         .map(|s| serde_json::from_str(&s).unwrap_or_else(|e| panic!("bad JSON report: {e}\n{s}")))
-        .unwrap_or(Value::Null);
-    Run { output, text, json }
+        .unwrap_or(Value::Null)
 }
 
 pub fn run(exe: &Path, options: &str) -> Run {

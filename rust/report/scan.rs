@@ -1,0 +1,359 @@
+//! Leak kinds: a conservative pointer scan over the live blocks at report time, from the roots
+//! that still exist then (writable data and BSS of every loaded module, the calling thread's TLS,
+//! ignored blocks), as valgrind's memcheck and LeakSanitizer do.
+//!
+//! Stacks: at exit the only stack left is the exit handlers' (nothing of the program's), and
+//! stale words there would hide real leaks, so none is scanned. A report written during the run
+//! (`write_leak_report`) scans the calling thread's live stack, above its own frame, so the
+//! caller's locals keep their blocks reachable; other threads' stacks and registers are not
+//! scanned (what only they hold shows as leaked). Any aligned word whose value falls
+//! inside a block (`[start, start + size)`, one byte for a 0-byte block) counts as a pointer to
+//! it, interior pointers included.
+//!
+//! Cycles follow memcheck's rule, so both tools name the same block: unreached blocks are taken
+//! in address order; each one not yet marked starts a clique (a direct leak) and marks every
+//! unreached block it points to, directly or not, as indirect and held by it; a block that had
+//! started a clique of its own and is reached this way becomes indirect too, with its clique.
+//! A cycle with no outside pointer is thus one direct leak, its lowest address, and the rest of
+//! the cycle indirect.
+
+use core::ffi::{c_int, c_void};
+
+/// What the scan found a block to be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum LeakKind {
+    /// Not reachable, and no other lost block points to it: the culprit.
+    Direct,
+    /// Reachable only through lost blocks: freed when its direct leak would have been.
+    Indirect,
+    /// Reachable from a root: kept on purpose, or not freed before exit.
+    Reachable,
+}
+
+impl LeakKind {
+    pub const ALL: [LeakKind; 3] = [LeakKind::Direct, LeakKind::Indirect, LeakKind::Reachable];
+
+    /// The name in `leak_kinds=`, the JSON and the text.
+    pub fn name(self) -> &'static str {
+        match self {
+            LeakKind::Direct => "direct",
+            LeakKind::Indirect => "indirect",
+            LeakKind::Reachable => "reachable",
+        }
+    }
+
+    /// This kind's bit in a `leak_kinds=` set.
+    pub const fn bit(self) -> u8 {
+        1 << self as u8
+    }
+}
+
+/// One block's verdict: its kind and, for an indirect block, the direct leak (an index into
+/// the blocks given to [`classify`]) that holds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    pub kind: LeakKind,
+    pub held_by: Option<usize>,
+}
+
+/// A block to classify: where it lies, whether it is a root itself (an ignored block: what it
+/// points to is reachable), and whether its memory can be read (not so for the blocks an engine
+/// allocator left live when it was dropped: its memory is gone).
+#[derive(Clone, Copy)]
+pub struct Node {
+    pub address: usize,
+    pub size: usize,
+    pub root: bool,
+    pub readable: bool,
+}
+
+/// Classifies `nodes` against the process's roots now (see the module doc), and `stack`: the
+/// live part of the calling thread's stack for a report written during the run.
+pub fn classify(nodes: &[Node], stack: Option<core::ops::Range<usize>>) -> Vec<Verdict> {
+    let mut roots: Vec<core::ops::Range<usize>> = stack.into_iter().collect();
+    // SAFETY: the callback matches what dl_iterate_phdr expects and `roots` outlives the call.
+    unsafe { libc::dl_iterate_phdr(Some(add_roots), (&raw mut roots).cast::<c_void>()) };
+    let excluded = crate::stack::tracker_thread_state();
+    classify_from(nodes, &roots, excluded)
+}
+
+/// [`classify`] from the given root ranges, skipping the words of `excluded` (the tracker's own
+/// per-thread state, which keeps copies of stack words).
+pub fn classify_from(
+    nodes: &[Node],
+    roots: &[core::ops::Range<usize>],
+    excluded: core::ops::Range<usize>,
+) -> Vec<Verdict> {
+    let graph = Graph::new(nodes);
+    let mut reached = vec![false; nodes.len()];
+    let mut work = Vec::new();
+    for range in roots {
+        for (lo, hi) in split_around(range.clone(), &excluded) {
+            graph.scan(lo, hi, &mut |i| {
+                if !reached[i] {
+                    reached[i] = true;
+                    work.push(i);
+                }
+            });
+        }
+    }
+    for (i, node) in nodes.iter().enumerate() {
+        if node.root && !reached[i] {
+            reached[i] = true;
+            work.push(i);
+        }
+    }
+    while let Some(i) = work.pop() {
+        graph.scan_block(i, &mut |j| {
+            if !reached[j] {
+                reached[j] = true;
+                work.push(j);
+            }
+        });
+    }
+    let mut verdicts: Vec<Verdict> = reached
+        .iter()
+        .map(|&r| Verdict {
+            kind: if r {
+                LeakKind::Reachable
+            } else {
+                LeakKind::Direct
+            },
+            held_by: None,
+        })
+        .collect();
+    // Cliques, in address order (memcheck's rule, see the module doc).
+    let mut clique_of: Vec<Option<usize>> = vec![None; nodes.len()];
+    for &leader in &graph.by_address {
+        if reached[leader] || clique_of[leader].is_some() {
+            continue;
+        }
+        clique_of[leader] = Some(leader);
+        work.push(leader);
+        while let Some(i) = work.pop() {
+            graph.scan_block(i, &mut |j| {
+                if reached[j] || j == leader {
+                    return;
+                }
+                match clique_of[j] {
+                    None => {
+                        clique_of[j] = Some(leader);
+                        work.push(j);
+                    }
+                    // The head of an earlier clique: it and its clique join this one.
+                    Some(head) if head == j => clique_of[j] = Some(leader),
+                    Some(_) => {}
+                }
+            });
+        }
+    }
+    // An earlier clique's members still name their old head: follow to the final one.
+    for i in 0..nodes.len() {
+        if reached[i] {
+            continue;
+        }
+        let mut head = clique_of[i].unwrap_or(i);
+        while clique_of[head] != Some(head) {
+            head = clique_of[head].unwrap_or(head);
+        }
+        if head != i {
+            verdicts[i] = Verdict {
+                kind: LeakKind::Indirect,
+                held_by: Some(head),
+            };
+        }
+    }
+    verdicts
+}
+
+/// The blocks sorted by address, for finding the block a word points into.
+struct Graph<'a> {
+    nodes: &'a [Node],
+    by_address: Vec<usize>,
+    starts: Vec<usize>,
+}
+
+impl<'a> Graph<'a> {
+    fn new(nodes: &'a [Node]) -> Self {
+        let mut by_address: Vec<usize> = (0..nodes.len()).collect();
+        by_address.sort_unstable_by_key(|&i| nodes[i].address);
+        let starts = by_address.iter().map(|&i| nodes[i].address).collect();
+        Graph {
+            nodes,
+            by_address,
+            starts,
+        }
+    }
+
+    /// The block `value` points into.
+    #[inline]
+    fn find(&self, value: usize) -> Option<usize> {
+        let after = self.starts.partition_point(|&start| start <= value);
+        let i = self.by_address[after.checked_sub(1)?];
+        let node = &self.nodes[i];
+        (value - node.address < node.size.max(1)).then_some(i)
+    }
+
+    /// Calls `found` for each block that an aligned word of `[lo, hi)` points into.
+    fn scan(&self, lo: usize, hi: usize, found: &mut impl FnMut(usize)) {
+        let (Some(&first), Some(&last)) = (self.starts.first(), self.starts.last()) else {
+            return;
+        };
+        let limit = last + self.nodes[*self.by_address.last().unwrap()].size.max(1);
+        let word = core::mem::size_of::<usize>();
+        let mut at = lo.next_multiple_of(word);
+        while at + word <= hi {
+            // SAFETY: `[lo, hi)` is mapped readable memory (a module's writable segment, TLS
+            // or a live block); a volatile read of a word another thread may be writing is
+            // what a conservative scan does.
+            let value = unsafe { core::ptr::read_volatile(at as *const usize) };
+            if value >= first && value < limit {
+                if let Some(i) = self.find(value) {
+                    found(i);
+                }
+            }
+            at += word;
+        }
+    }
+
+    fn scan_block(&self, i: usize, found: &mut impl FnMut(usize)) {
+        let node = self.nodes[i];
+        if node.readable {
+            self.scan(node.address, node.address + node.size, found);
+        }
+    }
+}
+
+/// `range` without the part that overlaps `hole`.
+fn split_around(
+    range: core::ops::Range<usize>,
+    hole: &core::ops::Range<usize>,
+) -> [(usize, usize); 2] {
+    if hole.end <= range.start || hole.start >= range.end {
+        return [(range.start, range.end), (0, 0)];
+    }
+    [
+        (range.start, hole.start.max(range.start)),
+        (hole.end.min(range.end), range.end),
+    ]
+}
+
+/// `dl_iterate_phdr` callback: the module's writable `PT_LOAD` segments and the calling
+/// thread's block of its `PT_TLS`.
+unsafe extern "C" fn add_roots(
+    info: *mut libc::dl_phdr_info,
+    _size: usize,
+    data: *mut c_void,
+) -> c_int {
+    // SAFETY: dl_iterate_phdr passes a valid info for the call; `data` is the Vec of `classify`.
+    let (info, roots) = unsafe { (&*info, &mut *data.cast::<Vec<core::ops::Range<usize>>>()) };
+    if info.dlpi_phdr.is_null() {
+        return 0;
+    }
+    // SAFETY: `dlpi_phdr` points to `dlpi_phnum` program headers.
+    let headers = unsafe { core::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum.into()) };
+    for header in headers {
+        let start = info.dlpi_addr as usize + header.p_vaddr as usize;
+        let len = header.p_memsz as usize;
+        match header.p_type {
+            libc::PT_LOAD if header.p_flags & libc::PF_W != 0 => roots.push(start..start + len),
+            libc::PT_TLS if !info.dlpi_tls_data.is_null() => {
+                let tls = info.dlpi_tls_data as usize;
+                roots.push(tls..tls + len);
+            }
+            _ => {}
+        }
+    }
+    0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Blocks laid out in a plain buffer: `links[i]` lists the blocks block `i` points to.
+    fn verdicts(links: &[&[usize]], roots: &[usize]) -> Vec<Verdict> {
+        let memory: Vec<Box<[usize; 4]>> = links.iter().map(|_| Box::new([0usize; 4])).collect();
+        let nodes: Vec<Node> = memory
+            .iter()
+            .map(|b| Node {
+                address: b.as_ptr() as usize,
+                size: 32,
+                root: false,
+                readable: true,
+            })
+            .collect();
+        let mut memory = memory;
+        for (i, targets) in links.iter().enumerate() {
+            for (slot, &t) in targets.iter().enumerate() {
+                // Interior pointers count too.
+                memory[i][slot] = nodes[t].address + 8 * slot;
+            }
+        }
+        let root_words: Vec<usize> = roots.iter().map(|&r| nodes[r].address).collect();
+        let root = root_words.as_ptr() as usize..root_words.as_ptr() as usize + 8 * roots.len();
+        classify_from(&nodes, &[root], 0..0)
+    }
+
+    fn kinds(v: &[Verdict]) -> Vec<(LeakKind, Option<usize>)> {
+        v.iter().map(|v| (v.kind, v.held_by)).collect()
+    }
+
+    #[test]
+    fn a_lost_owner_is_direct_and_what_it_owns_indirect() {
+        use LeakKind::*;
+        let v = verdicts(&[&[1, 2], &[3], &[], &[], &[]], &[4]);
+        assert_eq!(
+            kinds(&v),
+            [
+                (Direct, None),
+                (Indirect, Some(0)),
+                (Indirect, Some(0)),
+                (Indirect, Some(0)),
+                (Reachable, None)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_cycle_with_no_outside_pointer_is_one_direct_leak_at_its_lowest_address() {
+        let v = verdicts(&[&[1], &[2], &[0]], &[]);
+        let directs: Vec<usize> = (0..3).filter(|&i| v[i].kind == LeakKind::Direct).collect();
+        assert_eq!(directs.len(), 1, "{v:?}");
+        assert!(v
+            .iter()
+            .all(|x| x.kind == LeakKind::Direct || x.held_by == Some(directs[0])));
+    }
+
+    #[test]
+    fn an_earlier_clique_reached_later_joins_the_later_one() {
+        // Whatever the address order, block 2 owns 0 and 1: one direct leak.
+        let v = verdicts(&[&[1], &[], &[0]], &[]);
+        assert_eq!(v[2].kind, LeakKind::Direct);
+        assert_eq!(v[0].held_by, Some(2));
+        assert_eq!(v[1].held_by, Some(2));
+    }
+
+    #[test]
+    fn ignored_blocks_are_roots() {
+        let memory = [Box::new([0usize; 2]), Box::new([0usize; 2])];
+        let nodes = [
+            Node {
+                address: memory[0].as_ptr() as usize,
+                size: 16,
+                root: true,
+                readable: true,
+            },
+            Node {
+                address: memory[1].as_ptr() as usize,
+                size: 16,
+                root: false,
+                readable: true,
+            },
+        ];
+        let mut memory = memory;
+        memory[0][1] = nodes[1].address;
+        let v = classify_from(&nodes, &[], 0..0);
+        assert!(v.iter().all(|v| v.kind == LeakKind::Reachable), "{v:?}");
+    }
+}

@@ -1,0 +1,180 @@
+//! Reports of many processes and reports that cannot be written: `%p` in the paths, a forked
+//! child's own report, the whole report on stderr when its file fails, the one summary line of
+//! a clean run, and counts in the singular.
+
+mod support;
+use std::path::Path;
+
+fn pids(run: &support::Run) -> (String, String) {
+    let out = run.stdout();
+    let words: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(words.len(), 4, "{out}");
+    (words[1].to_owned(), words[3].to_owned())
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+#[test]
+fn percent_p_gives_each_process_its_own_report() {
+    let dir = support::scratch("report_paths_pid");
+    let exe = support::build(&dir, "fork_report", &["tests/cpp/fork_report.cpp"], &[]);
+    let pattern = dir.join("game.%p.log");
+    let run = support::run_with(
+        &exe,
+        "unused",
+        &format!("log_path={}", pattern.display()),
+        &[],
+        &[],
+    );
+    let (parent, child) = pids(&run);
+    let parent_log = read(&dir.join(format!("game.{parent}.log")));
+    let child_log = read(&dir.join(format!("game.{child}.log")));
+    assert!(parent_log.contains(&format!("==k15-memory== pid {parent} ")));
+    assert!(
+        parent_log.contains("Direct leak of 111 bytes in 1 block"),
+        "{parent_log}"
+    );
+    assert!(!parent_log.contains("222 bytes"), "{parent_log}");
+    // The child inherited the parent's block and leaked its own.
+    assert!(child_log.contains(&format!("==k15-memory== pid {child} ")));
+    assert!(
+        child_log.contains("Direct leak of 222 bytes in 1 block"),
+        "{child_log}"
+    );
+    assert!(
+        child_log.contains("Direct leak of 111 bytes in 1 block"),
+        "{child_log}"
+    );
+    let child_json = support::read_json(&dir.join(format!("game.{child}.log.json")));
+    assert_eq!(child_json["pid"].to_string(), child);
+    assert_eq!(child_json["summary"]["leaked_blocks"], 2);
+    // Singular counts.
+    assert!(
+        parent_log.contains(
+            "Detected 111 bytes leaked in 1 block from 1 allocation site: 1 direct, 0 indirect."
+        ),
+        "{parent_log}"
+    );
+    assert!(
+        run.stderr()
+            .contains("k15-memory: 1 leaked block (111 bytes), 0 memory errors: see "),
+        "{}",
+        run.stderr()
+    );
+}
+
+#[test]
+fn a_forked_child_never_overwrites_its_parents_report() {
+    let dir = support::scratch("report_paths_fork");
+    let exe = support::build(&dir, "fork_report", &["tests/cpp/fork_report.cpp"], &[]);
+    let run = support::run(&exe, "");
+    let (_, child) = pids(&run);
+    assert!(
+        run.text.contains("Direct leak of 111 bytes"),
+        "{}",
+        run.text
+    );
+    assert!(
+        !run.text.contains("222 bytes"),
+        "the child overwrote the parent's report:\n{}",
+        run.text
+    );
+    assert_eq!(run.json["summary"]["leaked_blocks"], 1);
+    let child_log = read(&dir.join(format!("fork_report.log.{child}")));
+    assert!(
+        child_log.contains("Direct leak of 222 bytes"),
+        "{child_log}"
+    );
+    assert!(dir.join(format!("fork_report.log.json.{child}")).exists());
+}
+
+#[test]
+fn an_unwritable_report_goes_to_stderr_whole_and_names_the_failing_file() {
+    let dir = support::scratch("report_paths_unwritable");
+    let exe = support::build(&dir, "fork_report", &["tests/cpp/fork_report.cpp"], &[]);
+    let bad = "/nonexistent/dir/game.log";
+    let run = support::run_with(&exe, "unused", &format!("log_path={bad}"), &[], &[]);
+    let stderr = run.stderr();
+    assert!(
+        stderr.contains(&format!("could not write the leak report to {bad}: ")),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("Direct leak of 111 bytes in 1 block (new[]) allocated from:"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("SUMMARY: k15-memory: 111 bytes leaked in 1 block;"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("k15-memory: 1 leaked block (111 bytes), 0 memory errors"),
+        "{stderr}"
+    );
+
+    // Only the JSON fails: the error names the JSON file, and the text is where it should be.
+    let text = dir.join("ok.log");
+    let bad_json = "/nonexistent/dir/game.json";
+    let options = format!("log_path={}:json_path={bad_json}", text.display());
+    let run = support::run_with(&exe, "unused", &options, &[], &["clean"]);
+    let stderr = run.stderr();
+    assert!(
+        stderr.contains(&format!("could not write the JSON report to {bad_json}: ")),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains(&format!("leak report to {}", text.display())),
+        "{stderr}"
+    );
+    assert!(read(&text).contains("No leaks"));
+}
+
+#[test]
+fn a_clean_run_prints_its_one_summary_line() {
+    let dir = support::scratch("report_paths_clean");
+    let exe = support::build(&dir, "fork_report", &["tests/cpp/fork_report.cpp"], &[]);
+    let run = support::run_with(&exe, "clean", "", &[], &["clean"]);
+    assert!(run.output.status.success());
+    let stderr = run.stderr();
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("k15-memory: 0 leaked blocks (0 bytes), 0 memory errors: see "),
+        "{stderr}"
+    );
+    assert!(run.text.contains("No leaks"), "{}", run.text);
+}
+
+#[test]
+fn write_leak_report_expands_percent_p_too() {
+    let dir = support::scratch("report_paths_write_now");
+    let exe = support::build(&dir, "options", &["tests/cpp/options.cpp"], &[]);
+    let pattern = dir.join("now.%p.log");
+    let run = support::run_with(
+        &exe,
+        "unused",
+        "report=0",
+        &[],
+        &[pattern.to_str().unwrap()],
+    );
+    assert!(
+        run.stdout().contains("write_leak_report: true"),
+        "{}",
+        run.stdout()
+    );
+    let written: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("now."))
+        .collect();
+    let pid = written
+        .iter()
+        .find_map(|name| name.strip_prefix("now.")?.strip_suffix(".log"))
+        .unwrap_or_else(|| panic!("{written:?}"));
+    assert!(pid.parse::<u32>().is_ok(), "{written:?}");
+    assert!(
+        written.contains(&format!("now.{pid}.log.json")),
+        "{written:?}"
+    );
+}
