@@ -8,6 +8,7 @@ fn main() {
         "cpp/api.cpp",
         "cpp/bullet_hooks.cpp",
         "cpp/engine.cpp",
+        "cpp/malloc.cpp",
     ];
     cxx_build::bridge("rust/ffi.rs")
         .files(sources)

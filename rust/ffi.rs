@@ -28,6 +28,18 @@ pub mod bridge {
         NewArray,
         Rust,
         Bullet,
+        /// The C family (`rust/tracker/malloc.rs`): one kind per allocating function, any of
+        /// them released by `free` or `realloc`.
+        Malloc,
+        Calloc,
+        Realloc,
+        AlignedAlloc,
+        PosixMemalign,
+        Memalign,
+        Valloc,
+        Pvalloc,
+        /// `k15::memory::allocate(size, align, name)`: the header's `file` holds the name.
+        Named,
     }
 
     /// An engine allocator's counters (`k15::memory::AllocatorStats`); bytes as requested.

@@ -67,6 +67,9 @@ pub struct Options {
     pub budget: usize,
     /// The budget's pool size classes; empty = derived from the budget.
     pub pool_classes: PoolClasses,
+    /// Whether the C family (`malloc`, `calloc`, `realloc`, ...) is tracked; off, it goes to
+    /// glibc and only `free`s of tracked blocks are checked.
+    pub malloc: bool,
 }
 
 /// `pool_classes=64x1000,256x500`: block size x block count per class (':' separates options).
@@ -121,6 +124,7 @@ impl Options {
         unwinder: UnwindMode::Dwarf,
         budget: 0,
         pool_classes: PoolClasses::EMPTY,
+        malloc: false,
     };
 
     /// Applies `key=value:key=value`, warning once on stderr for each bad pair.
@@ -165,6 +169,7 @@ impl Options {
                 Ok(())
             }
             b"halt_on_error" => parse_flag(value).map(|v| self.halt_on_error = v),
+            b"malloc" => parse_flag(value).map(|v| self.malloc = v),
             b"budget" => {
                 self.budget =
                     parse_size(value).ok_or("bad value (bytes, with K, M or G: budget=64M)")?;

@@ -8,15 +8,39 @@ use core::fmt::{self, Write};
 
 pub const PAGE_SIZE: usize = 4096;
 
-/// `size` bytes aligned to `align` (a power of two, at least 16), from glibc `malloc`.
+/// glibc's allocator under its own names: `malloc` and friends of this process are the
+/// tracker's (`cpp/malloc.cpp`), so the tracker's own memory, and the C family's when
+/// `malloc=0`, comes from these, which no interposition reaches.
+pub mod glibc {
+    use libc::{c_void, size_t};
+
+    extern "C" {
+        #[link_name = "__libc_malloc"]
+        pub fn malloc(size: size_t) -> *mut c_void;
+        #[link_name = "__libc_calloc"]
+        pub fn calloc(count: size_t, size: size_t) -> *mut c_void;
+        #[link_name = "__libc_realloc"]
+        pub fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void;
+        #[link_name = "__libc_memalign"]
+        pub fn memalign(align: size_t, size: size_t) -> *mut c_void;
+        #[link_name = "__libc_valloc"]
+        pub fn valloc(size: size_t) -> *mut c_void;
+        #[link_name = "__libc_pvalloc"]
+        pub fn pvalloc(size: size_t) -> *mut c_void;
+        #[link_name = "__libc_free"]
+        pub fn free(ptr: *mut c_void);
+    }
+}
+
+/// `size` bytes aligned to `align` (a power of two, at least 16), from glibc's allocator.
 #[inline]
 pub fn raw_alloc(size: usize, align: usize) -> *mut u8 {
-    // SAFETY: plain libc allocation calls; a null result is passed on to the caller.
+    // SAFETY: plain glibc allocation calls; a null result is passed on to the caller.
     unsafe {
         if align <= 16 {
-            libc::malloc(size) as *mut u8
+            glibc::malloc(size) as *mut u8
         } else {
-            libc::aligned_alloc(align, size.next_multiple_of(align)) as *mut u8
+            glibc::memalign(align, size) as *mut u8
         }
     }
 }
@@ -27,8 +51,8 @@ pub fn raw_alloc(size: usize, align: usize) -> *mut u8 {
 /// `ptr` came from [`raw_alloc`] and is freed once.
 #[inline]
 pub unsafe fn raw_free(ptr: *mut u8) {
-    // SAFETY: the caller guarantees `ptr` is a live malloc'd pointer.
-    unsafe { libc::free(ptr as *mut libc::c_void) }
+    // SAFETY: the caller guarantees `ptr` is a live pointer of glibc's allocator.
+    unsafe { glibc::free(ptr as *mut libc::c_void) }
 }
 
 /// Fresh anonymous pages, or null.

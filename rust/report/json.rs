@@ -39,14 +39,15 @@ fn write_report(out: &mut String, report: &Report) -> std::fmt::Result {
     while let Some(l) = leaks.next() {
         write!(
             out,
-            "    {{ \"size\": {}, \"array\": {}, \"file\": {}, \"line\": {}, \"seq\": {}, \"thread\": {}, \"language\": \"{}\", \"address\": \"{:#x}\", \"stack\": ",
+            "    {{ \"size\": {}, \"array\": {}, \"file\": {}, \"line\": {}, \"seq\": {}, \"thread\": {}, \"language\": {}, \"allocated_with\": {}, \"address\": \"{:#x}\", \"stack\": ",
             l.size,
             l.kind == crate::ffi::BlockKind::NewArray,
             l.file.as_deref().map_or("null".to_owned(), quoted),
             l.line,
             l.seq,
             l.thread,
-            l.language(),
+            quoted(l.language()),
+            quoted(l.allocated_with()),
             l.address
         )?;
         write_stack(out, report.frames(l.stack))?;

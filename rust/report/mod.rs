@@ -38,8 +38,14 @@ impl Leak {
         match self.kind {
             BlockKind::Rust => "rust",
             BlockKind::Bullet => "bullet",
-            _ => "c++",
+            BlockKind::New | BlockKind::NewArray => "c++",
+            _ => "c",
         }
+    }
+
+    /// The function (or engine allocator) that allocated the block: `new[]`, `calloc`, ...
+    pub fn allocated_with(&self) -> &'static str {
+        self.allocator.unwrap_or_else(|| errors::family(self.kind))
     }
 }
 
@@ -73,18 +79,20 @@ impl Report {
             leaks.extend(held.live_blocks().map(|header| {
                 // SAFETY: headers on a held list are live and stay so while the world is stopped.
                 let h = unsafe { &*header };
-                // SAFETY: the `file` of a live block is null or a `__FILE__` literal.
+                // SAFETY: the `file` of a live block is null or a `__FILE__` literal, or for
+                // `k15::memory::allocate` the name, which lives as long as the program.
                 let file = unsafe { crate::sys::c_str(h.file) };
+                let named = h.kind == BlockKind::Named;
                 Leak {
                     address: BlockHeader::user_ptr(header) as usize,
                     size: h.size,
                     kind: h.kind,
-                    file: file.map(str::to_owned),
+                    file: file.filter(|_| !named).map(str::to_owned),
                     line: h.line,
                     seq: h.seq,
                     thread: h.thread,
                     stack: h.alloc_stack,
-                    allocator: None,
+                    allocator: file.filter(|_| named),
                 }
             }));
         }

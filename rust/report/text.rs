@@ -47,9 +47,7 @@ fn write_report(out: &mut String, report: &Report) -> std::fmt::Result {
             site.total_bytes,
             blocks,
             if blocks == 1 { "" } else { "s" },
-            first
-                .allocator
-                .unwrap_or_else(|| errors::family(first.kind))
+            first.allocated_with()
         )?;
         if let Some(file) = &first.file {
             writeln!(out, "    at {}:{} (K15_NEW)", file, first.line)?;

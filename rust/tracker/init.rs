@@ -11,6 +11,7 @@ pub struct Hot(u32);
 
 const HOT_READY: u32 = 1 << 31;
 const HOT_BUDGET: u32 = 1 << 30;
+const HOT_MALLOC: u32 = 1 << 29;
 
 impl Hot {
     /// Frames to capture per allocation; 0: no call stacks.
@@ -23,6 +24,12 @@ impl Hot {
     #[inline]
     pub fn budget(self) -> bool {
         self.0 & HOT_BUDGET != 0
+    }
+
+    /// Whether the C family is tracked (`malloc=1`).
+    #[inline]
+    pub fn malloc(self) -> bool {
+        self.0 & HOT_MALLOC != 0
     }
 }
 
@@ -38,6 +45,12 @@ pub fn hot() -> Hot {
         0 => set_up(),
         hot => Hot(hot),
     }
+}
+
+/// Whether the C family is tracked, without setting the tracker up: false until the first
+/// allocation did (glibc served every `malloc` before that).
+pub fn malloc_tracked() -> bool {
+    Hot(HOT.load(Ordering::Acquire)).malloc()
 }
 
 /// Once per process; a second thread arriving meanwhile waits for the first.
@@ -63,8 +76,9 @@ fn set_up_once() {
     } else {
         0
     };
+    let malloc = if options.malloc { HOT_MALLOC } else { 0 };
     HOT.store(
-        HOT_READY | budget | options.stack_depth as u32,
+        HOT_READY | budget | malloc | options.stack_depth as u32,
         Ordering::Release,
     );
 }

@@ -13,6 +13,7 @@ pub mod header;
 mod heap;
 mod init;
 pub mod live_list;
+mod malloc;
 pub mod raw;
 
 use crate::ffi::{BlockKind, Stats};
@@ -40,7 +41,29 @@ pub unsafe fn allocate(
     let Some(inside) = Inside::enter() else {
         return allocate_untracked(size, align, kind);
     };
-    let hot = init::hot();
+    let block = NewBlock {
+        size,
+        kind,
+        file,
+        line,
+    };
+    // SAFETY: `file` is as the caller guarantees.
+    unsafe { allocate_inside(inside, init::hot(), &block, align, start) }
+}
+
+/// [`allocate`] once inside the tracker, with the set-up done (`hot`).
+///
+/// # Safety
+/// `block.file` is null or a NUL-terminated string that outlives the block.
+#[inline(always)]
+unsafe fn allocate_inside(
+    inside: Inside,
+    hot: init::Hot,
+    new_block: &NewBlock,
+    align: usize,
+    start: impl FnOnce() -> StartFrame,
+) -> *mut u8 {
+    let (size, kind) = (new_block.size, new_block.kind);
     let alloc_stack = if hot.stack_depth() > 0 {
         stack::capture(start(), hot.stack_depth())
     } else {
@@ -54,15 +77,9 @@ pub unsafe fn allocate(
     let Some(block) = raw::acquire(size, align, hot.budget(), &mut held) else {
         drop(held);
         if hot.budget() {
-            report_budget_exceeded(size, file, line, alloc_stack);
+            report_budget_exceeded(size, new_block.file, new_block.line, alloc_stack);
         }
         return core::ptr::null_mut();
-    };
-    let new_block = NewBlock {
-        size,
-        kind,
-        file,
-        line,
     };
     let owner = Owner {
         thread: me.number,
@@ -73,7 +90,7 @@ pub unsafe fn allocate(
     // SAFETY: `block` is fresh from acquire; `file` is as the caller guarantees. A heap block
     // is parked on this shard's list already; others are on no list until linked here.
     unsafe {
-        let header = BlockHeader::write(&block, &new_block, Some(owner));
+        let header = BlockHeader::write(&block, new_block, Some(owner));
         if block.placement != Placement::Heap {
             held.link(header);
         }
@@ -123,10 +140,21 @@ pub fn deallocate(ptr: *mut u8, kind: BlockKind, start: impl Fn() -> StartFrame 
             alloc_stack,
             ..MemoryError::at_free(ErrorKind::DoubleFree, ptr, kind, capture_stack_of(start()))
         }),
-        Lookup::Foreign => bad_free(|| {
-            MemoryError::at_free(ErrorKind::InvalidFree, ptr, kind, capture_stack_of(start()))
-        }),
+        Lookup::Foreign => free_foreign(ptr, kind, start),
     }
+}
+
+/// A pointer that is no block of ours: glibc's own blocks given to the C family's `free` are
+/// passed back to glibc (see `malloc`); anything else is reported and left alone.
+#[cold]
+#[inline(never)]
+fn free_foreign(ptr: *mut u8, kind: BlockKind, start: impl Fn() -> StartFrame) {
+    if malloc::belongs_to_glibc(ptr, kind) {
+        // SAFETY: a glibc block the program frees through the family that allocated it.
+        unsafe { crate::sys::raw_free(ptr) };
+        return;
+    }
+    bad_free(|| MemoryError::at_free(ErrorKind::InvalidFree, ptr, kind, capture_stack_of(start())))
 }
 
 #[inline]
@@ -134,7 +162,7 @@ fn free_live(header: *mut BlockHeader, kind: BlockKind, start: impl Fn() -> Star
     // SAFETY: lookup saw a LIVE cookie; the fields read before holding the shard are only used
     // to find it, and everything is checked again once it is held.
     let (shard, allocated_with) = unsafe { ((*header).shard, (*header).kind) };
-    if allocated_with != kind {
+    if allocated_with != kind && !malloc::same_family(allocated_with, kind) {
         report_mismatch(header, kind, start());
     }
     let me = guard::me();
@@ -278,8 +306,11 @@ fn report_mismatch(header: *mut BlockHeader, kind: BlockKind, start: StartFrame)
     let user = BlockHeader::user_ptr(header);
     bad_free(|| MemoryError {
         size: h.size,
-        // SAFETY: `file` of a live block is null or a `__FILE__` literal of the program.
-        file: unsafe { crate::sys::c_str(h.file) }.map(str::to_owned),
+        // SAFETY: `file` of a live block is null or a `__FILE__` literal of the program (for
+        // `k15::memory::allocate`, the allocator's name, left out here).
+        file: unsafe { crate::sys::c_str(h.file) }
+            .filter(|_| h.kind != BlockKind::Named)
+            .map(str::to_owned),
         line: h.line,
         thread: h.thread,
         allocated_with: Some(h.kind),
