@@ -30,6 +30,7 @@ fn main() {
         "include/k15/memory.h",
         "include/k15/bullet.h",
         "include/k15/engine.h",
+        "include/k15/memory_c.h",
     ]) {
         println!("cargo:rerun-if-changed={path}");
     }

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <new>
 
 // Sanitizer builds bring their own operator new: two sets of replacements cannot link.
@@ -44,6 +45,11 @@ struct Stats {
 namespace k15::memory {
 inline Stats stats() noexcept { return {}; }
 inline bool write_leak_report(const char* = nullptr) noexcept { return false; }
+inline void* allocate(std::size_t size, std::size_t align, const char*) noexcept {
+    if (align <= 16) return std::malloc(size);
+    return std::aligned_alloc(align, (size + align - 1) / align * align);
+}
+inline void deallocate(void* ptr) noexcept { std::free(ptr); }
 }  // namespace k15::memory
 
 #else
@@ -70,6 +76,17 @@ Stats stats() noexcept;
 // Writes the text report to `path` and the JSON report to `path` + ".json" now; nullptr means
 // the configured log_path (K15_MEMORY_OPTIONS). Returns false if a file could not be written.
 bool write_leak_report(const char* path = nullptr) noexcept;
+
+// For an engine's or a library's own allocator callbacks (Recast's rcAllocSetCustom, Lua's
+// lua_Alloc, SDL_SetMemoryFunctions, ImGui::SetAllocatorFunctions): a tracked block of `size`
+// bytes aligned to `align` (0: 16; a power of two), or nullptr when memory is exhausted. `name`
+// is the block's "language" in the report: a string that lives as long as the program (a
+// literal), kept by address, not copied.
+void* allocate(std::size_t size, std::size_t align, const char* name) noexcept;
+
+// Frees a block of allocate(); nullptr is ignored. A block of another family (malloc, new) is a
+// mismatched_delete, anything else a reported invalid_free or double_free (left alone).
+void deallocate(void* ptr) noexcept;
 
 }  // namespace k15::memory
 
