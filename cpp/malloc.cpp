@@ -15,6 +15,7 @@ extern "C" {
 void* k15_memory_c_allocate(std::size_t size, std::size_t align, BlockKind kind, std::size_t frame_address) noexcept;
 void* k15_memory_c_calloc(std::size_t count, std::size_t size, std::size_t frame_address) noexcept;
 void* k15_memory_c_realloc(void* ptr, std::size_t size, std::size_t frame_address) noexcept;
+void k15_memory_c_free(void* ptr, std::size_t frame_address) noexcept;
 std::size_t k15_memory_c_usable_size(void* ptr) noexcept;
 }
 
@@ -39,7 +40,7 @@ extern "C" {
 
 void* malloc(std::size_t size) noexcept { return k15_memory_c_allocate(size, 0, BlockKind::Malloc, K15_FRAME); }
 
-void free(void* ptr) noexcept { k15_memory_deallocate(ptr, BlockKind::Malloc, K15_FRAME); }
+void free(void* ptr) noexcept { k15_memory_c_free(ptr, K15_FRAME); }
 
 void* calloc(std::size_t count, std::size_t size) noexcept { return k15_memory_c_calloc(count, size, K15_FRAME); }
 

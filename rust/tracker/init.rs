@@ -47,10 +47,14 @@ pub fn hot() -> Hot {
     }
 }
 
-/// Whether the C family is tracked, without setting the tracker up: false until the first
-/// allocation did (glibc served every `malloc` before that).
-pub fn malloc_tracked() -> bool {
-    Hot(HOT.load(Ordering::Acquire)).malloc()
+/// The hot-path options if the set-up is done, without doing it (`None` before the first
+/// allocation set the tracker up).
+#[inline]
+pub fn peek() -> Option<Hot> {
+    match HOT.load(Ordering::Relaxed) {
+        0 => None,
+        hot => Some(Hot(hot)),
+    }
 }
 
 /// Once per process; a second thread arriving meanwhile waits for the first.

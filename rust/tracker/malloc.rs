@@ -30,26 +30,79 @@ fn is_c_family(kind: BlockKind) -> bool {
     (BlockKind::Malloc.repr..=BlockKind::Pvalloc.repr).contains(&kind.repr)
 }
 
-/// Whether `ptr`, no block of ours, goes back to glibc when freed through `kind`: only the C
-/// family's, only while glibc serves it (`malloc=0`, or before the tracker took over), and only
-/// if the word before it can be a glibc chunk's size (so a pointer into the stack, a private
-/// mapping or the middle of a block is reported rather than passed on).
-pub fn belongs_to_glibc(ptr: *mut u8, kind: BlockKind) -> bool {
-    is_c_family(kind) && !init::malloc_tracked() && may_be_glibc_chunk(ptr)
+/// Whether glibc serves the family: `malloc=0`, or the tracker not set up yet (glibc served
+/// every `malloc` before the first allocation set it up).
+#[inline]
+fn glibc_serves_the_family() -> bool {
+    !init::peek().is_some_and(|hot| hot.malloc())
 }
 
-fn may_be_glibc_chunk(ptr: *mut u8) -> bool {
+/// `malloc=0` once the tracker is set up: allocations go straight to glibc, whether the program's
+/// or the tracker's own (before, the set-up's own allocations need the tracker's path).
+#[inline]
+fn set_up_with_glibc_serving() -> bool {
+    init::peek().is_some_and(|hot| !hot.malloc())
+}
+
+/// Whether `ptr`, no block of ours, goes back to glibc when freed through `kind`: only the C
+/// family's, only while glibc serves it, and only if the word before it can be a glibc chunk's
+/// size (so a pointer into the stack, a private mapping or the middle of a block is reported
+/// rather than passed on).
+pub fn belongs_to_glibc(ptr: *mut u8, kind: BlockKind) -> bool {
     let addr = ptr as usize;
-    if addr < PAGE_SIZE || !addr.is_multiple_of(16) {
+    if !is_c_family(kind) || !glibc_serves_the_family() || addr < PAGE_SIZE {
         return false;
     }
     if addr.is_multiple_of(PAGE_SIZE) && !sys::page_is_mapped(addr - 16) {
         return false;
     }
-    // SAFETY: the word lies in `ptr`'s page, or in the page before it, which is mapped.
-    let size_field = unsafe { (ptr as *const usize).wrapping_sub(1).read() };
-    let chunk_size = size_field & !0b111;
+    addr.is_multiple_of(16) && {
+        // SAFETY: the word lies in `ptr`'s page, or in the page before it, which is mapped.
+        is_glibc_size_field(unsafe { (ptr as *const usize).wrapping_sub(1).read() })
+    }
+}
+
+/// Whether the word before a block can be glibc's chunk size (at least 32, a multiple of 16,
+/// three flag bits): never one of our cookies, whose top bits are set.
+#[inline]
+fn is_glibc_size_field(word: usize) -> bool {
+    let chunk_size = word & !0b111;
     chunk_size >= 32 && chunk_size.is_multiple_of(16) && chunk_size < 1 << 47
+}
+
+/// `free`: a block of ours is freed as by `delete` (checked against its family); while glibc
+/// serves the family, its blocks go straight back to it.
+///
+/// # Safety
+/// As for [`k15_memory_c_allocate`]; `ptr` may be anything (bad pointers are reported).
+#[no_mangle]
+pub unsafe extern "C" fn k15_memory_c_free(ptr: *mut u8, frame_address: usize) {
+    let addr = ptr as usize;
+    // glibc's block, as `belongs_to_glibc` decides, without its page probe (not needed off a
+    // page start) or a call.
+    if glibc_serves_the_family()
+        && addr.is_multiple_of(16)
+        && !addr.is_multiple_of(PAGE_SIZE)
+        // SAFETY: the word before a pointer off a page start lies in the same page.
+        && is_glibc_size_field(unsafe { (ptr as *const usize).wrapping_sub(1).read() })
+    {
+        // SAFETY: a glibc block (no cookie of ours before it) freed through its own family.
+        return unsafe { glibc::free(ptr as *mut c_void) };
+    }
+    // SAFETY: forwarded from the caller's guarantee.
+    unsafe { free_checked(ptr, frame_address) }
+}
+
+/// A `free` that is not glibc's: apart, so that glibc's path saves no registers for it.
+///
+/// # Safety
+/// As for [`k15_memory_c_free`].
+#[inline(never)]
+unsafe fn free_checked(ptr: *mut u8, frame_address: usize) {
+    // SAFETY: forwarded from the caller's guarantee.
+    deallocate(ptr, BlockKind::Malloc, || unsafe {
+        StartFrame::caller_of(frame_address)
+    })
 }
 
 /// A block of the C family (`kind`, aligned to `align`; 0 = default), tracked with `malloc=1`,
@@ -59,6 +112,25 @@ fn may_be_glibc_chunk(ptr: *mut u8) -> bool {
 /// `frame_address` is the frame of the calling C function, compiled with frame pointers.
 #[no_mangle]
 pub unsafe extern "C" fn k15_memory_c_allocate(
+    size: usize,
+    align: usize,
+    kind: BlockKind,
+    frame_address: usize,
+) -> *mut u8 {
+    if set_up_with_glibc_serving() {
+        return allocate_by_glibc(size, align, kind);
+    }
+    // SAFETY: forwarded from the caller's guarantee.
+    unsafe { allocate_checked(size, align, kind, frame_address) }
+}
+
+/// An allocation that is not left to glibc: apart, so that glibc's path saves no registers
+/// for it.
+///
+/// # Safety
+/// As for [`k15_memory_c_allocate`].
+#[inline(never)]
+unsafe fn allocate_checked(
     size: usize,
     align: usize,
     kind: BlockKind,
@@ -82,6 +154,10 @@ pub unsafe extern "C" fn k15_memory_c_calloc(
     let Some(total) = count.checked_mul(size) else {
         return out_of_memory();
     };
+    if set_up_with_glibc_serving() {
+        // SAFETY: a plain glibc allocation.
+        return unsafe { glibc::calloc(count, size) } as *mut u8;
+    }
     // SAFETY: forwarded from the caller's guarantee.
     let start = || unsafe { StartFrame::caller_of(frame_address) };
     let ptr = allocate(total, 0, BlockKind::Calloc, start);
@@ -176,8 +252,8 @@ fn glibc_usable_size(ptr: *mut u8) -> usize {
 }
 
 /// The shared path of every allocating function: tracked (`malloc=1`) through the same hot
-/// path as `new`, the tracker's own memory (nested calls) through the raw system path, else
-/// glibc's.
+/// path as `new`, the tracker's own memory (nested calls) through the raw system path, and
+/// glibc's block with `malloc=0` (the tracker's own memory too, once set up).
 #[inline(always)]
 fn allocate(
     size: usize,
@@ -209,7 +285,6 @@ fn allocate(
 }
 
 /// `malloc=0`: glibc's block for the call (glibc sets `errno`).
-#[cold]
 #[inline(never)]
 fn allocate_by_glibc(size: usize, align: usize, kind: BlockKind) -> *mut u8 {
     // SAFETY: plain glibc allocation calls.
