@@ -29,6 +29,9 @@ pub mod glibc {
         pub fn pvalloc(size: size_t) -> *mut c_void;
         #[link_name = "__libc_free"]
         pub fn free(ptr: *mut c_void);
+        /// Frees what glibc keeps for the life of the process (for valgrind and mtrace).
+        #[link_name = "__libc_freeres"]
+        pub fn free_runtime_caches();
     }
 }
 

@@ -230,6 +230,38 @@ pub extern "C" fn k15_memory_c_usable_size(ptr: *mut u8) -> usize {
     }
 }
 
+/// At exit with `malloc=1`, before the report: the C and C++ runtimes free what they keep for the
+/// life of the process (stdio buffers, libstdc++'s emergency exception pool, name-service and
+/// time-zone data, cached thread stacks), as valgrind and glibc's `mtrace` have them do, so that
+/// the report lists the program's blocks only. Skipped while other threads still run: they may
+/// be using those caches.
+pub fn release_runtime_caches() {
+    if glibc_serves_the_family() || other_threads_running() {
+        return;
+    }
+    // SAFETY: a lookup by a NUL-terminated name; null where libstdc++ is too old to have it.
+    let libstdcxx =
+        unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_ZN9__gnu_cxx9__freeresEv".as_ptr()) };
+    // SAFETY: `__gnu_cxx::__freeres()` and `__libc_freeres()` take no arguments and may be
+    // called at exit, once every other thread is gone; each runs once however often called.
+    unsafe {
+        if !libstdcxx.is_null() {
+            let free_pool: unsafe extern "C" fn() = core::mem::transmute(libstdcxx);
+            free_pool();
+        }
+        glibc::free_runtime_caches();
+    }
+}
+
+fn other_threads_running() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let threads = status
+        .lines()
+        .find_map(|line| line.strip_prefix("Threads:"))
+        .and_then(|count| count.trim().parse::<u32>().ok());
+    threads != Some(1)
+}
+
 /// glibc's `malloc_usable_size` (exported under no other name), found once with `dlsym`.
 #[cold]
 fn glibc_usable_size(ptr: *mut u8) -> usize {

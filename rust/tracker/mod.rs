@@ -13,7 +13,7 @@ pub mod header;
 mod heap;
 mod init;
 pub mod live_list;
-mod malloc;
+pub mod malloc;
 pub mod raw;
 
 use crate::ffi::{BlockKind, Stats};
