@@ -268,8 +268,9 @@ fn glibc_usable_size(ptr: *mut u8) -> usize {
     static FUNCTION: AtomicUsize = AtomicUsize::new(0);
     let mut function = FUNCTION.load(Ordering::Acquire);
     if function == 0 {
-        let _inside = Inside::enter(); // dlsym may allocate
-                                       // SAFETY: a lookup by a NUL-terminated name past this module (glibc's definition).
+        // dlsym may allocate: the tracker's own memory.
+        let _inside = Inside::enter();
+        // SAFETY: a lookup by a NUL-terminated name past this module (glibc's definition).
         function = unsafe { libc::dlsym(libc::RTLD_NEXT, c"malloc_usable_size".as_ptr()) } as usize;
         FUNCTION.store(function, Ordering::Release);
     }
