@@ -6,6 +6,10 @@
 
 #include "entry.h"
 
+#include <dlfcn.h>
+#include <pthread.h>
+
+#include <atomic>
 #include <cerrno>
 #include <cstddef>
 
@@ -92,3 +96,28 @@ void* pvalloc(std::size_t size) noexcept {
 std::size_t malloc_usable_size(void* ptr) noexcept { return k15_memory_c_usable_size(ptr); }
 
 }  // extern "C"
+
+// glibc's pthread_getattr_np reallocs while it holds the calling thread's own lock. A stack
+// capture in that realloc (the first allocation of a thread often is one: Rust's runtime asks
+// for every new thread's stack this way) must not ask pthread_getattr_np for the stack bounds
+// in turn, which would wait on that lock forever: this wrapper says when the thread is inside.
+namespace {
+thread_local bool inside_pthread_getattr = false;
+}
+
+extern "C" bool k15_memory_thread_in_pthread_getattr() noexcept { return inside_pthread_getattr; }
+
+extern "C" int pthread_getattr_np(pthread_t thread, pthread_attr_t* attr) noexcept {
+    using Function = int (*)(pthread_t, pthread_attr_t*);
+    static std::atomic<Function> glibc_function{nullptr};
+    const bool outermost = !inside_pthread_getattr;
+    inside_pthread_getattr = true;
+    Function function = glibc_function.load(std::memory_order_acquire);
+    if (function == nullptr) {
+        function = reinterpret_cast<Function>(dlsym(RTLD_NEXT, "pthread_getattr_np"));
+        glibc_function.store(function, std::memory_order_release);
+    }
+    const int result = function != nullptr ? function(thread, attr) : ENOSYS;
+    if (outermost) inside_pthread_getattr = false;
+    return result;
+}

@@ -58,6 +58,37 @@ pub unsafe fn raw_free(ptr: *mut u8) {
     unsafe { glibc::free(ptr as *mut libc::c_void) }
 }
 
+/// glibc's allocator as a Rust allocator, for the tracker's own long-lived data (the engine
+/// allocators' chunks and state): never the global allocator nor the process's `malloc`, which
+/// may both be the tracker.
+pub struct GlibcAlloc;
+
+// SAFETY: every block comes from glibc's allocator with at least the layout's size and
+// alignment, and goes back to it.
+unsafe impl std::alloc::GlobalAlloc for GlibcAlloc {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        raw_alloc(layout.size(), layout.align())
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        if layout.align() <= 16 {
+            // SAFETY: a plain glibc allocation call.
+            return unsafe { glibc::calloc(1, layout.size()) } as *mut u8;
+        }
+        let block = raw_alloc(layout.size(), layout.align());
+        if !block.is_null() {
+            // SAFETY: a fresh block of at least `layout.size()` bytes.
+            unsafe { block.write_bytes(0, layout.size()) };
+        }
+        block
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, _layout: std::alloc::Layout) {
+        // SAFETY: `ptr` came from `alloc` or `alloc_zeroed` above (the caller's contract).
+        unsafe { raw_free(ptr) }
+    }
+}
+
 /// Fresh anonymous pages, or null.
 pub fn map_pages(len: usize) -> *mut u8 {
     // SAFETY: an anonymous private mapping touches no existing memory.

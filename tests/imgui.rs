@@ -18,13 +18,18 @@ fn imgui_allocations_are_tracked_under_their_own_language() {
     let run = support::run(&exe, "");
     assert!(run.output.status.success(), "{}", run.stderr());
     assert!(run.stdout().contains("font atlas"), "{}", run.stdout());
-    // While the context lived, its blocks were all ImGui's.
+    // While the context lived, ImGui's blocks were tracked under its name (with malloc=1, stb's
+    // font rasterizer's would be beside them, as "c").
     let running: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("imgui_running.log.json")).unwrap())
             .unwrap();
-    let live = running["leaks"].as_array().unwrap();
+    let live: Vec<&serde_json::Value> = running["leaks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["language"] == "imgui")
+        .collect();
     assert!(live.len() > 20, "{running:#}");
-    assert!(live.iter().all(|l| l["language"] == "imgui"), "{running:#}");
     assert!(live.iter().any(|l| l["stack"][0]["function"]
         .as_str()
         .unwrap_or("")

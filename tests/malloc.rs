@@ -246,12 +246,17 @@ fn with_tracking_off_glibc_blocks_go_back_to_glibc_and_only_bad_pointers_are_rep
 #[test]
 fn blocks_from_a_thread_and_from_a_shared_library_are_tracked() {
     let run = run("threads", "malloc=1");
+    assert!(
+        run.stdout().contains("own stack known: yes"),
+        "{}",
+        run.stdout()
+    );
     let from_thread = run
         .leaks()
         .iter()
         .find(|l| l["size"] == 333)
         .expect("the thread's leak");
-    assert_eq!(from_thread["thread"], 2, "{from_thread}");
+    assert_eq!(from_thread["thread"], 3, "after main and the first thread: {from_thread}");
     assert!(names(&functions(&from_thread["stack"])[0], "make_buffer"));
     let from_dso = run
         .leaks()

@@ -4,6 +4,7 @@
 #include <k15/memory.h>
 
 #include <malloc.h>
+#include <pthread.h>
 #include <sys/mman.h>
 
 #include <cstdint>
@@ -130,7 +131,21 @@ void foreign(bool tracked) {
     free(block);  // FREE twice
 }
 
+// pthread_getattr_np reallocs while holding the thread's own lock; as a thread's first call
+// (Rust's runtime makes it in every thread it starts) that realloc is the thread's first capture.
+[[gnu::noinline]] void ask_for_own_stack() {
+    pthread_attr_t attr;
+    void* stack = nullptr;
+    std::size_t size = 0;
+    if (pthread_getattr_np(pthread_self(), &attr) == 0) {
+        pthread_attr_getstack(&attr, &stack, &size);
+        pthread_attr_destroy(&attr);
+    }
+    std::printf("own stack known: %s\n", size > 0 ? "yes" : "no");
+}
+
 void threads() {
+    std::thread(ask_for_own_stack).join();
     void* from_main = malloc(300);
     std::thread worker([from_main] {
         free(from_main);
