@@ -11,6 +11,7 @@ namespace {
 
 // `frame` is the frame of the public function: the call stack starts at its caller.
 void* allocate_named(std::size_t size, std::size_t align, const char* name, void* frame) noexcept {
+    if ((align & (align - 1)) != 0) return nullptr;  // not a power of two
     return k15_memory_allocate(size, align, detail::BlockKind::Named, name != nullptr ? name : "unnamed", 0,
                                reinterpret_cast<std::size_t>(frame));
 }

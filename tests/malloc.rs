@@ -177,6 +177,26 @@ fn free_realloc_and_delete_across_families_are_mismatches_and_release_the_block(
 }
 
 #[test]
+fn with_tracking_off_free_and_realloc_of_new_blocks_are_still_mismatches() {
+    let run = run("mismatches", "malloc=0");
+    // glibc's blocks given to delete cannot be told from stray pointers: reported, left alone.
+    assert_eq!(
+        run.error_kinds(),
+        [
+            "mismatched_delete",
+            "mismatched_delete",
+            "invalid_free",
+            "invalid_free"
+        ],
+        "{}",
+        run.text
+    );
+    assert_eq!(run.errors()[0]["freed_with"], "free");
+    assert_eq!(run.errors()[1]["freed_with"], "realloc");
+    assert_eq!(run.errors()[2]["freed_with"], "delete");
+}
+
+#[test]
 fn foreign_pointers_are_reported_with_tracking_on_and_never_given_to_the_wrong_allocator() {
     let run = run("foreign", "malloc=1");
     let stdout = run.stdout();
@@ -256,7 +276,10 @@ fn blocks_from_a_thread_and_from_a_shared_library_are_tracked() {
         .iter()
         .find(|l| l["size"] == 333)
         .expect("the thread's leak");
-    assert_eq!(from_thread["thread"], 3, "after main and the first thread: {from_thread}");
+    assert_eq!(
+        from_thread["thread"], 3,
+        "after main and the first thread: {from_thread}"
+    );
     assert!(names(&functions(&from_thread["stack"])[0], "make_buffer"));
     let from_dso = run
         .leaks()

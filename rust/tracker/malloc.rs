@@ -44,13 +44,12 @@ fn set_up_with_glibc_serving() -> bool {
     init::peek().is_some_and(|hot| !hot.malloc())
 }
 
-/// Whether `ptr`, no block of ours, goes back to glibc when freed through `kind`: only the C
-/// family's, only while glibc serves it, and only if the word before it can be a glibc chunk's
-/// size (so a pointer into the stack, a private mapping or the middle of a block is reported
-/// rather than passed on).
-pub fn belongs_to_glibc(ptr: *mut u8, kind: BlockKind) -> bool {
+/// Whether `ptr`, no block of ours, is glibc's to free: only while glibc serves the family, and
+/// only if the word before it can be a glibc chunk's size (so a pointer into the stack, a private
+/// mapping or the middle of a block is reported rather than passed on).
+pub fn is_glibc_block(ptr: *mut u8) -> bool {
     let addr = ptr as usize;
-    if !is_c_family(kind) || !glibc_serves_the_family() || addr < PAGE_SIZE {
+    if !glibc_serves_the_family() || addr < PAGE_SIZE {
         return false;
     }
     if addr.is_multiple_of(PAGE_SIZE) && !sys::page_is_mapped(addr - 16) {
@@ -78,7 +77,7 @@ fn is_glibc_size_field(word: usize) -> bool {
 #[no_mangle]
 pub unsafe extern "C" fn k15_memory_c_free(ptr: *mut u8, frame_address: usize) {
     let addr = ptr as usize;
-    // glibc's block, as `belongs_to_glibc` decides, without its page probe (not needed off a
+    // glibc's block, as `is_glibc_block` decides, without its page probe (not needed off a
     // page start) or a call.
     if glibc_serves_the_family()
         && addr.is_multiple_of(16)
@@ -193,7 +192,7 @@ pub unsafe extern "C" fn k15_memory_c_realloc(
     let old_size = match BlockHeader::lookup(ptr) {
         // SAFETY: a live block of ours; the program owns it for this call.
         Lookup::Live(header) | Lookup::Untracked(header) => unsafe { (*header).size },
-        Lookup::Foreign if belongs_to_glibc(ptr, BlockKind::Realloc) => {
+        Lookup::Foreign if is_glibc_block(ptr) => {
             // SAFETY: a glibc block, resized by glibc.
             return unsafe { glibc::realloc(ptr as *mut c_void, size) } as *mut u8;
         }
@@ -225,7 +224,7 @@ pub extern "C" fn k15_memory_c_usable_size(ptr: *mut u8) -> usize {
     match BlockHeader::lookup(ptr) {
         // SAFETY: a live block of ours.
         Lookup::Live(header) | Lookup::Untracked(header) => unsafe { (*header).size },
-        Lookup::Foreign if belongs_to_glibc(ptr, BlockKind::Malloc) => glibc_usable_size(ptr),
+        Lookup::Foreign if is_glibc_block(ptr) => glibc_usable_size(ptr),
         Lookup::Freed { .. } | Lookup::Foreign => 0,
     }
 }

@@ -144,12 +144,13 @@ pub fn deallocate(ptr: *mut u8, kind: BlockKind, start: impl Fn() -> StartFrame 
     }
 }
 
-/// A pointer that is no block of ours: glibc's own blocks given to the C family's `free` are
-/// passed back to glibc (see `malloc`); anything else is reported and left alone.
+/// A pointer that is no block of ours: glibc's own blocks given to the C family's `free` go
+/// back to glibc (see `malloc`); anything else is reported and left alone (a `delete` of a
+/// glibc block included: with `malloc=0` the tracker cannot tell it from a stray pointer).
 #[cold]
 #[inline(never)]
 fn free_foreign(ptr: *mut u8, kind: BlockKind, start: impl Fn() -> StartFrame) {
-    if malloc::belongs_to_glibc(ptr, kind) {
+    if malloc::same_family(kind, BlockKind::Malloc) && malloc::is_glibc_block(ptr) {
         // SAFETY: a glibc block the program frees through the family that allocated it.
         unsafe { crate::sys::raw_free(ptr) };
         return;

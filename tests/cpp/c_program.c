@@ -35,7 +35,8 @@ int main(void) {
     void* scratch = script_alloc(NULL, NULL, 0, 512);
     script_alloc(NULL, scratch, 512, 0);
     void* aligned = k15_memory_alloc(200, 64, "physics");
-    const int is_aligned = ((size_t)aligned % 64) == 0;
+    void* bad_alignment = k15_memory_alloc(200, 48, "physics"); /* not a power of two: NULL */
+    const int is_aligned = ((size_t)aligned % 64) == 0 && bad_alignment == NULL;
     k15_memory_free(aligned);
     char* name = load_level_name("level-1");
     k15_memory_stats after = k15_memory_get_stats();
