@@ -284,6 +284,14 @@ mod tests {
         assert_eq!(o.stack_depth, 32);
         assert!(o.report && !o.halt_on_error);
         assert_eq!(o.exitcode, 0);
+        assert!(!o.malloc, "the C family is left to glibc unless asked for");
+    }
+
+    #[test]
+    fn malloc_is_a_flag() {
+        assert!(Options::parse(b"malloc=1").malloc);
+        assert!(!Options::parse(b"malloc=1:malloc=0").malloc);
+        assert!(!Options::parse(b"malloc=yes").malloc);
     }
 
     #[test]
