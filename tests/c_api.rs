@@ -58,3 +58,33 @@ fn a_c_program_tracks_malloc_and_its_own_allocator_callbacks() {
     assert_eq!(run.errors()[0]["allocated_with"], "k15::memory::allocate");
     assert_eq!(run.errors()[0]["freed_with"], "free");
 }
+
+#[test]
+fn the_c_header_builds_without_the_library_when_disabled() {
+    let dir = support::scratch("c_program_disabled");
+    let exe = dir.join("c_program_plain");
+    let out = Command::new("gcc")
+        .current_dir(support::repo())
+        .args([
+            "-std=c11",
+            "-g",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-DK15_MEMORY_DISABLED",
+        ])
+        .args(["-I", "include", SOURCE, "-o"])
+        .arg(&exe)
+        .output()
+        .expect("gcc runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run = Command::new(&exe).output().unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    assert!(stderr.contains("aligned: yes"), "{stderr}");
+    assert!(stderr.contains("live: 0 blocks, 0 bytes"), "{stderr}");
+}

@@ -46,6 +46,7 @@ namespace k15::memory {
 inline Stats stats() noexcept { return {}; }
 inline bool write_leak_report(const char* = nullptr) noexcept { return false; }
 inline void* allocate(std::size_t size, std::size_t align, const char*) noexcept {
+    if ((align & (align - 1)) != 0) return nullptr;  // not a power of two, as with the library
     if (align <= 16) return std::malloc(size);
     return std::aligned_alloc(align, (size + align - 1) / align * align);
 }

@@ -31,6 +31,7 @@ typedef struct k15_memory_stats {
 
 static inline void* k15_memory_alloc(size_t size, size_t align, const char* name) {
     (void)name;
+    if ((align & (align - 1)) != 0) return NULL; /* not a power of two, as with the library */
     if (align <= 16) return malloc(size);
     return aligned_alloc(align, (size + align - 1) / align * align);
 }
