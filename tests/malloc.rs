@@ -212,6 +212,7 @@ fn foreign_pointers_are_reported_with_tracking_on_and_never_given_to_the_wrong_a
             "invalid_free",
             "invalid_free",
             "invalid_free",
+            "invalid_free",
             "double_free"
         ],
         "{}",
@@ -226,6 +227,7 @@ fn foreign_pointers_are_reported_with_tracking_on_and_never_given_to_the_wrong_a
         "// FREE glibc",
         "// FREE mmap",
         "// FREE stack",
+        "// FREE near null",
         "// REALLOC stack",
         "// FREE twice",
     ];
@@ -234,8 +236,8 @@ fn foreign_pointers_are_reported_with_tracking_on_and_never_given_to_the_wrong_a
         .map(|m| support::line_of(SOURCE, m))
         .collect();
     assert_eq!(lines, expected, "{}", run.text);
-    assert_eq!(run.errors()[3]["freed_with"], "realloc");
-    assert_eq!(run.errors()[4]["size"], 40);
+    assert_eq!(run.errors()[4]["freed_with"], "realloc");
+    assert_eq!(run.errors()[5]["size"], 40);
 }
 
 #[test]
@@ -245,7 +247,12 @@ fn with_tracking_off_glibc_blocks_go_back_to_glibc_and_only_bad_pointers_are_rep
                                                                            // glibc's block went back to glibc; only the pointers glibc never handed out are reported.
     assert_eq!(
         run.error_kinds(),
-        ["invalid_free", "invalid_free", "invalid_free"],
+        [
+            "invalid_free",
+            "invalid_free",
+            "invalid_free",
+            "invalid_free"
+        ],
         "{}",
         run.text
     );
@@ -254,7 +261,12 @@ fn with_tracking_off_glibc_blocks_go_back_to_glibc_and_only_bad_pointers_are_rep
         .iter()
         .map(|e| e["free_stack"][0]["line"].as_u64().unwrap())
         .collect();
-    let markers = ["// FREE mmap", "// FREE stack", "// REALLOC stack"];
+    let markers = [
+        "// FREE mmap",
+        "// FREE stack",
+        "// FREE near null",
+        "// REALLOC stack",
+    ];
     let expected: Vec<u64> = markers
         .iter()
         .map(|m| support::line_of(SOURCE, m))

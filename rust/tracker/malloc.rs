@@ -80,6 +80,7 @@ pub unsafe extern "C" fn k15_memory_c_free(ptr: *mut u8, frame_address: usize) {
     // glibc's block, as `is_glibc_block` decides, without its page probe (not needed off a
     // page start) or a call.
     if glibc_serves_the_family()
+        && addr > PAGE_SIZE
         && addr.is_multiple_of(16)
         && !addr.is_multiple_of(PAGE_SIZE)
         // SAFETY: the word before a pointer off a page start lies in the same page.

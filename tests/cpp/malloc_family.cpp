@@ -122,6 +122,8 @@ void foreign(bool tracked) {
     free(page);  // FREE mmap
     alignas(16) char on_stack[32] = {};
     free(on_stack + 16);  // FREE stack
+    volatile std::uintptr_t near_null = 0x30;
+    free(reinterpret_cast<void*>(near_null));  // FREE near null
     keep(realloc(on_stack + 16, 64), 1);  // REALLOC stack
     std::printf("realloc of a stack pointer: %s\n", sink == nullptr ? "null" : "a block");
     munmap(page, 4096);
