@@ -10,6 +10,7 @@ fn main() {
         "cpp/engine.cpp",
         "cpp/take_over.cpp",
         "cpp/modules.cpp",
+        "cpp/malloc.cpp",
     ];
     cxx_build::bridge("rust/ffi.rs")
         .files(sources)
@@ -37,6 +38,7 @@ fn main() {
         "include/k15/memory.h",
         "include/k15/bullet.h",
         "include/k15/engine.h",
+        "include/k15/memory_c.h",
     ]) {
         println!("cargo:rerun-if-changed={path}");
     }

@@ -1,8 +1,9 @@
 //! The churn benchmark: the same C++ workload (`programs/churn.cpp`, 2 million new/delete pairs
-//! per thread) under plain glibc and its peers and under the tracker, each in its own process,
-//! all in one run (the tracker also preloaded into the plain build, beside heaptrack on that
-//! same binary); prints nanoseconds per pair and the ratio to plain glibc. Peers that are not
-//! installed are skipped with a note. `cargo bench --bench new_delete`
+//! per thread, then the same with malloc/free) under plain glibc and its peers and under the
+//! tracker, each in its own process, all in one run (the tracker also preloaded into the plain
+//! build, beside heaptrack on that same binary); prints nanoseconds per pair and the ratio to
+//! plain glibc. Peers that are not installed are skipped with a note.
+//! `cargo bench --bench new_delete`
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -73,7 +74,7 @@ fn on_path(tool: &str) -> bool {
 }
 
 /// Best of `RUNS` nanoseconds per pair.
-fn measure(v: &Variant, threads: u32, dir: &Path) -> Option<f64> {
+fn measure(v: &Variant, threads: u32, family: Family, dir: &Path) -> Option<f64> {
     let pairs = PAIRS / v.pairs_divisor;
     let runs = if v.pairs_divisor > 1 { 1 } else { RUNS };
     let mut best = f64::INFINITY;
@@ -91,6 +92,7 @@ fn measure(v: &Variant, threads: u32, dir: &Path) -> Option<f64> {
         let out = Command::new(program)
             .args(args)
             .args([threads.to_string(), pairs.to_string()])
+            .arg(family.argument())
             .current_dir(dir)
             .envs(v.env.iter().map(|(k, val)| (*k, val.as_str())))
             .output()
@@ -107,18 +109,39 @@ fn measure(v: &Variant, threads: u32, dir: &Path) -> Option<f64> {
     Some(best)
 }
 
-/// The workload under every allocator, built at one optimisation level.
-fn variants(dir: &Path, opt: &'static str, with_slow_peers: bool) -> Vec<Variant> {
+/// Which allocation functions the workload calls.
+#[derive(Clone, Copy, PartialEq)]
+enum Family {
+    NewDelete,
+    MallocFree,
+}
+
+impl Family {
+    fn argument(self) -> &'static str {
+        match self {
+            Family::NewDelete => "new",
+            Family::MallocFree => "malloc",
+        }
+    }
+}
+
+/// The workload under every allocator, built at one optimisation level. The tracker's rows of
+/// the malloc workload track it (`malloc=1`), beside one that leaves it to glibc (`malloc=0`).
+fn variants(dir: &Path, opt: &'static str, with_slow_peers: bool, family: Family) -> Vec<Variant> {
     let name = |base: &str| format!("churn_{base}{opt}");
     let plain =
         compile(dir, &name("plain"), "g++", &[opt], false).expect("g++ builds the plain workload");
     let tracked =
         compile(dir, &name("k15"), "g++", &[opt], true).expect("the tracked workload builds");
+    let malloc = match family {
+        Family::NewDelete => "",
+        Family::MallocFree => ":malloc=1",
+    };
     let tracker = |label, options: &str| Variant {
         name: label,
         wrapper: vec![],
         exe: tracked.clone(),
-        env: vec![("K15_MEMORY_OPTIONS", format!("report=0:{options}"))],
+        env: vec![("K15_MEMORY_OPTIONS", format!("report=0:{options}{malloc}"))],
         pairs_divisor: 1,
     };
     let peer =
@@ -132,7 +155,11 @@ fn variants(dir: &Path, opt: &'static str, with_slow_peers: bool) -> Vec<Variant
             }
         };
 
-    let mut variants = vec![peer("glibc new/delete (baseline)", &[], &plain, vec![], 1)];
+    let baseline = match family {
+        Family::NewDelete => "glibc new/delete (baseline)",
+        Family::MallocFree => "glibc malloc/free (baseline)",
+    };
+    let mut variants = vec![peer(baseline, &[], &plain, vec![], 1)];
     match found("/usr/lib/x86_64-linux-gnu/libmimalloc.so.2") {
         Some(lib) => variants.push(peer(
             "mimalloc (LD_PRELOAD)",
@@ -142,6 +169,12 @@ fn variants(dir: &Path, opt: &'static str, with_slow_peers: bool) -> Vec<Variant
             1,
         )),
         None => println!("  (mimalloc skipped: install libmimalloc-dev)"),
+    }
+    if family == Family::MallocFree {
+        variants.push(Variant {
+            env: vec![("K15_MEMORY_OPTIONS", "report=0:malloc=0".to_owned())],
+            ..tracker("k15, malloc=0 (glibc's blocks)", "")
+        });
     }
     variants.push(tracker("k15, stack_depth=0", "stack_depth=0"));
     variants.push(tracker("k15, stacks (DWARF, default)", "stack_depth=32"));
@@ -207,17 +240,27 @@ fn variants(dir: &Path, opt: &'static str, with_slow_peers: bool) -> Vec<Variant
 fn main() {
     let dir = support::scratch("bench_new_delete");
     // -O2: the allocator cost stands out; -O0: a debug build, where the tracker is meant to live.
-    for (opt, with_slow_peers) in [("-O2", true), ("-O0", false)] {
-        let variants = variants(&dir, opt, with_slow_peers);
+    let runs = [
+        ("-O2", true, Family::NewDelete),
+        ("-O0", false, Family::NewDelete),
+        ("-O2", false, Family::MallocFree),
+        ("-O0", false, Family::MallocFree),
+    ];
+    for (opt, with_slow_peers, family) in runs {
+        let variants = variants(&dir, opt, with_slow_peers, family);
+        let pairs = match family {
+            Family::NewDelete => "new/delete",
+            Family::MallocFree => "malloc/free",
+        };
         for threads in [1, 2] {
-            println!("\nchurn built {opt}, {threads} thread(s), {PAIRS} new/delete pairs per thread (best of {RUNS}; slow peers on fewer pairs, once):");
+            println!("\nchurn built {opt}, {threads} thread(s), {PAIRS} {pairs} pairs per thread (best of {RUNS}; slow peers on fewer pairs, once):");
             println!(
                 "  {:<42} {:>12} {:>10}",
                 "allocator", "ns per pair", "vs glibc"
             );
             let mut baseline = None;
             for v in &variants {
-                match measure(v, threads, &dir) {
+                match measure(v, threads, family, &dir) {
                     Some(ns) => {
                         let base = *baseline.get_or_insert(ns);
                         println!("  {:<42} {:>12.1} {:>9.2}x", v.name, ns, ns / base);

@@ -1,9 +1,26 @@
-// The public k15::memory functions, converting the bridge's types to the header's.
+// The public k15::memory functions and their C face (include/k15/memory_c.h), converting the
+// bridge's types to the headers'.
 
 #include "k15/memory.h"
-#include "k15-memory/rust/ffi.rs.h"
+#include "k15/memory_c.h"
+#include "entry.h"
 
 namespace k15::memory {
+
+namespace {
+
+// `frame` is the frame of the public function: the call stack starts at its caller.
+void* allocate_named(std::size_t size, std::size_t align, const char* name, void* frame) noexcept {
+    if ((align & (align - 1)) != 0) return nullptr;  // not a power of two
+    return k15_memory_allocate(size, align, detail::BlockKind::Named, name != nullptr ? name : "unnamed", 0,
+                               reinterpret_cast<std::size_t>(frame));
+}
+
+void deallocate_named(void* ptr, void* frame) noexcept {
+    k15_memory_deallocate(ptr, detail::BlockKind::Named, reinterpret_cast<std::size_t>(frame));
+}
+
+}  // namespace
 
 Stats stats() noexcept {
     const detail::Stats s = detail::stats();
@@ -23,5 +40,27 @@ void ignore_leak(const void* ptr) noexcept {
 ScopedLeakIgnore::ScopedLeakIgnore() noexcept : token_(detail::begin_leak_ignore()) {}
 
 ScopedLeakIgnore::~ScopedLeakIgnore() { detail::end_leak_ignore(token_); }
+void* allocate(std::size_t size, std::size_t align, const char* name) noexcept {
+    return allocate_named(size, align, name, __builtin_frame_address(0));
+}
+
+void deallocate(void* ptr) noexcept { deallocate_named(ptr, __builtin_frame_address(0)); }
 
 }  // namespace k15::memory
+
+extern "C" {
+
+void* k15_memory_alloc(std::size_t size, std::size_t align, const char* name) {
+    return k15::memory::allocate_named(size, align, name, __builtin_frame_address(0));
+}
+
+void k15_memory_free(void* ptr) { k15::memory::deallocate_named(ptr, __builtin_frame_address(0)); }
+
+k15_memory_stats k15_memory_get_stats(void) {
+    const k15::memory::Stats s = k15::memory::stats();
+    return k15_memory_stats{s.live_blocks, s.live_bytes, s.peak_bytes, s.total_allocations, s.total_frees};
+}
+
+int k15_memory_write_leak_report(const char* path) { return k15::memory::write_leak_report(path) ? 1 : 0; }
+
+}  // extern "C"

@@ -6,6 +6,7 @@
 use crate::engine::{self, AllocatorKind, ClassSpec, PoolConfig, StackMarker, TrackedAllocator};
 use crate::stack::StartFrame;
 use crate::tracker;
+use crate::tracker::guard::Inside;
 use core::ffi::{c_char, CStr};
 
 #[cxx::bridge(namespace = "k15::memory::detail")]
@@ -28,6 +29,18 @@ pub mod bridge {
         NewArray,
         Rust,
         Bullet,
+        /// The C family (`rust/tracker/malloc.rs`): one kind per allocating function, any of
+        /// them released by `free` or `realloc`.
+        Malloc,
+        Calloc,
+        Realloc,
+        AlignedAlloc,
+        PosixMemalign,
+        Memalign,
+        Valloc,
+        Pvalloc,
+        /// `k15::memory::allocate(size, align, name)`: the header's `file` holds the name.
+        Named,
     }
 
     /// An engine allocator's counters (`k15::memory::AllocatorStats`); bytes as requested.
@@ -286,6 +299,7 @@ unsafe fn engine_new_pool(
     name: *const c_char,
     classes: &[EngineClassSpec],
 ) -> Result<Box<TrackedAllocator>, engine::CreateError> {
+    let _inside = Inside::enter(); // the allocator's own memory
     let specs: Vec<ClassSpec> = classes
         .iter()
         .map(|class| ClassSpec {
@@ -307,7 +321,8 @@ unsafe fn engine_new_stack(
     name: *const c_char,
     capacity: usize,
 ) -> Result<Box<TrackedAllocator>, engine::CreateError> {
-    // SAFETY: as the caller guarantees.
+    let _inside = Inside::enter(); // the allocator's own memory
+                                   // SAFETY: as the caller guarantees.
     engine_created(TrackedAllocator::stack(
         unsafe { engine_name(name) },
         capacity,
@@ -320,7 +335,8 @@ unsafe fn engine_new_block(
     name: *const c_char,
     capacity: usize,
 ) -> Result<Box<TrackedAllocator>, engine::CreateError> {
-    // SAFETY: as the caller guarantees.
+    let _inside = Inside::enter(); // the allocator's own memory
+                                   // SAFETY: as the caller guarantees.
     engine_created(TrackedAllocator::block(
         unsafe { engine_name(name) },
         capacity,
@@ -336,7 +352,8 @@ unsafe fn engine_new_typed_pool(
     align: usize,
     first_batch: usize,
 ) -> Result<Box<TrackedAllocator>, engine::CreateError> {
-    // SAFETY: as the caller guarantees.
+    let _inside = Inside::enter(); // the allocator's own memory
+                                   // SAFETY: as the caller guarantees.
     let (name, element_type) = unsafe { (engine_name(name), engine_name(element_type)) };
     engine_created(TrackedAllocator::objects(
         name,
@@ -375,6 +392,7 @@ fn engine_holds_live_object(allocator: &TrackedAllocator, address: usize) -> boo
 }
 
 fn engine_stats(allocator: &TrackedAllocator) -> EngineStats {
+    let _inside = Inside::enter(); // the tracker's own memory
     let stats = allocator.stats();
     EngineStats {
         name: engine::c_name(stats.name).as_ptr(),
@@ -415,6 +433,7 @@ unsafe fn engine_rewind(allocator: &TrackedAllocator, marker: EngineMarker, fram
 }
 
 fn engine_allocator_of(address: usize) -> EngineIdentity {
+    let _inside = Inside::enter(); // the tracker's own memory
     let unknown = EngineIdentity {
         name: c"unknown".as_ptr(),
         kind: 0,
@@ -435,10 +454,12 @@ fn engine_allocator_of(address: usize) -> EngineIdentity {
 }
 
 fn engine_checkpoint() -> u32 {
+    let _inside = Inside::enter(); // the tracker's own memory
     engine::checkpoint().epoch()
 }
 
 fn engine_leaks_since(checkpoint: u32) -> Vec<EngineLeaks> {
+    let _inside = Inside::enter(); // the tracker's own memory
     engine::leaks_since(engine::Checkpoint::from_epoch(checkpoint))
         .iter()
         .map(|leaks| EngineLeaks {
@@ -450,6 +471,7 @@ fn engine_leaks_since(checkpoint: u32) -> Vec<EngineLeaks> {
 }
 
 fn engine_memstats(reset: bool) -> EngineMemStats {
+    let _inside = Inside::enter(); // the tracker's own memory
     let stats = engine::memstats(reset);
     EngineMemStats {
         allocations: stats.allocations,

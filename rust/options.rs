@@ -85,6 +85,9 @@ pub struct Options {
     pub leak_kinds: u8,
     /// How many direct-leak sites the text lists (0: all).
     pub max_leaks: usize,
+    /// Whether the C family (`malloc`, `calloc`, `realloc`, ...) is tracked; off, it goes to
+    /// glibc and only `free`s of tracked blocks are checked.
+    pub malloc: bool,
 }
 
 /// `pool_classes=64x1000,256x500`: block size x block count per class (':' separates options).
@@ -146,6 +149,7 @@ impl Options {
         show_reachable: true,
         leak_kinds: LeakKind::Direct.bit() | LeakKind::Indirect.bit(),
         max_leaks: 0,
+        malloc: false, // true once the report tells blocks reachable at exit from lost ones
     };
 
     /// Applies `key=value:key=value`, warning once on stderr for each bad pair (the value
@@ -325,6 +329,7 @@ const KEYS: &[Key] = &[
         },
     },
     flag_key!(free_stacks),
+    flag_key!(malloc),
     Key {
         name: "quarantine",
         expected: "must be bytes, with K, M or G (quarantine=16M)",
@@ -524,6 +529,17 @@ mod tests {
         assert_eq!(o.stack_depth, 32);
         assert!(o.report && !o.halt_on_error);
         assert_eq!(o.exitcode, 0);
+    }
+
+    #[test]
+    fn malloc_is_a_flag() {
+        assert!(Options::parse(b"malloc=1").malloc);
+        assert!(!Options::parse(b"malloc=1:malloc=0").malloc);
+        assert_eq!(
+            Options::parse(b"malloc=yes").malloc,
+            Options::DEFAULT.malloc,
+            "a bad value leaves the default"
+        );
     }
 
     #[test]

@@ -8,18 +8,42 @@ use core::fmt::{self, Write};
 
 pub const PAGE_SIZE: usize = 4096;
 
-/// `size` bytes aligned to `align` (a power of two, at least 16), from glibc `malloc`.
+/// glibc's allocator under its own names: `malloc` and friends of this process are the
+/// tracker's (`cpp/malloc.cpp`), so the tracker's own memory, and the C family's when
+/// `malloc=0`, comes from these, which no interposition reaches.
+pub mod glibc {
+    use libc::{c_void, size_t};
+
+    extern "C" {
+        #[link_name = "__libc_malloc"]
+        pub fn malloc(size: size_t) -> *mut c_void;
+        #[link_name = "__libc_calloc"]
+        pub fn calloc(count: size_t, size: size_t) -> *mut c_void;
+        #[link_name = "__libc_realloc"]
+        pub fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void;
+        #[link_name = "__libc_memalign"]
+        pub fn memalign(align: size_t, size: size_t) -> *mut c_void;
+        #[link_name = "__libc_valloc"]
+        pub fn valloc(size: size_t) -> *mut c_void;
+        #[link_name = "__libc_pvalloc"]
+        pub fn pvalloc(size: size_t) -> *mut c_void;
+        #[link_name = "__libc_free"]
+        pub fn free(ptr: *mut c_void);
+        /// Frees what glibc keeps for the life of the process (for valgrind and mtrace).
+        #[link_name = "__libc_freeres"]
+        pub fn free_runtime_caches();
+    }
+}
+
+/// `size` bytes aligned to `align` (a power of two, at least 16), from glibc's allocator.
 #[inline]
 pub fn raw_alloc(size: usize, align: usize) -> *mut u8 {
-    // SAFETY: plain libc allocation calls; a null result is passed on to the caller.
+    // SAFETY: plain glibc allocation calls; a null result is passed on to the caller.
     unsafe {
         if align <= 16 {
-            libc::malloc(size) as *mut u8
+            glibc::malloc(size) as *mut u8
         } else {
-            match size.checked_next_multiple_of(align) {
-                Some(rounded) => libc::aligned_alloc(align, rounded) as *mut u8,
-                None => core::ptr::null_mut(),
-            }
+            glibc::memalign(align, size) as *mut u8
         }
     }
 }
@@ -30,8 +54,39 @@ pub fn raw_alloc(size: usize, align: usize) -> *mut u8 {
 /// `ptr` came from [`raw_alloc`] and is freed once.
 #[inline]
 pub unsafe fn raw_free(ptr: *mut u8) {
-    // SAFETY: the caller guarantees `ptr` is a live malloc'd pointer.
-    unsafe { libc::free(ptr as *mut libc::c_void) }
+    // SAFETY: the caller guarantees `ptr` is a live pointer of glibc's allocator.
+    unsafe { glibc::free(ptr as *mut libc::c_void) }
+}
+
+/// glibc's allocator as a Rust allocator, for the tracker's own long-lived data (the engine
+/// allocators' chunks and state): never the global allocator nor the process's `malloc`, which
+/// may both be the tracker.
+pub struct GlibcAlloc;
+
+// SAFETY: every block comes from glibc's allocator with at least the layout's size and
+// alignment, and goes back to it.
+unsafe impl std::alloc::GlobalAlloc for GlibcAlloc {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        raw_alloc(layout.size(), layout.align())
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        if layout.align() <= 16 {
+            // SAFETY: a plain glibc allocation call.
+            return unsafe { glibc::calloc(1, layout.size()) } as *mut u8;
+        }
+        let block = raw_alloc(layout.size(), layout.align());
+        if !block.is_null() {
+            // SAFETY: a fresh block of at least `layout.size()` bytes.
+            unsafe { block.write_bytes(0, layout.size()) };
+        }
+        block
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, _layout: std::alloc::Layout) {
+        // SAFETY: `ptr` came from `alloc` or `alloc_zeroed` above (the caller's contract).
+        unsafe { raw_free(ptr) }
+    }
 }
 
 /// Fresh anonymous pages, or null.

@@ -1,20 +1,24 @@
-// The churn workload of the benchmark: each thread makes `pairs` new[]/delete[] pairs of 8..512
-// bytes into a table of 4096 slots (so blocks live for thousands of iterations), beside 1000
-// long-lived blocks, through three levels of engine-like calls. Prints nanoseconds per pair.
+// The churn workload of the benchmark: each thread makes `pairs` new[]/delete[] (or malloc/free)
+// pairs of 8..512 bytes into a table of 4096 slots (so blocks live for thousands of iterations),
+// beside 1000 long-lived blocks, through three levels of engine-like calls. Prints nanoseconds
+// per pair.
 //
-//   churn <threads> <pairs per thread>
+//   churn <threads> <pairs per thread> [new|malloc]
 #include <k15/memory.h>
 
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <thread>
 #include <vector>
 
 namespace {
 
 constexpr unsigned kSlots = 4096;
+
+bool use_malloc = false;  // the C family instead of new[]/delete[]
 
 struct Rng {
     std::uint64_t state;
@@ -25,15 +29,22 @@ struct Rng {
 };
 
 [[gnu::noinline]] char* make_buffer(std::size_t size) {
-    char* block = new char[size];
+    char* block = use_malloc ? static_cast<char*>(std::malloc(size)) : new char[size];
     block[0] = static_cast<char>(size);  // the pointer escapes, so g++ keeps the pair
     return block;
 }
 
 [[gnu::noinline]] char* spawn_component(Rng& rng) { return make_buffer(8 + rng.next() % 505); }
 
+void release(char* block) {
+    if (use_malloc)
+        std::free(block);
+    else
+        delete[] block;
+}
+
 [[gnu::noinline]] void update_slot(char*& slot, Rng& rng) {
-    delete[] slot;
+    release(slot);
     slot = spawn_component(rng);
 }
 
@@ -43,8 +54,8 @@ void churn(unsigned thread, long pairs) {
     for (int i = 0; i < 1000; ++i) long_lived.push_back(make_buffer(64));
     std::vector<char*> slots(kSlots, nullptr);
     for (long i = 0; i < pairs; ++i) update_slot(slots[rng.next() % kSlots], rng);
-    for (char* block : slots) delete[] block;
-    for (char* block : long_lived) delete[] block;
+    for (char* block : slots) release(block);
+    for (char* block : long_lived) release(block);
 }
 
 }  // namespace
@@ -52,6 +63,7 @@ void churn(unsigned thread, long pairs) {
 int main(int argc, char** argv) {
     const unsigned threads = argc > 1 ? static_cast<unsigned>(std::atoi(argv[1])) : 1;
     const long pairs = argc > 2 ? std::atol(argv[2]) : 2000000;
+    use_malloc = argc > 3 && std::string(argv[3]) == "malloc";
     const auto start = std::chrono::steady_clock::now();
     std::vector<std::thread> workers;
     for (unsigned t = 0; t < threads; ++t) workers.emplace_back(churn, t, pairs);

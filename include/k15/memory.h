@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <new>
 
 // Sanitizer builds bring their own operator new: two sets of replacements cannot link.
@@ -57,6 +58,13 @@ public:
     ScopedLeakIgnore(const ScopedLeakIgnore&) = delete;
     ScopedLeakIgnore& operator=(const ScopedLeakIgnore&) = delete;
 };
+inline void* allocate(std::size_t size, std::size_t align, const char*) noexcept {
+    if ((align & (align - 1)) != 0) return nullptr;  // not a power of two, as with the library
+    if (align <= 16) return std::malloc(size);
+    void* block = nullptr;
+    return posix_memalign(&block, align, size) == 0 ? block : nullptr;  // C++11: no std::aligned_alloc
+}
+inline void deallocate(void* ptr) noexcept { std::free(ptr); }
 }  // namespace memory
 }  // namespace k15
 
@@ -113,6 +121,17 @@ public:
 private:
     std::size_t token_;
 };
+
+// For an engine's or a library's own allocator callbacks (Recast's rcAllocSetCustom, Lua's
+// lua_Alloc, SDL_SetMemoryFunctions, ImGui::SetAllocatorFunctions): a tracked block of `size`
+// bytes aligned to `align` (0: 16; a power of two), or nullptr when memory is exhausted. `name`
+// is the block's "language" in the report: a string that lives as long as the program (a
+// literal), kept by address, not copied.
+void* allocate(std::size_t size, std::size_t align, const char* name) noexcept;
+
+// Frees a block of allocate(); nullptr is ignored. A block of another family (malloc, new) is a
+// mismatched_delete, anything else a reported invalid_free or double_free (left alone).
+void deallocate(void* ptr) noexcept;
 
 }  // namespace memory
 }  // namespace k15

@@ -1,6 +1,8 @@
-//! Memory for the engine allocators' own data, taken from `std::alloc::System` and never from the global allocator.
+//! Memory for the engine allocators' own data, taken from glibc under its own names
+//! (`sys::GlibcAlloc`): never from the global allocator nor the process's `malloc` (the tracker's).
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use crate::sys::GlibcAlloc as System;
+use std::alloc::{GlobalAlloc, Layout};
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 

@@ -26,6 +26,7 @@ pub fn run() {
         crate::tracker::apply_deferred_frees();
     }
     let _inside = crate::tracker::guard::Inside::enter();
+    crate::tracker::malloc::release_runtime_caches();
     let stats = crate::tracker::stats();
     let errors = crate::tracker::errors::all().1;
     if stats.total_allocations == 0 && errors == 0 && !crate::engine::tracked::any_created() {

@@ -72,12 +72,13 @@ pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
         let l = &report.leaks[first];
         writeln!(
             out,
-            "    {{ \"stack\": {}, \"array\": {}, \"file\": {}, \"line\": {}, \"language\": \"{}\" }}{}",
+            "    {{ \"stack\": {}, \"array\": {}, \"file\": {}, \"line\": {}, \"language\": {}, \"allocated_with\": {} }}{}",
             stacks.id(l.stack),
             l.kind == crate::ffi::BlockKind::NewArray,
             l.file.map_or("null".to_owned(), quoted),
             l.line,
-            l.language(),
+            quoted(l.language()),
+            quoted(l.allocated_with()),
             comma(i, report.site_blocks.len())
         )?;
     }

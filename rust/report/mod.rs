@@ -54,12 +54,13 @@ impl Leak {
         match self.kind {
             BlockKind::Rust => "rust",
             BlockKind::Bullet => "bullet",
-            _ => "c++",
+            BlockKind::New | BlockKind::NewArray => "c++",
+            _ => "c",
         }
     }
 
-    /// How it was allocated: `new`, `new[]`, … or the engine allocator's name.
-    pub fn family(&self) -> &'static str {
+    /// The function (or engine allocator) that allocated the block: `new[]`, `calloc`, ...
+    pub fn allocated_with(&self) -> &'static str {
         self.allocator.unwrap_or_else(|| errors::family(self.kind))
     }
 
@@ -400,16 +401,19 @@ fn live_blocks(symbolizer: &Symbolizer) -> (Vec<Leak>, Vec<u32>) {
                     .then(|| unsafe { crate::sys::c_str(h.file) })
                     .flatten()
             });
+            // A `k15::memory::allocate` block keeps its allocator's name where others keep
+            // their `K15_NEW` file.
+            let named = h.kind == BlockKind::Named;
             leaks.push(Leak {
                 address: BlockHeader::user_ptr(header) as usize,
                 size: h.size,
                 kind: h.kind,
-                file,
+                file: file.filter(|_| !named),
                 line: h.line,
                 seq: h.seq,
                 thread: h.thread,
                 stack: h.alloc_stack,
-                allocator: None,
+                allocator: file.filter(|_| named),
                 leak_kind: LeakKind::Direct,
                 held_by: None,
                 suppressed: None,

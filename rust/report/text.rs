@@ -188,7 +188,7 @@ fn write_site(out: &mut dyn Write, what: &str, site: &Site<'_>, indent: &str) ->
         "{heading_indent}{what} of {} in {} ({}) allocated from:",
         count(site.total_bytes, "byte"),
         count(blocks, "block"),
-        first.family()
+        first.allocated_with()
     )?;
     if let Some(file) = first.file {
         writeln!(out, "{indent}at {}:{} (K15_NEW)", file, first.line)?;
@@ -261,7 +261,7 @@ fn write_reachable(out: &mut dyn Write, report: &Report) -> io::Result<()> {
             "    {} in {} ({}) from {}",
             count(site.total_bytes, "byte"),
             count(site.leaks.len(), "block"),
-            first.family(),
+            first.allocated_with(),
             place
         )?;
     }

@@ -125,11 +125,22 @@ fn note_stepped() {
     STEPPED.with(|r| r.set(r.get() + 1));
 }
 
+extern "C" {
+    /// Whether the calling thread is inside `pthread_getattr_np` (`cpp/malloc.cpp`), which
+    /// holds the thread's own lock: asking it again would wait forever.
+    fn k15_memory_thread_in_pthread_getattr() -> bool;
+}
+
 /// Reads the calling thread's stack range once (slow path: `pthread_getattr_np` parses
-/// `/proc/self/maps` with `malloc` for the main thread).
+/// `/proc/self/maps` with `malloc` for the main thread). Not from inside `pthread_getattr_np`
+/// (an allocation it makes): the range stays unknown until the next capture.
 #[cold]
 #[inline(never)]
 fn init_thread(t: &ThreadState) {
+    // SAFETY: reads a thread-local flag.
+    if unsafe { k15_memory_thread_in_pthread_getattr() } {
+        return;
+    }
     let mut attr = MaybeUninit::<libc::pthread_attr_t>::zeroed();
     let mut addr: *mut libc::c_void = ptr::null_mut();
     let mut size: libc::size_t = 0;

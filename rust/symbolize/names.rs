@@ -20,8 +20,8 @@ pub(crate) fn demangle_symbol(raw: &str) -> String {
 /// `alloc` crate (`alloc::alloc::*`, `alloc::raw_vec::*`, `Vec`/`Box`/`String` growth paths),
 /// `core::alloc`/`std::alloc` and any `GlobalAlloc`/`Allocator` impl, Bullet's
 /// `btAlignedAlloc*`/`btAlignedFree*` functions, `btAlignedAllocator` and
-/// `btAlignedObjectArray::allocate` (Bullet's `raw_vec`), and libstdc++'s
-/// allocator classes and `_M_allocate*` helpers.
+/// `btAlignedObjectArray::allocate` (Bullet's `raw_vec`), Box2D's `b2Alloc`/`b2Free` and
+/// ImGui's `MemAlloc`/`MemFree`, and libstdc++'s allocator classes and `_M_allocate*` helpers.
 pub fn is_allocator_frame(function: &str) -> bool {
     let name = qualified_name(function);
     const PREFIXES: &[&str] = &[
@@ -55,6 +55,15 @@ pub fn is_allocator_frame(function: &str) -> bool {
         "btAlignedFreeInternal",
         "btAlignedFreeDefault",
     ];
+    // Engines' own wrappers over `malloc` or `k15::memory::allocate`: their caller allocates.
+    const ENGINE_HOOKS: &[&str] = &[
+        "ImGui::MemAlloc",
+        "ImGui::MemFree",
+        "b2Alloc",
+        "b2Alloc_Default",
+        "b2Free",
+        "b2Free_Default",
+    ];
     // Rust trait impls read `<Type as Trait>::method`: the type decides whose frame it is.
     let path = name.strip_prefix('<').unwrap_or(name);
     let last = name.rsplit("::").next().unwrap_or(name);
@@ -62,6 +71,7 @@ pub fn is_allocator_frame(function: &str) -> bool {
         || ALLOCATOR_TRAITS.iter().any(|infix| name.contains(infix))
         || OPERATORS.contains(&last)
         || BULLET.contains(&name)
+        || ENGINE_HOOKS.contains(&name)
         || is_rust_alloc_shim(name.strip_prefix("__rustc::").unwrap_or(name))
         || (name.starts_with("std::") && last.starts_with("_M_allocate"))
         || (name.starts_with("btAlignedObjectArray<") && last == "allocate")
@@ -200,6 +210,8 @@ mod tests {
             "btCollisionObject::operator new[](unsigned long)",
             "btAlignedAllocInternal(unsigned long, int)",
             "btAlignedAllocDefault",
+            "b2Alloc_Default(int)",
+            "ImGui::MemAlloc(unsigned long)",
             "btAlignedFreeInternal(void*)",
             "btAlignedAllocator<btVector3, 16u>::allocate(int, btVector3 const**)",
             "btAlignedObjectArray<btBroadphasePair>::allocate(int)",

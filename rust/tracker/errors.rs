@@ -243,6 +243,15 @@ pub fn family(kind: BlockKind) -> &'static str {
         BlockKind::NewArray => "new[]",
         BlockKind::Rust => "Rust's allocator",
         BlockKind::Bullet => "btAlignedAlloc",
+        BlockKind::Malloc => "malloc",
+        BlockKind::Calloc => "calloc",
+        BlockKind::Realloc => "realloc",
+        BlockKind::AlignedAlloc => "aligned_alloc",
+        BlockKind::PosixMemalign => "posix_memalign",
+        BlockKind::Memalign => "memalign",
+        BlockKind::Valloc => "valloc",
+        BlockKind::Pvalloc => "pvalloc",
+        BlockKind::Named => "k15::memory::allocate",
         _ => "new",
     }
 }
@@ -253,6 +262,15 @@ pub fn release_family(kind: BlockKind) -> &'static str {
         BlockKind::NewArray => "delete[]",
         BlockKind::Rust => "Rust's deallocator",
         BlockKind::Bullet => "btAlignedFree",
+        BlockKind::Realloc => "realloc",
+        BlockKind::Named => "k15::memory::deallocate",
+        BlockKind::Malloc
+        | BlockKind::Calloc
+        | BlockKind::AlignedAlloc
+        | BlockKind::PosixMemalign
+        | BlockKind::Memalign
+        | BlockKind::Valloc
+        | BlockKind::Pvalloc => "free",
         _ => "delete",
     }
 }

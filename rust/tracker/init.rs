@@ -14,6 +14,7 @@ const HOT_BUDGET: u32 = 1 << 30;
 const HOT_FREE_STACKS: u32 = 1 << 29;
 const HOT_BREAK_ON: u32 = 1 << 28;
 const HOT_QUARANTINE: u32 = 1 << 27;
+const HOT_MALLOC: u32 = 1 << 26;
 
 impl Hot {
     /// Frames to capture per allocation; 0: no call stacks.
@@ -45,6 +46,12 @@ impl Hot {
     pub fn free_stacks(self) -> bool {
         self.0 & HOT_FREE_STACKS != 0
     }
+
+    /// Whether the C family is tracked (`malloc=1`).
+    #[inline]
+    pub fn malloc(self) -> bool {
+        self.0 & HOT_MALLOC != 0
+    }
 }
 
 /// 0 until the set-up is done.
@@ -65,6 +72,16 @@ pub fn hot() -> Hot {
 #[inline]
 pub fn set_up_hot() -> Hot {
     Hot(HOT.load(Ordering::Relaxed))
+}
+
+/// The hot-path options if the set-up is done, without doing it (`None` before the first
+/// allocation set the tracker up).
+#[inline]
+pub fn peek() -> Option<Hot> {
+    match HOT.load(Ordering::Relaxed) {
+        0 => None,
+        hot => Some(Hot(hot)),
+    }
 }
 
 /// Once per process; a second thread arriving meanwhile waits for the first.
@@ -109,8 +126,15 @@ fn set_up_once() {
     } else {
         0
     };
+    let malloc = if options.malloc { HOT_MALLOC } else { 0 };
     HOT.store(
-        HOT_READY | budget | free_stacks | break_on | quarantine | options.stack_depth as u32,
+        HOT_READY
+            | budget
+            | free_stacks
+            | break_on
+            | quarantine
+            | malloc
+            | options.stack_depth as u32,
         Ordering::Release,
     );
 }

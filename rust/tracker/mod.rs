@@ -15,6 +15,7 @@ mod init;
 pub(crate) mod integrity;
 pub mod live_list;
 mod quarantine;
+pub mod malloc;
 pub mod raw;
 
 use crate::ffi::BlockKind;
@@ -43,7 +44,29 @@ pub unsafe fn allocate(
     let Some(inside) = Inside::enter() else {
         return allocate_untracked(size, align, kind);
     };
-    let hot = init::hot();
+    let block = NewBlock {
+        size,
+        kind,
+        file,
+        line,
+    };
+    // SAFETY: `file` is as the caller guarantees.
+    unsafe { allocate_inside(inside, init::hot(), &block, align, start) }
+}
+
+/// [`allocate`] once inside the tracker, with the set-up done (`hot`).
+///
+/// # Safety
+/// `block.file` is null or a NUL-terminated string that outlives the block.
+#[inline(always)]
+unsafe fn allocate_inside(
+    inside: Inside,
+    hot: init::Hot,
+    new_block: &NewBlock,
+    align: usize,
+    start: impl FnOnce() -> StartFrame,
+) -> *mut u8 {
+    let (size, kind) = (new_block.size, new_block.kind);
     let alloc_stack = if hot.stack_depth() > 0 {
         stack::capture(start(), hot.stack_depth())
     } else {
@@ -57,15 +80,9 @@ pub unsafe fn allocate(
     let Some(block) = raw::acquire(size, align, hot.budget(), &mut held) else {
         drop(held);
         if hot.budget() {
-            report_budget_exceeded(size, file, line, alloc_stack);
+            report_budget_exceeded(size, new_block.file, new_block.line, alloc_stack);
         }
         return core::ptr::null_mut();
-    };
-    let new_block = NewBlock {
-        size,
-        kind,
-        file,
-        line,
     };
     let owner = Owner {
         thread: me.number,
@@ -76,7 +93,7 @@ pub unsafe fn allocate(
     // SAFETY: `block` is fresh from acquire; `file` is as the caller guarantees. A heap block
     // is parked on this shard's list already; others are on no list until linked here.
     unsafe {
-        let header = BlockHeader::write(&block, &new_block, Some(owner));
+        let header = BlockHeader::write(&block, new_block, Some(owner));
         if block.placement != Placement::Heap {
             held.link(header);
         }
@@ -141,10 +158,7 @@ pub fn deallocate(ptr: *mut u8, kind: BlockKind, start: impl Fn() -> StartFrame 
                 .unwrap_or(previous_free_stack),
             ..MemoryError::at_free(ErrorKind::DoubleFree, ptr, kind, capture_stack_of(start()))
         }),
-        Lookup::Foreign if !integrity::lies_in_tracked_block(ptr as usize) && handed_back(ptr) => {}
-        Lookup::Foreign => {
-            bad_free(|| integrity::foreign_free_error(ptr, kind, capture_stack_of(start())))
-        }
+        Lookup::Foreign => free_foreign(ptr, kind, start),
     }
 }
 
@@ -173,6 +187,24 @@ fn handed_back(ptr: *mut u8) -> bool {
     }
 }
 
+/// A pointer that is no block of ours: glibc's own blocks given to the C family's `free` go
+/// back to glibc (see `malloc`); anything else is reported and left alone (a `delete` of a
+/// glibc block included: with `malloc=0` the tracker cannot tell it from a stray pointer).
+#[cold]
+#[inline(never)]
+fn free_foreign(ptr: *mut u8, kind: BlockKind, start: impl Fn() -> StartFrame) {
+    let inside_ours = integrity::lies_in_tracked_block(ptr as usize);
+    if !inside_ours && malloc::same_family(kind, BlockKind::Malloc) && malloc::is_glibc_block(ptr) {
+        // SAFETY: a glibc block the program frees through the family that allocated it.
+        unsafe { crate::sys::raw_free(ptr) };
+        return;
+    }
+    if !inside_ours && handed_back(ptr) {
+        return;
+    }
+    bad_free(|| integrity::foreign_free_error(ptr, kind, capture_stack_of(start())))
+}
+
 #[inline]
 fn free_live(
     header: *mut BlockHeader,
@@ -196,7 +228,7 @@ fn free_live(
     if hot.free_stacks() {
         record_free_stack(header, start());
     }
-    if allocated_with != kind {
+    if allocated_with != kind && !malloc::same_family(allocated_with, kind) {
         report_mismatch(header, kind, start());
     }
     let me = guard::me();

@@ -1,0 +1,77 @@
+/* k15-memory for C: route an engine's or a library's own allocator callbacks into the tracker
+ * (each block in the leak log under the name given, with its call stack) and read the counters.
+ * The C family itself (malloc, calloc, realloc, free, ...) needs nothing from this header: the
+ * library replaces it process-wide (K15_MEMORY_OPTIONS=malloc=1 tracks it).
+ *
+ *   gcc -g -I include app.c target/release/libk15_memory.a -lstdc++ -lpthread -ldl -lm -o app
+ *
+ * -DK15_MEMORY_DISABLED turns it off: the functions fall back to aligned_alloc/malloc/free and
+ * the library is not needed. */
+#ifndef K15_MEMORY_C_H
+#define K15_MEMORY_C_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Counters of the whole process; bytes are the sizes asked for, headers excluded. */
+typedef struct k15_memory_stats {
+    uint64_t live_blocks;
+    uint64_t live_bytes;
+    uint64_t peak_bytes;
+    uint64_t total_allocations;
+    uint64_t total_frees;
+} k15_memory_stats;
+
+#if defined(K15_MEMORY_DISABLED)
+
+static inline void* k15_memory_alloc(size_t size, size_t align, const char* name) {
+    (void)name;
+    if ((align & (align - 1)) != 0) return NULL; /* not a power of two, as with the library */
+    if (align <= 16) return malloc(size);
+    return aligned_alloc(align, (size + align - 1) / align * align);
+}
+static inline void k15_memory_free(void* ptr) { free(ptr); }
+static inline k15_memory_stats k15_memory_get_stats(void) {
+    k15_memory_stats none = {0, 0, 0, 0, 0};
+    return none;
+}
+static inline int k15_memory_write_leak_report(const char* path) {
+    (void)path;
+    return 0;
+}
+
+#else
+
+/* A tracked block of `size` bytes aligned to `align` (0: 16; a power of two), or NULL when
+ * memory is exhausted. `name` is the block's "language" in the report ("lua", "recast"): a
+ * string that lives as long as the program (a literal), kept by address, not copied. */
+void* k15_memory_alloc(size_t size, size_t align, const char* name);
+
+/* Frees a block of k15_memory_alloc; NULL is ignored. A block of another family (malloc, new)
+ * is a mismatched_delete, anything else a reported invalid_free or double_free (left alone). */
+void k15_memory_free(void* ptr);
+
+k15_memory_stats k15_memory_get_stats(void);
+
+/* The text report to `path` and the JSON one to `path`.json now (NULL: the configured
+ * log_path); 0 if a file could not be written. */
+int k15_memory_write_leak_report(const char* path);
+
+/* Links this header's users to the library (see memory.h): a link line with the library before
+ * the sources fails with this name. */
+extern const char k15_memory_link_error_put_libk15_memory_a_after_your_sources;
+__attribute__((used)) static const char* const k15_memory_c_link_anchor =
+    &k15_memory_link_error_put_libk15_memory_a_after_your_sources;
+
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* K15_MEMORY_C_H */
