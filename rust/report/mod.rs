@@ -113,7 +113,7 @@ impl Report {
         for id in ids {
             stacks
                 .entry(id)
-                .or_insert_with(|| symbolizer.symbolize_stack(stack::frames(id)));
+                .or_insert_with(|| symbolizer.symbolize_stack(&stack::frames(id)));
         }
         let before = leaks.len();
         leaks.retain(|leak| !is_rust_runtime_setup(&stacks[&leak.stack]));

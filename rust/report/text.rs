@@ -207,8 +207,8 @@ pub fn print_error(error: &MemoryError) {
     let mut cached = lock_symbolizer_for_fork();
     let symbolizer = cached.get_or_insert_with(Symbolizer::new);
     let symbolize = |symbolizer: &mut Symbolizer| {
-        let alloc = symbolizer.symbolize_stack(stack::frames(error.alloc_stack));
-        let free = symbolizer.symbolize_stack(stack::frames(error.free_stack));
+        let alloc = symbolizer.symbolize_stack(&stack::frames(error.alloc_stack));
+        let free = symbolizer.symbolize_stack(&stack::frames(error.free_stack));
         (alloc, free)
     };
     let (mut alloc, mut free) = symbolize(symbolizer);

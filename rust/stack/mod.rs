@@ -16,6 +16,7 @@ pub mod capture;
 pub mod depot;
 mod memo;
 mod modules;
+mod rules;
 
 #[cfg(test)]
 mod tests;
@@ -121,8 +122,7 @@ pub fn capture(start: StartFrame, depth: usize) -> StackId {
 }
 
 /// The return addresses of a stack, innermost first; empty for `StackId(0)` or an unknown id.
-/// Valid for the rest of the process.
-pub fn frames(id: StackId) -> &'static [usize] {
+pub fn frames(id: StackId) -> depot::Frames {
     depot::frames(id)
 }
 
