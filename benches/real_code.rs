@@ -50,7 +50,10 @@ fn debian_source(work: &Path) -> PathBuf {
                 apt.join("sources.list").display()
             ))
             .arg("-oDir::Etc::SourceParts=/dev/null")
-            .arg(format!("-oDir::State::Lists={}", apt.join("lists").display()))
+            .arg(format!(
+                "-oDir::State::Lists={}",
+                apt.join("lists").display()
+            ))
             .args(args);
         cmd
     };
@@ -162,7 +165,11 @@ fn main() {
     let tests = build_tests(&work, &src);
     let lib = support::static_lib();
     let tracked = relink(&tests, "yaml-cpp-tests-k15", &[lib]);
-    let lsan = relink(&tests, "yaml-cpp-tests-lsan", &[Path::new("-fsanitize=leak")]);
+    let lsan = relink(
+        &tests,
+        "yaml-cpp-tests-lsan",
+        &[Path::new("-fsanitize=leak")],
+    );
     let plain = tests.join("yaml-cpp-tests");
 
     let dir = support::scratch("bench_real_code");

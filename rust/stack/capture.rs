@@ -23,10 +23,10 @@ use std::sync::Mutex;
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64};
 use framehop::{FrameAddress, MustNotAllocateDuringUnwind, Unwinder};
 
+use super::depot::Interned;
 use super::memo::{Memo, Splice};
 use super::modules::{self, Snapshot};
 use super::rules::{CfiContext, Rule};
-use super::depot::Interned;
 use super::{StackId, StartFrame, UnwindMode};
 
 /// Number of unwinder-cache slots; more simultaneous captures than this use the rbp walk.
@@ -121,7 +121,16 @@ pub(super) fn unwind_uncached(start: StartFrame, out: &mut [MaybeUninit<usize>])
     let hi = THREAD.with(|t| stack_bounds(t).map_or(0, |b| b.1));
     let snap = modules::current_or_scan().expect("modules");
     let mut cache = Box::new(Cache::new());
-    dwarf_walk(start, start.sp, hi, snap, &mut cache, None, Steps::FramehopOnly, out)
+    dwarf_walk(
+        start,
+        start.sp,
+        hi,
+        snap,
+        &mut cache,
+        None,
+        Steps::FramehopOnly,
+        out,
+    )
 }
 
 /// Counts frames taken from a memo, so tests can tell that the memo path really ran.
@@ -413,9 +422,7 @@ fn step(
     read: &mut impl FnMut(u64) -> Result<u64, ()>,
 ) -> Option<u64> {
     if steps == Steps::Rules {
-        let rule = snap
-            .rules
-            .get(pc, || snap.sections_of(pc), &mut cache.cfi);
+        let rule = snap.rules.get(pc, || snap.sections_of(pc), &mut cache.cfi);
         if rule != Rule::FRAMEHOP_STEP {
             let (ra, sp, bp) = rule.step(regs.sp(), regs.bp(), read)?;
             regs.set_ip(ra);

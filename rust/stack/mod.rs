@@ -16,7 +16,7 @@ pub mod capture;
 pub mod depot;
 mod memo;
 mod modules;
-mod rules;
+pub(crate) mod rules;
 
 #[cfg(test)]
 mod tests;

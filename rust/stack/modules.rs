@@ -54,7 +54,10 @@ impl Snapshot {
 
     fn index_of(&self, pc: usize) -> Option<usize> {
         // Few modules (tens): a binary search is a handful of compares.
-        let i = self.code.partition_point(|r| r.start <= pc).checked_sub(1)?;
+        let i = self
+            .code
+            .partition_point(|r| r.start <= pc)
+            .checked_sub(1)?;
         (pc < self.code[i].end).then_some(i)
     }
 }

@@ -49,7 +49,12 @@ impl Rule {
     /// Step this address with framehop (its own DWARF evaluation and frame-pointer guesses).
     pub(crate) const FRAMEHOP_STEP: Rule = Rule(Self::PRESENT | Self::FRAMEHOP);
 
-    fn new(cfa_rbp: bool, cfa_off: i64, ra_off: i64, bp_off: Option<i64>) -> Option<Rule> {
+    pub(crate) fn new(
+        cfa_rbp: bool,
+        cfa_off: i64,
+        ra_off: i64,
+        bp_off: Option<i64>,
+    ) -> Option<Rule> {
         let by8 = |off: i64| -> Option<u64> {
             (off % 8 == 0)
                 .then(|| i8::try_from(off / 8).ok())
@@ -132,7 +137,9 @@ impl RowArena {
             return None;
         }
         // SAFETY: `[at, at + len)` lies inside the mapping and was claimed by this thread alone.
-        Some((at, unsafe { core::slice::from_raw_parts_mut(p.add(at), len) }))
+        Some((at, unsafe {
+            core::slice::from_raw_parts_mut(p.add(at), len)
+        }))
     }
 
     /// A published range of rows.
@@ -163,7 +170,12 @@ fn map_once<T>(slot: &AtomicPtr<T>, bytes: usize) -> *mut T {
     if p == libc::MAP_FAILED {
         return slot.load(Ordering::Acquire);
     }
-    match slot.compare_exchange(ptr::null_mut(), p.cast(), Ordering::AcqRel, Ordering::Acquire) {
+    match slot.compare_exchange(
+        ptr::null_mut(),
+        p.cast(),
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    ) {
         Ok(_) => p.cast(),
         Err(theirs) => {
             // SAFETY: our own mapping of `bytes` bytes, never shared.
@@ -247,7 +259,9 @@ impl Rules {
             .fde_for_address(&eh_frame, &bases, probe, EhFrame::cie_from_offset)
             .ok()?;
         let rows = match self.by_fde.get(fde.initial_address()) {
-            Some(packed) => self.rows.get((packed >> 32) as usize, packed as u32 as usize),
+            Some(packed) => self
+                .rows
+                .get((packed >> 32) as usize, packed as u32 as usize),
             None => {
                 // Count first, then fill: the rows go to the arena in one claim.
                 let mut count = 0;
