@@ -133,6 +133,7 @@ struct Variant {
 }
 
 /// Wall seconds and peak RSS (KiB) of one run; panics if the suite fails.
+#[allow(clippy::zombie_processes)] // reaped by wait4, which also gives its peak RSS
 fn run_once(v: &Variant, dir: &Path) -> (f64, i64) {
     let t = Instant::now();
     let child = Command::new(&v.exe)
