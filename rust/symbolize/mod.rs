@@ -123,7 +123,7 @@ fn resolve_uncached(
     // can be the next line or even the next function; backtrace-rs `adjust_ip`).
     let probe = module_offset.wrapping_sub(1) as u64;
     let mut locations = info
-        .as_ref()
+        .as_mut()
         .map_or_else(Vec::new, |info| info.locate(probe));
     if locations.is_empty() {
         locations.push(Location::default());
