@@ -133,30 +133,19 @@ struct Variant {
 }
 
 /// CPU seconds (user + system) and peak RSS (KiB) of one run; panics if the suite fails.
-#[allow(clippy::zombie_processes)] // reaped by wait4, which also gives its peak RSS
 fn run_once(v: &Variant, dir: &Path) -> (f64, i64) {
-    let child = Command::new(&v.exe)
-        .arg("--gtest_brief=1")
-        .current_dir(dir)
-        .envs(v.env.iter().map(|(k, val)| (*k, val.as_str())))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("the test program starts");
-    let mut status = 0;
-    // SAFETY: an all-zero rusage is a valid value for wait4 to overwrite.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: waits for our own child, which `Child` never waits for after this; both out
-    // pointers are valid for the call.
-    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
-    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    let secs = seconds(usage.ru_utime) + seconds(usage.ru_stime);
+    let (status, secs, rss) = support::run_measured(
+        Command::new(&v.exe)
+            .arg("--gtest_brief=1")
+            .current_dir(dir)
+            .envs(v.env.iter().map(|(k, val)| (*k, val.as_str()))),
+    );
     assert!(
-        pid > 0 && libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
         "{} failed (status {status:#x})",
         v.name
     );
-    (secs, usage.ru_maxrss)
+    (secs, rss)
 }
 
 fn main() {

@@ -292,27 +292,18 @@ fn the_frame_pointer_unwinder_gives_the_same_stacks_in_a_debug_build() {
 }
 
 /// Peak resident memory (KiB) of one run of `exe` with `options`, its log in the scratch dir.
-#[allow(clippy::zombie_processes)] // reaped by wait4, which also gives its peak RSS
 fn peak_rss_kib(exe: &std::path::Path, options: &str) -> i64 {
     let log = exe.with_extension("rss.log");
-    let child = std::process::Command::new(exe)
-        .current_dir(exe.parent().unwrap())
-        .env(
-            "K15_MEMORY_OPTIONS",
-            format!("log_path={}:{options}", log.display()),
-        )
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("the program runs");
-    let mut status = 0;
-    // SAFETY: an all-zero rusage is a valid value for wait4 to overwrite.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: waits for our own child (never waited for through `Child`); both out pointers
-    // are valid for the call.
-    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
-    assert!(pid > 0 && libc::WIFEXITED(status), "status {status:#x}");
-    usage.ru_maxrss
+    let (status, _, peak) = support::run_measured(
+        std::process::Command::new(exe)
+            .current_dir(exe.parent().unwrap())
+            .env(
+                "K15_MEMORY_OPTIONS",
+                format!("log_path={}:{options}", log.display()),
+            ),
+    );
+    assert!(libc::WIFEXITED(status), "status {status:#x}");
+    peak
 }
 
 #[test]

@@ -23,7 +23,7 @@ use core::ops::Deref;
 use core::ptr;
 use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 
-use super::{StackId, MAX_DEPTH};
+use super::{map_once, StackId, MAX_DEPTH};
 
 const BUCKET_BITS: u32 = 19; // 512 Ki chain heads, 2 MiB of address space
 const BUCKETS: usize = 1 << BUCKET_BITS;
@@ -42,41 +42,8 @@ static BUMP: AtomicUsize = AtomicUsize::new(1);
 #[cold]
 #[inline(never)]
 pub(super) fn init() -> bool {
-    fn install<T>(slot: &AtomicPtr<T>, bytes: usize) -> bool {
-        if !slot.load(Ordering::Acquire).is_null() {
-            return true;
-        }
-        // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
-        let p = unsafe {
-            libc::mmap(
-                ptr::null_mut(),
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return false;
-        }
-        if slot
-            .compare_exchange(
-                ptr::null_mut(),
-                p.cast(),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .is_err()
-        {
-            // Another thread installed one first; give ours back.
-            // SAFETY: `p` is our own mapping of `bytes` bytes, never shared.
-            unsafe { libc::munmap(p, bytes) };
-        }
-        true
-    }
     // The arena first: a reader that sees the buckets (checked first in `child`) sees both.
-    install(&ARENA, ARENA_NODES * 16) && install(&BUCKETS_PTR, BUCKETS * 4)
+    !map_once(&ARENA, ARENA_NODES * 16).is_null() && !map_once(&BUCKETS_PTR, BUCKETS * 4).is_null()
 }
 
 fn bucket_of(parent: u32, ra: usize) -> usize {

@@ -18,6 +18,8 @@
 use core::ptr;
 use core::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
+use super::map_once;
+
 use gimli::{
     BaseAddresses, CfaRule, EhFrame, EhFrameHdr, LittleEndian, RegisterRule, UnwindContext,
     UnwindSection, X86_64,
@@ -148,40 +150,6 @@ impl RowArena {
         // SAFETY: `(at, len)` was published (Release) after those rows were written, and the
         // arena is never unmapped or rewritten.
         unsafe { core::slice::from_raw_parts(p.add(at), len) }
-    }
-}
-
-/// Maps `bytes` of zeroed memory into `slot` once (slow path); the mapping already there if
-/// another thread won, null if mapping failed.
-#[cold]
-#[inline(never)]
-fn map_once<T>(slot: &AtomicPtr<T>, bytes: usize) -> *mut T {
-    // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
-    let p = unsafe {
-        libc::mmap(
-            ptr::null_mut(),
-            bytes,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return slot.load(Ordering::Acquire);
-    }
-    match slot.compare_exchange(
-        ptr::null_mut(),
-        p.cast(),
-        Ordering::AcqRel,
-        Ordering::Acquire,
-    ) {
-        Ok(_) => p.cast(),
-        Err(theirs) => {
-            // SAFETY: our own mapping of `bytes` bytes, never shared.
-            unsafe { libc::munmap(p, bytes) };
-            theirs
-        }
     }
 }
 
