@@ -1,16 +1,17 @@
-//! Unwind rules compiled once per return address from `.eh_frame` into a lock-free table, so that a walk steps without parsing CFI.
+//! Unwind rules compiled from `.eh_frame` once per FDE into lock-free tables, so that a walk steps without parsing CFI.
 //!
 //! framehop keeps the rules it evaluated in a 509-entry direct-mapped cache per slot; real code
 //! calls `new` from thousands of return addresses, so that cache misses and every miss parses
 //! CFI again (binary search of `.eh_frame_hdr`, the CIE and the FDE's instructions up to the
-//! address: 17% of all instructions of yaml-cpp's test suite under the tracker). Here a miss
-//! evaluates the row with gimli once, packs what an x86-64 step needs into one word (CFA = rsp
-//! or rbp plus an offset, return address and saved rbp at offsets from the CFA, the model of the
-//! Linux kernel's ORC entries) and publishes it in a table shared by every thread and keyed by
-//! the return address; every later step from that address is a probe and one or two reads.
-//! Rows that need more (CFA or register expressions, registers other than rsp and rbp, as in
-//! stack-realigning prologues) are marked as such and stepped by framehop, like addresses
-//! without an FDE, and so is everything once the table is full.
+//! address: 17% of all instructions of yaml-cpp's test suite under the tracker). Here the first
+//! miss in an FDE runs its CFI program once and keeps every row as what an x86-64 step needs,
+//! packed in one word (CFA = rsp or rbp plus an offset, return address and saved rbp at offsets
+//! from the CFA: the model of the Linux kernel's ORC entries); the row of each return address is
+//! then published in a table shared by every thread, so that every later step from that address
+//! is a probe and one or two reads. Rows that need more (CFA or register expressions, registers
+//! other than rsp and rbp, as in stack-realigning prologues) are marked as such and stepped by
+//! framehop, like addresses without an FDE and everything once the row arena is full. Past
+//! [`MAX_ENTRIES`] return addresses, new ones find their FDE's compiled rows on every step.
 //!
 //! The table belongs to one module [`Snapshot`](super::modules::Snapshot): rules are keyed by
 //! address, and the addresses mean the same code only while the module list stays the same.
