@@ -406,7 +406,7 @@ enum Steps {
     /// The snapshot's compiled rules; framehop for what they leave to it. The capture path.
     Rules,
     /// framehop for every step: the referee of the tests.
-    #[cfg_attr(not(test), allow(dead_code))]
+    #[cfg(test)]
     FramehopOnly,
 }
 
