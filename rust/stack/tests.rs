@@ -651,19 +651,22 @@ fn check_memo_agrees(start: StartFrame, depth: usize) -> StackId {
     let mut raw_without = [0usize; MAX_DEPTH];
     let n_without = capture::unwind_into_slice(start, &mut raw_without[..depth]);
     capture::set_thread_memo(true);
-    if *frames(with) != *frames(without) || raw_with[..n_with] != raw_without[..n_without] {
-        // The memo replays what the unwinder answered when it was recorded; the plain walk may
-        // since have changed its answer through framehop's cache (see `unwind_uncached`). A
-        // stale memo would disagree with a walk that depends on nothing but the stack.
-        let mut clean = [core::mem::MaybeUninit::uninit(); MAX_DEPTH];
-        let n = capture::unwind_uncached(start, &mut clean[..depth]);
-        // SAFETY: `unwind_uncached` initialised the first `n` elements.
-        let clean = unsafe { core::slice::from_raw_parts(clean.as_ptr().cast::<usize>(), n) };
-        assert_eq!(frames(with), clean, "memo gave a different stack");
-        assert_eq!(&raw_with[..n_with], clean, "memo gave a different stack");
-    } else {
-        assert_eq!(with, without);
-    }
+    // The referee: framehop alone, with a fresh cache, no compiled rules and no memo. It
+    // depends on nothing but the stack, so it also referees the rule tables, which every walk
+    // above went through (framehop's own cache is not quite transparent: see
+    // `unwind_uncached`).
+    let mut clean = [core::mem::MaybeUninit::uninit(); MAX_DEPTH];
+    let n = capture::unwind_uncached(start, &mut clean[..depth]);
+    // SAFETY: `unwind_uncached` initialised the first `n` elements.
+    let clean = unsafe { core::slice::from_raw_parts(clean.as_ptr().cast::<usize>(), n) };
+    assert_eq!(frames(with), clean, "memo gave a different stack");
+    assert_eq!(&raw_with[..n_with], clean, "memo gave a different stack");
+    assert_eq!(
+        &raw_without[..n_without],
+        clean,
+        "rules gave a different stack"
+    );
+    assert_eq!(with, without);
     assert_eq!(frames(without), &raw_without[..n_without]);
     with
 }
@@ -764,17 +767,16 @@ fn memo_rnd(path: u64, levels: u32, depth: usize) -> StackId {
     }
 }
 
-#[test]
-fn memo_agrees_with_plain_unwinding_on_random_paths() {
-    capture::REUSED.with(|r| r.set(0));
-    let mut rng = 0x2545_f491_4f6c_dd1du64;
+/// Captures along `count` random paths of `memo_rnd`, each checked against the referee.
+fn random_paths(seed: u64, count: usize) {
+    let mut rng = seed;
     let mut next = || {
         rng ^= rng << 13;
         rng ^= rng >> 7;
         rng ^= rng << 17;
         rng
     };
-    for i in 0..3000 {
+    for i in 0..count {
         let r = next();
         // Mostly the same number of levels (equal stack depth, only return addresses differ),
         // sometimes more or fewer (the memo must be spliced at a different frame index).
@@ -790,10 +792,32 @@ fn memo_agrees_with_plain_unwinding_on_random_paths() {
         };
         black_box(memo_rnd(r & 0x3f, levels, depth));
     }
+}
+
+#[test]
+fn memo_agrees_with_plain_unwinding_on_random_paths() {
+    capture::REUSED.with(|r| r.set(0));
+    random_paths(0x2545_f491_4f6c_dd1d, 3000);
     assert!(
         capture::REUSED.with(|r| r.get()) > 3000 * 4,
         "the memo was hardly used"
     );
+}
+
+#[test]
+fn threads_compiling_rules_at_once_agree_with_the_referee() {
+    // Started together, the threads meet the same return addresses first at the same time,
+    // so that they compile the same FDEs and publish the same rules concurrently.
+    let start = std::sync::Barrier::new(4);
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let start = &start;
+            s.spawn(move || {
+                start.wait();
+                random_paths(0x9e37_79b9_7f4a_7c15 ^ t, 500);
+            });
+        }
+    });
 }
 
 #[test]
