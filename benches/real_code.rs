@@ -1,4 +1,4 @@
-//! The real-code benchmark: yaml-cpp's own test suite (990 gtest tests over a recursive-descent
+//! The real-code benchmark: yaml-cpp's own test suite (980 gtest tests over a recursive-descent
 //! parser, node graphs and emitters; deep template stacks, many allocations), from Debian's
 //! source package, built once at `-O2 -g` and linked plain, under the tracker and under
 //! LeakSanitizer; CPU time (user + system, which other processes on a shared machine disturb
@@ -189,7 +189,7 @@ fn main() {
         },
     ];
 
-    println!("\n{PACKAGE}'s test suite (990 tests, built -O2 -g), best of {RUNS} (time and peak RSS each):");
+    println!("\n{PACKAGE}'s test suite (980 tests, built -O2 -g), best of {RUNS} (CPU time and peak RSS each):");
     println!(
         "  {:<42} {:>9} {:>8} {:>10} {:>8}",
         "variant", "CPU s", "vs plain", "peak MiB", "vs plain"
