@@ -290,3 +290,42 @@ fn the_frame_pointer_unwinder_gives_the_same_stacks_in_a_debug_build() {
         frame_pointer.text
     );
 }
+
+/// Peak resident memory (KiB) of one run of `exe` with `options`, its log in the scratch dir.
+fn peak_rss_kib(exe: &std::path::Path, options: &str) -> i64 {
+    let log = exe.with_extension("rss.log");
+    let (status, _, peak) = support::run_measured(
+        std::process::Command::new(exe)
+            .current_dir(exe.parent().unwrap())
+            .env(
+                "K15_MEMORY_OPTIONS",
+                format!("log_path={}:{options}", log.display()),
+            ),
+    );
+    assert!(libc::WIFEXITED(status), "status {status:#x}");
+    peak
+}
+
+#[test]
+fn symbolizing_at_exit_loads_only_what_the_reported_stacks_need() {
+    let dir = support::scratch("symbolization_memory");
+    let exe = support::build(&dir, "engine", &support::ENGINE_SAMPLE, &["-O2"]);
+    // The report is complete: user frames with lines, and libc's frames below main.
+    let run = support::run(&exe, "");
+    let world = "samples/engine/world.cpp";
+    let sky = frames(&leak_at(&run, world, "K15_NEW Vec3[64]")["stack"]);
+    assert_eq!(sky[0].0, "engine::World::load_sky()");
+    assert!(
+        sky.iter().any(|f| f.0.starts_with("__libc_start")),
+        "{sky:?}"
+    );
+    // Symbolizing three stacks through the program, libstdc++ and libc once cost 50 MiB of
+    // peak RSS (every unit of each module parsed, every DWARF section decompressed); only the
+    // units the stacks fall into are read now.
+    let without = peak_rss_kib(&exe, "stack_depth=0");
+    let with = peak_rss_kib(&exe, "");
+    assert!(
+        with - without < 32 * 1024,
+        "peak RSS {with} KiB with stacks against {without} KiB without"
+    );
+}

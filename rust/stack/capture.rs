@@ -23,14 +23,31 @@ use std::sync::Mutex;
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64};
 use framehop::{FrameAddress, MustNotAllocateDuringUnwind, Unwinder};
 
+use super::depot::Interned;
 use super::memo::{Memo, Splice};
 use super::modules::{self, Snapshot};
-use super::{depot, StackId, StartFrame, UnwindMode};
+use super::rules::{CfiContext, Rule};
+use super::{StackId, StartFrame, UnwindMode};
 
 /// Number of unwinder-cache slots; more simultaneous captures than this use the rbp walk.
 pub const POOL: usize = 64;
 
-type Cache = CacheX86_64<MustNotAllocateDuringUnwind>;
+/// What one walk needs to itself: framehop's rule cache (for the steps the rule table leaves
+/// to framehop) and gimli's context (to compile rules on a miss).
+struct Cache {
+    framehop: CacheX86_64<MustNotAllocateDuringUnwind>,
+    cfi: CfiContext,
+}
+
+impl Cache {
+    /// Cold path: allocates through the Rust global allocator.
+    fn new() -> Self {
+        Cache {
+            framehop: CacheX86_64::new_in(),
+            cfi: CfiContext::new(),
+        }
+    }
+}
 
 #[repr(align(64))] // one slot per cache line: the try-locks of different threads don't share
 struct Slot {
@@ -67,6 +84,8 @@ struct ThreadState {
     memo_off: Cell<bool>,
     /// The thread's last DWARF walk; only touched while `busy` is set.
     memo: UnsafeCell<Memo>,
+    /// The thread's last interned stack; only touched while `busy` is set.
+    interned: UnsafeCell<Interned>,
 }
 
 thread_local! {
@@ -80,6 +99,7 @@ thread_local! {
             busy: Cell::new(false),
             memo_off: Cell::new(false),
             memo: UnsafeCell::new(Memo::EMPTY),
+            interned: UnsafeCell::new(Interned::EMPTY),
         }
     };
 }
@@ -100,15 +120,25 @@ thread_local! {
     pub(super) static STEPPED: Cell<usize> = const { Cell::new(0) };
 }
 
-/// A DWARF walk with a brand-new rule cache and no memo (tests only): framehop's cache is not
-/// quite transparent (a failed DWARF evaluation caches the frame-pointer rule for that address),
-/// so this is the reference that depends on nothing but the stack.
+/// A DWARF walk by framehop alone, with a brand-new rule cache, no rule table and no memo
+/// (tests only): framehop's cache is not quite transparent (a failed DWARF evaluation caches
+/// the frame-pointer rule for that address), so this is the reference that depends on nothing
+/// but the stack, and it shares no code with the compiled rules it referees.
 #[cfg(test)]
 pub(super) fn unwind_uncached(start: StartFrame, out: &mut [MaybeUninit<usize>]) -> usize {
     let hi = THREAD.with(|t| stack_bounds(t).map_or(0, |b| b.1));
     let snap = modules::current_or_scan().expect("modules");
-    let mut cache = Box::new(Cache::new_in());
-    dwarf_walk(start, start.sp, hi, snap, &mut cache, None, out)
+    let mut cache = Box::new(Cache::new());
+    dwarf_walk(
+        start,
+        start.sp,
+        hi,
+        snap,
+        &mut cache,
+        None,
+        Steps::FramehopOnly,
+        out,
+    )
 }
 
 /// Counts frames taken from a memo, so tests can tell that the memo path really ran.
@@ -233,7 +263,9 @@ fn walk(start: StartFrame, out: &mut [MaybeUninit<usize>], intern: bool) -> (usi
                     // SAFETY: `busy` is set, so nothing else on this thread (a nested capture
                     // returns above) uses the memo until it is cleared below.
                     let memo = (!t.memo_off.get()).then(|| unsafe { &mut *t.memo.get() });
-                    unwind_checked(start, start.sp, hi, t.hint.get(), memo, intern, out)
+                    // SAFETY: as for the memo: `busy` keeps every other use of it out.
+                    let interned = intern.then(|| unsafe { &mut *t.interned.get() });
+                    unwind_checked(start, start.sp, hi, t.hint.get(), memo, interned, out)
                 }
                 _ => (0, StackId(0)),
             };
@@ -243,10 +275,10 @@ fn walk(start: StartFrame, out: &mut [MaybeUninit<usize>], intern: bool) -> (usi
         .unwrap_or((0, StackId(0)))
 }
 
-/// The depot id of `out[..n]`.
-fn intern_frames(out: &[MaybeUninit<usize>], n: usize) -> StackId {
+/// The depot id of `out[..n]`, interning only what differs from the thread's last stack.
+fn intern_frames(interned: &mut Interned, out: &[MaybeUninit<usize>], n: usize) -> StackId {
     // SAFETY: the walk initialised exactly the first `n` elements.
-    depot::intern(unsafe { core::slice::from_raw_parts(out.as_ptr().cast::<usize>(), n) })
+    interned.intern(unsafe { core::slice::from_raw_parts(out.as_ptr().cast::<usize>(), n) })
 }
 
 fn unwind_checked(
@@ -255,7 +287,7 @@ fn unwind_checked(
     hi: usize,
     hint: usize,
     mut memo: Option<&mut Memo>,
-    intern: bool,
+    interned: Option<&mut Interned>,
     out: &mut [MaybeUninit<usize>],
 ) -> (usize, StackId) {
     if out.is_empty() {
@@ -286,7 +318,16 @@ fn unwind_checked(
                     // its cache, which was fully built before READY published it and is never
                     // freed.
                     let cache = unsafe { &mut *SLOTS[slot].cache.load(Ordering::Acquire) };
-                    let n = dwarf_walk(start, lo, hi, snap, cache, memo.as_deref_mut(), out);
+                    let n = dwarf_walk(
+                        start,
+                        lo,
+                        hi,
+                        snap,
+                        cache,
+                        memo.as_deref_mut(),
+                        Steps::Rules,
+                        out,
+                    );
                     SLOTS[slot].busy.store(false, Ordering::Release);
                     n
                 }
@@ -297,16 +338,18 @@ fn unwind_checked(
             }
         }
     };
+    let Some(interned) = interned else {
+        return (n, StackId(0));
+    };
     let id = match memo {
-        _ if !intern => StackId(0),
         // The walk ended with the memo's frames (verified or unwound): same id.
         Some(m) if m.describes(n) && m.id != 0 => StackId(m.id),
         Some(m) if m.describes(n) => {
-            let id = intern_frames(out, n);
+            let id = intern_frames(interned, out, n);
             m.id = id.0;
             id
         }
-        _ => intern_frames(out, n),
+        _ => intern_frames(interned, out, n),
     };
     (n, id)
 }
@@ -350,7 +393,7 @@ fn grow(seen: usize) -> bool {
         return false;
     }
     // Allocated through the Rust global allocator (framehop boxes its tables); never freed.
-    let cache = Box::into_raw(Box::new(Cache::new_in()));
+    let cache = Box::into_raw(Box::new(Cache::new()));
     SLOTS[ready].cache.store(cache, Ordering::Release);
     READY.store(ready + 1, Ordering::Release);
     true
@@ -381,8 +424,47 @@ fn read_word(addr: u64, lo: usize, hi: usize) -> Result<u64, ()> {
     }
 }
 
+/// Which unwinder makes the steps of a DWARF walk.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Steps {
+    /// The snapshot's compiled rules; framehop for what they leave to it. The capture path.
+    Rules,
+    /// framehop for every step: the referee of the tests.
+    #[cfg(test)]
+    FramehopOnly,
+}
+
+/// One step from the frame at `pc` (registers in `regs`), updating `regs` to the caller's;
+/// the caller's return address, or `None` where the walk ends.
+#[inline]
+fn step(
+    snap: &Snapshot,
+    steps: Steps,
+    pc: usize,
+    regs: &mut UnwindRegsX86_64,
+    cache: &mut Cache,
+    read: &mut impl FnMut(u64) -> Result<u64, ()>,
+) -> Option<u64> {
+    if steps == Steps::Rules {
+        let rule = snap.rules.get(pc, || snap.sections_of(pc), &mut cache.cfi);
+        if rule != Rule::FRAMEHOP_STEP {
+            let (ra, sp, bp) = rule.step(regs.sp(), regs.bp(), read)?;
+            regs.set_ip(ra);
+            regs.set_sp(sp);
+            regs.set_bp(bp);
+            return Some(ra);
+        }
+    }
+    let addr = FrameAddress::from_return_address(pc as u64)?;
+    snap.unwinder
+        .unwind_frame(addr, regs, &mut cache.framehop, read)
+        .ok()
+        .flatten()
+}
+
 /// The DWARF walk. With `memo`, it takes over the frames of the slot's previous walk that
 /// provably repeat (see memo.rs) and leaves a memo of this walk.
+#[allow(clippy::too_many_arguments)] // the walk's whole state, passed down once
 fn dwarf_walk(
     start: StartFrame,
     lo: usize,
@@ -390,6 +472,7 @@ fn dwarf_walk(
     mut snap: &'static Snapshot,
     cache: &mut Cache,
     memo: Option<&mut Memo>,
+    steps: Steps,
     out: &mut [MaybeUninit<usize>],
 ) -> usize {
     let read = |a: u64| read_word(a, lo, hi);
@@ -456,19 +539,14 @@ fn dwarf_walk(
         }
         let prev_sp = regs.sp();
         note_stepped();
-        let stepped = FrameAddress::from_return_address(pc as u64).and_then(|addr| {
-            let mut logged = |a: u64| {
-                let r = read(a);
-                if let Some(s) = splice.as_mut() {
-                    s.log(n - 1, a, r);
-                }
-                r
-            };
-            snap.unwinder
-                .unwind_frame(addr, &mut regs, cache, &mut logged)
-                .ok()
-                .flatten()
-        });
+        let mut logged = |a: u64| {
+            let r = read(a);
+            if let Some(s) = splice.as_mut() {
+                s.log(n - 1, a, r);
+            }
+            r
+        };
+        let stepped = step(snap, steps, pc, &mut regs, cache, &mut logged);
         match stepped {
             // The stack grows down: a caller's sp must be above its callee's, or we would loop.
             Some(ra) if ra != 0 && regs.sp() > prev_sp => {

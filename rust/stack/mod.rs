@@ -16,11 +16,13 @@ pub mod capture;
 pub mod depot;
 mod memo;
 mod modules;
+pub(crate) mod rules;
 
 #[cfg(test)]
 mod tests;
 
-use core::sync::atomic::{AtomicU8, Ordering};
+use core::ptr;
+use core::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
 
 /// A deduplicated call stack; see [`frames`]. `StackId(0)` means "no stack".
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -121,8 +123,7 @@ pub fn capture(start: StartFrame, depth: usize) -> StackId {
 }
 
 /// The return addresses of a stack, innermost first; empty for `StackId(0)` or an unknown id.
-/// Valid for the rest of the process.
-pub fn frames(id: StackId) -> &'static [usize] {
+pub fn frames(id: StackId) -> depot::Frames {
     depot::frames(id)
 }
 
@@ -158,4 +159,43 @@ pub fn stack_above(sp: usize) -> Option<core::ops::Range<usize>> {
 pub fn modules_changed() {
     depot::new_generation();
     let _ = modules::refresh();
+}
+
+/// Maps `bytes` of zeroed `MAP_NORESERVE` memory into `slot` once (slow path; only touched
+/// pages cost memory): the mapping already there if another thread won the race, null if
+/// mapping failed.
+#[cold]
+#[inline(never)]
+pub(crate) fn map_once<T>(slot: &AtomicPtr<T>, bytes: usize) -> *mut T {
+    let there = slot.load(Ordering::Acquire);
+    if !there.is_null() {
+        return there;
+    }
+    // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
+    let p = unsafe {
+        libc::mmap(
+            ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return slot.load(Ordering::Acquire);
+    }
+    match slot.compare_exchange(
+        ptr::null_mut(),
+        p.cast(),
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    ) {
+        Ok(_) => p.cast(),
+        Err(theirs) => {
+            // SAFETY: our own mapping of `bytes` bytes, never shared.
+            unsafe { libc::munmap(p, bytes) };
+            theirs
+        }
+    }
 }

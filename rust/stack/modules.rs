@@ -20,6 +20,8 @@ use std::sync::Mutex;
 use framehop::x86_64::UnwinderX86_64;
 use framehop::{ExplicitModuleSectionInfo, Module, MustNotAllocateDuringUnwind, Unwinder};
 
+use super::rules::{Rules, Sections};
+
 /// The DWARF unwinder over borrowed section data: `.eh_frame` and `.eh_frame_hdr` are read in
 /// place in the mapped modules, so adding a module copies nothing.
 pub(crate) type DwarfUnwinder = UnwinderX86_64<&'static [u8], MustNotAllocateDuringUnwind>;
@@ -29,6 +31,10 @@ pub(crate) struct Snapshot {
     pub(crate) unwinder: DwarfUnwinder,
     /// Executable address ranges, sorted by start; the same ranges the unwinder knows.
     code: Vec<Range<usize>>,
+    /// The unwind sections of each module of `code`, in the same order.
+    sections: Vec<Sections>,
+    /// Rules compiled from those sections, by return address.
+    pub(crate) rules: Rules,
     /// The loader's `dlpi_adds`/`dlpi_subs` counters when this snapshot was taken.
     adds: u64,
     subs: u64,
@@ -38,10 +44,21 @@ impl Snapshot {
     /// The code range of the known module holding `pc`, if any.
     #[inline]
     pub(crate) fn module_of(&self, pc: usize) -> Option<Range<usize>> {
+        self.index_of(pc).map(|i| self.code[i].clone())
+    }
+
+    /// The unwind sections of the known module holding `pc`, if any.
+    pub(crate) fn sections_of(&self, pc: usize) -> Option<Sections> {
+        self.index_of(pc).map(|i| self.sections[i])
+    }
+
+    fn index_of(&self, pc: usize) -> Option<usize> {
         // Few modules (tens): a binary search is a handful of compares.
-        let i = self.code.partition_point(|r| r.start <= pc);
-        let r = self.code.get(i.checked_sub(1)?)?;
-        (pc < r.end).then(|| r.clone())
+        let i = self
+            .code
+            .partition_point(|r| r.start <= pc)
+            .checked_sub(1)?;
+        (pc < self.code[i].end).then_some(i)
     }
 }
 
@@ -155,16 +172,24 @@ fn scan() -> Option<Snapshot> {
 
     let mut unwinder = DwarfUnwinder::new();
     let mut code = Vec::with_capacity(raw.len());
+    let mut sections = Vec::with_capacity(raw.len());
     for m in &raw {
         if code.last().is_some_and(|r: &Range<usize>| r.end > m.code.0) {
             continue; // overlapping ranges cannot both be searched; keep the first
         }
         code.push(m.code.0..m.code.1);
+        sections.push(Sections {
+            code_start: m.code.0,
+            eh_frame_hdr: m.eh_frame_hdr,
+            eh_frame: m.eh_frame,
+        });
         unwinder.add_module(to_framehop(m));
     }
     Some(Snapshot {
         unwinder,
         code,
+        sections,
+        rules: Rules::new(),
         adds: state.adds,
         subs: state.subs,
     })

@@ -307,7 +307,7 @@ fn unwinds_through_cpp_without_frame_pointers() {
     call_shim_sort(s);
     let f = frames(StackId(CALLBACK_ID.load(Ordering::SeqCst)));
     assert!(module_of(f[0]).contains("k15_unwind_shim"), "{f:x?}");
-    let caller = position(f, "call_shim_sort").expect("call_shim_sort beyond std::sort");
+    let caller = position(&f, "call_shim_sort").expect("call_shim_sort beyond std::sort");
     assert!(names(f[caller + 1]).contains("unwinds_through_cpp_without_frame_pointers"));
 }
 
@@ -328,7 +328,7 @@ fn unwinds_from_libstdcxx_like_operator_new() {
     assert!(mods[0].contains("libstdc++"), "{mods:?}");
     // ... and still reaches the shim function and its Rust caller beyond it.
     assert!(mods[1].contains("k15_unwind_shim"), "{mods:?}");
-    let caller = position(f, "call_shim_ostream_write").expect("caller beyond libstdc++");
+    let caller = position(&f, "call_shim_ostream_write").expect("caller beyond libstdc++");
     assert_eq!(caller, 2, "{mods:?}");
     assert!(names(f[3]).contains("unwinds_from_libstdcxx_like_operator_new"));
 }
@@ -608,7 +608,7 @@ fn unwinds_through_libbullet_dynamics() {
         let dynamics = f
             .iter()
             .position(|&a| module_of(a).contains("libBulletDynamics"));
-        let caller = position(f, "call_bullet_world");
+        let caller = position(&f, "call_bullet_world");
         dynamics.is_some() && caller > dynamics
     });
     assert!(
@@ -651,19 +651,22 @@ fn check_memo_agrees(start: StartFrame, depth: usize) -> StackId {
     let mut raw_without = [0usize; MAX_DEPTH];
     let n_without = capture::unwind_into_slice(start, &mut raw_without[..depth]);
     capture::set_thread_memo(true);
-    if frames(with) != frames(without) || raw_with[..n_with] != raw_without[..n_without] {
-        // The memo replays what the unwinder answered when it was recorded; the plain walk may
-        // since have changed its answer through framehop's cache (see `unwind_uncached`). A
-        // stale memo would disagree with a walk that depends on nothing but the stack.
-        let mut clean = [core::mem::MaybeUninit::uninit(); MAX_DEPTH];
-        let n = capture::unwind_uncached(start, &mut clean[..depth]);
-        // SAFETY: `unwind_uncached` initialised the first `n` elements.
-        let clean = unsafe { core::slice::from_raw_parts(clean.as_ptr().cast::<usize>(), n) };
-        assert_eq!(frames(with), clean, "memo gave a different stack");
-        assert_eq!(&raw_with[..n_with], clean, "memo gave a different stack");
-    } else {
-        assert_eq!(with, without);
-    }
+    // The referee: framehop alone, with a fresh cache, no compiled rules and no memo. It
+    // depends on nothing but the stack, so it also referees the rule tables, which every walk
+    // above went through (framehop's own cache is not quite transparent: see
+    // `unwind_uncached`).
+    let mut clean = [core::mem::MaybeUninit::uninit(); MAX_DEPTH];
+    let n = capture::unwind_uncached(start, &mut clean[..depth]);
+    // SAFETY: `unwind_uncached` initialised the first `n` elements.
+    let clean = unsafe { core::slice::from_raw_parts(clean.as_ptr().cast::<usize>(), n) };
+    assert_eq!(frames(with), clean, "memo gave a different stack");
+    assert_eq!(&raw_with[..n_with], clean, "memo gave a different stack");
+    assert_eq!(
+        &raw_without[..n_without],
+        clean,
+        "rules gave a different stack"
+    );
+    assert_eq!(with, without);
     assert_eq!(frames(without), &raw_without[..n_without]);
     with
 }
@@ -764,17 +767,16 @@ fn memo_rnd(path: u64, levels: u32, depth: usize) -> StackId {
     }
 }
 
-#[test]
-fn memo_agrees_with_plain_unwinding_on_random_paths() {
-    capture::REUSED.with(|r| r.set(0));
-    let mut rng = 0x2545_f491_4f6c_dd1du64;
+/// Captures along `count` random paths of `memo_rnd`, each checked against the referee.
+fn random_paths(seed: u64, count: usize) {
+    let mut rng = seed;
     let mut next = || {
         rng ^= rng << 13;
         rng ^= rng >> 7;
         rng ^= rng << 17;
         rng
     };
-    for i in 0..3000 {
+    for i in 0..count {
         let r = next();
         // Mostly the same number of levels (equal stack depth, only return addresses differ),
         // sometimes more or fewer (the memo must be spliced at a different frame index).
@@ -790,8 +792,104 @@ fn memo_agrees_with_plain_unwinding_on_random_paths() {
         };
         black_box(memo_rnd(r & 0x3f, levels, depth));
     }
+}
+
+#[test]
+fn memo_agrees_with_plain_unwinding_on_random_paths() {
+    capture::REUSED.with(|r| r.set(0));
+    random_paths(0x2545_f491_4f6c_dd1d, 3000);
     assert!(
         capture::REUSED.with(|r| r.get()) > 3000 * 4,
         "the memo was hardly used"
     );
+}
+
+#[test]
+fn threads_compiling_rules_at_once_agree_with_the_referee() {
+    // Started together, the threads meet the same return addresses first at the same time,
+    // so that they compile the same FDEs and publish the same rules concurrently.
+    let start = std::sync::Barrier::new(4);
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let start = &start;
+            s.spawn(move || {
+                start.wait();
+                random_paths(0x9e37_79b9_7f4a_7c15 ^ t, 500);
+            });
+        }
+    });
+}
+
+#[test]
+fn depot_tree_shares_outer_frames() {
+    let outer = depot::intern(&[0x5100, 0x5200, 0x5300]);
+    let inner = depot::intern(&[0x5000, 0x5100, 0x5200, 0x5300]);
+    // The longer stack is one node below the shorter: its outer frames are not stored again.
+    assert_eq!(depot::child(outer, 0x5000), inner);
+    assert_eq!(frames(inner), &[0x5000, 0x5100, 0x5200, 0x5300]);
+    assert_eq!(frames(outer), &[0x5100, 0x5200, 0x5300]);
+    assert_ne!(depot::intern(&[0x5001, 0x5100, 0x5200, 0x5300]), inner);
+}
+
+#[test]
+fn incremental_interning_matches_fresh_interning() {
+    // Stacks that share outer parts of every length with the one before, and some that don't.
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut interned = depot::Interned::EMPTY;
+    let mut stack: Vec<usize> = vec![0x6000];
+    for _ in 0..3000 {
+        let keep = (next() as usize) % (stack.len() + 1);
+        let mut new: Vec<usize> = (0..(next() as usize) % 6)
+            .map(|_| 0x6000 + (next() as usize % 8) * 16)
+            .collect();
+        new.extend_from_slice(&stack[stack.len() - keep..]);
+        new.truncate(MAX_DEPTH);
+        stack = if new.is_empty() { vec![0x6010] } else { new };
+        let id = interned.intern(&stack);
+        assert_eq!(id, depot::intern(&stack), "stack {stack:x?}");
+        assert_eq!(frames(id), &stack[..]);
+    }
+}
+
+#[test]
+fn compiled_rules_step_like_their_cfi() {
+    use super::rules::Rule;
+    let stack: std::collections::HashMap<u64, u64> =
+        [(0x1008, 0xaaaa), (0x1000, 0xbbbb), (0x2008, 0xcccc)].into();
+    let mut reads = Vec::new();
+    let mut read = |a: u64| {
+        reads.push(a);
+        stack.get(&a).copied().ok_or(())
+    };
+    // After `push rbp`: CFA = rsp + 16, return address at CFA - 8, saved rbp at CFA - 16.
+    let pushed = Rule::new(false, 16, -8, Some(-16)).unwrap();
+    assert_eq!(
+        pushed.step(0x1000, 7, &mut read),
+        Some((0xaaaa, 0x1010, 0xbbbb))
+    );
+    // Inside a frame-pointer frame: CFA = rbp + 16, rbp restored from CFA - 16.
+    let framed = Rule::new(true, 16, -8, Some(-16)).unwrap();
+    assert_eq!(
+        framed.step(0x500, 0x1000, &mut read),
+        Some((0xaaaa, 0x1010, 0xbbbb))
+    );
+    // A leaf that saved nothing: rbp passes through unchanged.
+    let leaf = Rule::new(false, 0x2010 - 0x1ff0, -8, None).unwrap();
+    assert_eq!(leaf.step(0x1ff0, 42, &mut read), Some((0xcccc, 0x2010, 42)));
+    assert_eq!(
+        leaf.step(0x3000, 42, &mut read),
+        None,
+        "unreadable return address"
+    );
+    assert_eq!(Rule::FRAMEHOP_STEP.step(0x1000, 0, &mut read), None);
+    // Offsets a rule cannot hold are left to framehop.
+    assert_eq!(Rule::new(false, 1 << 40, -8, None), None);
+    assert_eq!(Rule::new(false, 16, -12, None), None);
+    assert_eq!(reads[..2], [0x1008, 0x1000]);
 }

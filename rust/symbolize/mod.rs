@@ -97,7 +97,7 @@ impl Symbolizer {
     pub fn symbolize_stack(&mut self, stack: StackId) -> Vec<Frame> {
         let return_addresses = crate::stack::frames(stack);
         let mut frames = Vec::with_capacity(return_addresses.len());
-        for &address in return_addresses {
+        for &address in return_addresses.iter() {
             frames.extend_from_slice(self.resolve_in(address, Some(stack)));
         }
         let own = frames
@@ -141,7 +141,7 @@ fn resolve_uncached(
     // can be the next line or even the next function; backtrace-rs `adjust_ip`).
     let probe = module_offset.wrapping_sub(1) as u64;
     let mut locations = info
-        .as_ref()
+        .as_mut()
         .map_or_else(Vec::new, |info| info.locate(probe));
     if locations.is_empty() {
         locations.push(Location::default());

@@ -349,7 +349,7 @@ fn follows_gnu_debuglink_of_a_stripped_library() {
         let symbol = file.symbols().find(|s| s.name() == Ok("k15_leaf")).unwrap();
         symbol.address() + 4
     };
-    let info = resolver::DebugInfo::load(std::path::Path::new(&library)).unwrap();
+    let mut info = resolver::DebugInfo::load(std::path::Path::new(&library)).unwrap();
     let located = info.locate(probe);
     std::fs::remove_dir_all(&folder).unwrap();
     let outer = located.last().unwrap();

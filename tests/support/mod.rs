@@ -276,3 +276,27 @@ pub fn line_of(source: &str, marker: &str) -> u64 {
     let index = text.lines().position(|l| l.contains(marker));
     index.unwrap_or_else(|| panic!("{marker} not in {source}")) as u64 + 1
 }
+
+/// Runs `cmd` with its output discarded and returns its exit status (as `wait4` gives it), its
+/// CPU seconds (user + system) and its peak resident memory in KiB.
+#[allow(clippy::zombie_processes)] // reaped by wait4, which also gives its resource usage
+pub fn run_measured(cmd: &mut Command) -> (i32, f64, i64) {
+    let child = cmd
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("the program runs");
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value for wait4 to overwrite.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waits for our own child, which `Child` never waits for after this; both out
+    // pointers are valid for the call.
+    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    assert!(pid > 0, "wait4 failed");
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    (
+        status,
+        seconds(usage.ru_utime) + seconds(usage.ru_stime),
+        usage.ru_maxrss,
+    )
+}

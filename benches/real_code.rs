@@ -1,0 +1,215 @@
+//! The real-code benchmark: yaml-cpp's own test suite (980 gtest tests over a recursive-descent
+//! parser, node graphs and emitters; deep template stacks, many allocations), from Debian's
+//! source package, built once at `-O2 -g` and linked plain, under the tracker and under
+//! LeakSanitizer; CPU time (user + system, which other processes on a shared machine disturb
+//! far less than wall time) and peak RSS of each, ratios to plain in one run.
+//! `cargo bench --bench real_code` (needs `deb-src` access, `dpkg-dev`, `cmake`,
+//! `libgtest-dev`, `libgmock-dev`; the source and build are kept under `target/` between runs).
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const PACKAGE: &str = "yaml-cpp";
+const RUNS: usize = 7;
+
+fn run_ok(cmd: &mut Command, what: &str) {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot run: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Downloads and unpacks Debian's source package with a private apt state under `work`: the
+/// machine's own apt configuration (which may have no `deb-src` lines) is left untouched.
+fn debian_source(work: &Path) -> PathBuf {
+    let src = work.join("source");
+    if src.join("CMakeLists.txt").exists() {
+        return src;
+    }
+    let apt = work.join("apt");
+    std::fs::create_dir_all(apt.join("lists/partial")).unwrap();
+    std::fs::write(
+        apt.join("sources.list"),
+        "deb-src http://deb.debian.org/debian bookworm main\n",
+    )
+    .unwrap();
+    let apt_get = |args: &[&str]| {
+        let mut cmd = Command::new("apt-get");
+        cmd.current_dir(work)
+            .arg("-q")
+            .arg(format!(
+                "-oDir::Etc::SourceList={}",
+                apt.join("sources.list").display()
+            ))
+            .arg("-oDir::Etc::SourceParts=/dev/null")
+            .arg(format!(
+                "-oDir::State::Lists={}",
+                apt.join("lists").display()
+            ))
+            .args(args);
+        cmd
+    };
+    run_ok(&mut apt_get(&["update"]), "apt-get update (deb-src)");
+    run_ok(
+        &mut apt_get(&["source", "--download-only", PACKAGE]),
+        "apt-get source",
+    );
+    let dsc = std::fs::read_dir(work)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "dsc"))
+        .expect("apt-get source left a .dsc");
+    let _ = std::fs::remove_dir_all(&src);
+    run_ok(
+        Command::new("dpkg-source")
+            .current_dir(work)
+            .arg("-x")
+            .arg(&dsc)
+            .arg(&src),
+        "dpkg-source -x",
+    );
+    src
+}
+
+/// Builds the library and its test program at `-O2 -g` (Debian's own flags, without the
+/// hardening that would differ between variants) and returns the test build directory.
+fn build_tests(work: &Path, src: &Path) -> PathBuf {
+    let build = work.join("build");
+    let tests = build.join("test");
+    if tests.join("yaml-cpp-tests").exists() {
+        return tests;
+    }
+    std::fs::create_dir_all(&build).unwrap();
+    run_ok(
+        Command::new("cmake").current_dir(&build).arg(src).args([
+            "-DYAML_CPP_BUILD_TESTS=ON",
+            "-DYAML_CPP_BUILD_TOOLS=OFF",
+            "-DINSTALL_GTEST=OFF",
+            "-DCMAKE_BUILD_TYPE=None",
+            "-DCMAKE_CXX_FLAGS=-O2 -g",
+        ]),
+        "cmake",
+    );
+    run_ok(
+        Command::new("make")
+            .current_dir(&build)
+            .args(["-j2", "yaml-cpp-tests"]),
+        "make yaml-cpp-tests",
+    );
+    tests
+}
+
+/// Relinks the test program as `name` with `extra` appended to cmake's own link line (which
+/// runs in the test build directory), e.g. the tracker's archive after every object.
+fn relink(tests: &Path, name: &str, extra: &[&Path]) -> PathBuf {
+    let line = std::fs::read_to_string(tests.join("CMakeFiles/yaml-cpp-tests.dir/link.txt"))
+        .expect("cmake's link line");
+    let mut line = line
+        .trim()
+        .replace("-o yaml-cpp-tests", &format!("-o {name}"));
+    for e in extra {
+        line.push(' ');
+        line.push_str(&e.display().to_string());
+    }
+    run_ok(
+        Command::new("sh").current_dir(tests).args(["-c", &line]),
+        &format!("linking {name}"),
+    );
+    tests.join(name)
+}
+
+struct Variant {
+    name: &'static str,
+    exe: PathBuf,
+    env: Vec<(&'static str, String)>,
+}
+
+/// CPU seconds (user + system) and peak RSS (KiB) of one run; panics if the suite fails.
+fn run_once(v: &Variant, dir: &Path) -> (f64, i64) {
+    let (status, secs, rss) = support::run_measured(
+        Command::new(&v.exe)
+            .arg("--gtest_brief=1")
+            .current_dir(dir)
+            .envs(v.env.iter().map(|(k, val)| (*k, val.as_str()))),
+    );
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "{} failed (status {status:#x})",
+        v.name
+    );
+    (secs, rss)
+}
+
+fn main() {
+    let work = Path::new(env!("CARGO_TARGET_TMPDIR")).join("real_code");
+    std::fs::create_dir_all(&work).unwrap();
+    let src = debian_source(&work);
+    let tests = build_tests(&work, &src);
+    let lib = support::static_lib();
+    let tracked = relink(&tests, "yaml-cpp-tests-k15", &[lib]);
+    let lsan = relink(
+        &tests,
+        "yaml-cpp-tests-lsan",
+        &[Path::new("-fsanitize=leak")],
+    );
+    let plain = tests.join("yaml-cpp-tests");
+
+    let dir = support::scratch("bench_real_code");
+    let k15 = |name, exe: &PathBuf, options: &str| Variant {
+        name,
+        exe: exe.clone(),
+        env: vec![("K15_MEMORY_OPTIONS", options.to_owned())],
+    };
+    let variants = [
+        Variant {
+            name: "plain glibc (baseline)",
+            exe: plain,
+            env: vec![],
+        },
+        k15("k15, stack_depth=0", &tracked, "stack_depth=0"),
+        k15("k15, default (DWARF stacks, report)", &tracked, ""),
+        k15(
+            "k15, stacks (frame pointers)",
+            &tracked,
+            "unwinder=frame_pointer",
+        ),
+        k15("k15, stacks (DWARF), report=0", &tracked, "report=0"),
+        Variant {
+            name: "LeakSanitizer (g++ -fsanitize=leak)",
+            exe: lsan,
+            env: vec![],
+        },
+    ];
+
+    println!("\n{PACKAGE}'s test suite (980 tests, built -O2 -g), best of {RUNS} (CPU time and peak RSS each):");
+    println!(
+        "  {:<42} {:>9} {:>8} {:>10} {:>8}",
+        "variant", "CPU s", "vs plain", "peak MiB", "vs plain"
+    );
+    let mut baseline = None;
+    for v in &variants {
+        let (mut secs, mut rss) = (f64::INFINITY, i64::MAX);
+        for _ in 0..RUNS {
+            let (s, r) = run_once(v, &dir);
+            secs = secs.min(s);
+            rss = rss.min(r);
+        }
+        let (base_s, base_r) = *baseline.get_or_insert((secs, rss));
+        println!(
+            "  {:<42} {:>9.3} {:>7.2}x {:>10.1} {:>7.2}x",
+            v.name,
+            secs,
+            secs / base_s,
+            rss as f64 / 1024.0,
+            rss as f64 / base_r as f64
+        );
+    }
+}

@@ -1,0 +1,357 @@
+//! Unwind rules compiled from `.eh_frame` once per FDE into lock-free tables, so that a walk steps without parsing CFI.
+//!
+//! framehop keeps the rules it evaluated in a 509-entry direct-mapped cache per slot; real code
+//! calls `new` from thousands of return addresses, so that cache misses and every miss parses
+//! CFI again (binary search of `.eh_frame_hdr`, the CIE and the FDE's instructions up to the
+//! address: 17% of all instructions of yaml-cpp's test suite under the tracker). Here the first
+//! miss in an FDE runs its CFI program once and keeps every row as what an x86-64 step needs,
+//! packed in one word (CFA = rsp or rbp plus an offset, return address and saved rbp at offsets
+//! from the CFA: the model of the Linux kernel's ORC entries); the row of each return address is
+//! then published in a table shared by every thread, so that every later step from that address
+//! is a probe and one or two reads. Rows that need more (CFA or register expressions, registers
+//! other than rsp and rbp, as in stack-realigning prologues) are marked as such and stepped by
+//! framehop, like addresses without an FDE and everything once the row arena is full. Past
+//! [`MAX_ENTRIES`] return addresses, new ones find their FDE's compiled rows on every step.
+//!
+//! The table belongs to one module [`Snapshot`](super::modules::Snapshot): rules are keyed by
+//! address, and the addresses mean the same code only while the module list stays the same.
+
+use core::ptr;
+use core::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+
+use super::map_once;
+
+use gimli::{
+    BaseAddresses, CfaRule, EhFrame, EhFrameHdr, LittleEndian, RegisterRule, UnwindContext,
+    UnwindSection, X86_64,
+};
+
+/// Slots of a map: 1 MiB of address space, pages touched as keys arrive.
+const SLOTS: usize = 1 << 16;
+/// Past this many entries new addresses are stepped by framehop (probe chains stay short).
+const MAX_ENTRIES: usize = SLOTS / 4 * 3;
+/// Slots probed before giving up on a key.
+const MAX_PROBES: usize = 32;
+
+/// gimli's CFI evaluation context, one per unwinder slot (created outside the hot path).
+pub(crate) type CfiContext = UnwindContext<usize>;
+
+/// A packed rule (0 = none yet): bit 0 set; bit 1: step with framehop instead; bit 2: the CFA
+/// is rbp-based (else rsp-based); bit 3: the caller's rbp is saved at `cfa + bp_off` (else rbp
+/// is unchanged); bits 8..16 `ra_off / 8` and 16..24 `bp_off / 8` as `i8`; bits 32..64 the CFA
+/// offset as `i32`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct Rule(u64);
+
+impl Rule {
+    const PRESENT: u64 = 1;
+    const FRAMEHOP: u64 = 2;
+    const CFA_RBP: u64 = 4;
+    const BP_SAVED: u64 = 8;
+
+    /// Step this address with framehop (its own DWARF evaluation and frame-pointer guesses).
+    pub(crate) const FRAMEHOP_STEP: Rule = Rule(Self::PRESENT | Self::FRAMEHOP);
+
+    pub(crate) fn new(
+        cfa_rbp: bool,
+        cfa_off: i64,
+        ra_off: i64,
+        bp_off: Option<i64>,
+    ) -> Option<Rule> {
+        let by8 = |off: i64| -> Option<u64> {
+            (off % 8 == 0)
+                .then(|| i8::try_from(off / 8).ok())
+                .flatten()
+                .map(|v| u64::from(v as u8))
+        };
+        let mut bits = Self::PRESENT | by8(ra_off)? << 8;
+        if cfa_rbp {
+            bits |= Self::CFA_RBP;
+        }
+        if let Some(off) = bp_off {
+            bits |= Self::BP_SAVED | by8(off)? << 16;
+        }
+        bits |= u64::from(i32::try_from(cfa_off).ok()? as u32) << 32;
+        Some(Rule(bits))
+    }
+
+    fn framehop(self) -> bool {
+        self.0 & Self::FRAMEHOP != 0
+    }
+
+    /// One step from a frame with registers `(sp, bp)`: the caller's `(return address, sp,
+    /// bp)`, reading the stack through `read` (return address first, then the saved rbp).
+    /// `None` for a [`Rule::FRAMEHOP_STEP`] or a failed read.
+    #[inline]
+    pub(crate) fn step(
+        self,
+        sp: u64,
+        bp: u64,
+        read: &mut impl FnMut(u64) -> Result<u64, ()>,
+    ) -> Option<(u64, u64, u64)> {
+        if self.framehop() {
+            return None;
+        }
+        let base = if self.0 & Self::CFA_RBP != 0 { bp } else { sp };
+        let cfa = base.wrapping_add((self.0 >> 32) as i32 as i64 as u64);
+        let at = |shift: u32| cfa.wrapping_add(((self.0 >> shift) as u8 as i8 as i64 * 8) as u64);
+        let ra = read(at(8)).ok()?;
+        let caller_bp = if self.0 & Self::BP_SAVED != 0 {
+            read(at(16)).ok()?
+        } else {
+            bp
+        };
+        Some((ra, cfa, caller_bp))
+    }
+}
+
+/// A module's unwind sections, as mapped in this process.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Sections {
+    pub(crate) code_start: usize,
+    /// `(address, length)`; length 0 when the module has no `.eh_frame_hdr`.
+    pub(crate) eh_frame_hdr: (usize, usize),
+    pub(crate) eh_frame: (usize, usize),
+}
+
+/// Where the compiled rows of every FDE met so far live: `(start address, rule)` pairs,
+/// appended with an atomic bump and never moved, so a published range stays valid.
+struct RowArena {
+    rows: AtomicPtr<[u64; 2]>,
+    used: AtomicUsize,
+}
+
+/// Rows the arena holds at most: 64 MiB of address space, pages touched as FDEs are compiled.
+const ARENA_ROWS: usize = 1 << 22;
+
+impl RowArena {
+    /// Claims `len` rows: their index and themselves; `None` when the arena is full.
+    #[allow(clippy::mut_from_ref)] // each claim hands out rows no other claim overlaps
+    fn claim(&self, len: usize) -> Option<(usize, &mut [[u64; 2]])> {
+        let mut p = self.rows.load(Ordering::Acquire);
+        if p.is_null() {
+            p = map_once(&self.rows, ARENA_ROWS * 16);
+            if p.is_null() {
+                return None;
+            }
+        }
+        let at = self.used.fetch_add(len, Ordering::Relaxed);
+        if at + len > ARENA_ROWS {
+            return None;
+        }
+        // SAFETY: `[at, at + len)` lies inside the mapping and was claimed by this thread alone.
+        Some((at, unsafe {
+            core::slice::from_raw_parts_mut(p.add(at), len)
+        }))
+    }
+
+    /// A published range of rows.
+    fn get(&self, at: usize, len: usize) -> &[[u64; 2]] {
+        let p = self.rows.load(Ordering::Acquire);
+        // SAFETY: `(at, len)` was published (Release) after those rows were written, and the
+        // arena is never unmapped or rewritten.
+        unsafe { core::slice::from_raw_parts(p.add(at), len) }
+    }
+}
+
+/// The rules of one module [`Snapshot`](super::modules::Snapshot): return address -> rule,
+/// and FDE start -> its compiled rows, so that each FDE's CFI is evaluated once in all.
+pub(crate) struct Rules {
+    by_pc: WordMap,
+    by_fde: WordMap,
+    rows: RowArena,
+}
+
+impl Rules {
+    pub(crate) const fn new() -> Self {
+        Rules {
+            by_pc: WordMap::new(),
+            by_fde: WordMap::new(),
+            rows: RowArena {
+                rows: AtomicPtr::new(ptr::null_mut()),
+                used: AtomicUsize::new(0),
+            },
+        }
+    }
+
+    /// The rule for return address `pc` of a module with `sections`; `ctx` evaluates CFI on a
+    /// miss.
+    #[inline]
+    pub(crate) fn get(
+        &self,
+        pc: usize,
+        sections: impl FnOnce() -> Option<Sections>,
+        ctx: &mut CfiContext,
+    ) -> Rule {
+        match self.by_pc.get(pc as u64) {
+            Some(rule) => Rule(rule),
+            None => self.miss(pc, sections, ctx),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn miss(
+        &self,
+        pc: usize,
+        sections: impl FnOnce() -> Option<Sections>,
+        ctx: &mut CfiContext,
+    ) -> Rule {
+        let rule = sections()
+            .and_then(|s| self.rule_of(pc, &s, ctx))
+            .unwrap_or(Rule::FRAMEHOP_STEP);
+        self.by_pc.insert(pc as u64, rule.0);
+        rule
+    }
+
+    fn rule_of(&self, pc: usize, s: &Sections, ctx: &mut CfiContext) -> Option<Rule> {
+        if s.eh_frame_hdr.1 == 0 || s.eh_frame.1 == 0 {
+            return None;
+        }
+        let bytes = |(addr, len): (usize, usize)| {
+            // SAFETY: both ranges lie in mapped read-only segments of a loaded module (see
+            // modules.rs, which found them and documents the dlclose limit).
+            unsafe { core::slice::from_raw_parts(addr as *const u8, len) }
+        };
+        let bases = BaseAddresses::default()
+            .set_eh_frame_hdr(s.eh_frame_hdr.0 as u64)
+            .set_eh_frame(s.eh_frame.0 as u64)
+            .set_text(s.code_start as u64);
+        let hdr = EhFrameHdr::new(bytes(s.eh_frame_hdr), LittleEndian)
+            .parse(&bases, 8)
+            .ok()?;
+        let eh_frame = EhFrame::new(bytes(s.eh_frame), LittleEndian);
+        // A return address points after the call: the call itself is at `pc - 1`.
+        let probe = pc as u64 - 1;
+        let fde = hdr
+            .table()?
+            .fde_for_address(&eh_frame, &bases, probe, EhFrame::cie_from_offset)
+            .ok()?;
+        let rows = match self.by_fde.get(fde.initial_address()) {
+            Some(packed) => self
+                .rows
+                .get((packed >> 32) as usize, packed as u32 as usize),
+            None => {
+                // Count first, then fill: the rows go to the arena in one claim.
+                let mut count = 0;
+                let mut table = fde.rows(&eh_frame, &bases, ctx).ok()?;
+                while let Ok(Some(_)) = table.next_row() {
+                    count += 1;
+                }
+                let (at, out) = self.rows.claim(count)?;
+                let mut table = fde.rows(&eh_frame, &bases, ctx).ok()?;
+                let mut n = 0;
+                while let (Ok(Some(row)), true) = (table.next_row(), n < out.len()) {
+                    let rule = rule_of_row(row).unwrap_or(Rule::FRAMEHOP_STEP);
+                    // Rows that differ only in registers a step never reads are one row here.
+                    if n == 0 || out[n - 1][1] != rule.0 {
+                        out[n] = [row.start_address(), rule.0];
+                        n += 1;
+                    }
+                }
+                self.by_fde
+                    .insert(fde.initial_address(), (at as u64) << 32 | n as u64);
+                &out[..n]
+            }
+        };
+        let i = rows.partition_point(|r| r[0] <= probe).checked_sub(1)?;
+        Some(Rule(rows[i][1]))
+    }
+}
+
+/// What a step needs from one row of CFI, if it is expressible as a [`Rule`].
+fn rule_of_row<S: gimli::UnwindContextStorage<usize>>(
+    row: &gimli::UnwindTableRow<usize, S>,
+) -> Option<Rule> {
+    let (cfa_rbp, cfa_off) = match *row.cfa() {
+        CfaRule::RegisterAndOffset { register, offset } if register == X86_64::RSP => {
+            (false, offset)
+        }
+        CfaRule::RegisterAndOffset { register, offset } if register == X86_64::RBP => {
+            (true, offset)
+        }
+        _ => return None,
+    };
+    let Some(RegisterRule::Offset(ra_off)) = row.register(X86_64::RA) else {
+        return None;
+    };
+    let bp_off = match row.register(X86_64::RBP) {
+        None | Some(RegisterRule::SameValue | RegisterRule::Undefined) => None,
+        Some(RegisterRule::Offset(off)) => Some(off),
+        Some(_) => return None,
+    };
+    Rule::new(cfa_rbp, cfa_off, ra_off, bp_off)
+}
+
+/// A lock-free map of nonzero words to nonzero words: open addressing over `[key, value]`
+/// pairs in one `MAP_NORESERVE` mapping. An entry is claimed by a CAS of its key and then
+/// given its value; a reader that finds the key before the value treats it as absent.
+struct WordMap {
+    slots: AtomicPtr<[AtomicU64; 2]>,
+    entries: AtomicUsize,
+}
+
+impl WordMap {
+    const fn new() -> Self {
+        WordMap {
+            slots: AtomicPtr::new(ptr::null_mut()),
+            entries: AtomicUsize::new(0),
+        }
+    }
+
+    fn slots(&self) -> Option<&[[AtomicU64; 2]]> {
+        let mut p = self.slots.load(Ordering::Acquire);
+        if p.is_null() {
+            p = map_once(&self.slots, SLOTS * 16);
+        }
+        // SAFETY: a non-null pointer is a mapping of SLOTS zero-initialised pairs that is never
+        // unmapped, and every access to it is atomic.
+        (!p.is_null()).then(|| unsafe { core::slice::from_raw_parts(p, SLOTS) })
+    }
+
+    fn start(key: u64) -> usize {
+        key.wrapping_mul(0x9e37_79b9_7f4a_7c15) as usize >> (64 - SLOTS.trailing_zeros())
+    }
+
+    #[inline]
+    fn get(&self, key: u64) -> Option<u64> {
+        let slots = self.slots()?;
+        let mut i = Self::start(key);
+        for _ in 0..MAX_PROBES {
+            let [k, value] = &slots[i];
+            match k.load(Ordering::Acquire) {
+                0 => return None,
+                found if found == key => {
+                    let v = value.load(Ordering::Acquire);
+                    return (v != 0).then_some(v);
+                }
+                _ => i = (i + 1) % SLOTS,
+            }
+        }
+        None
+    }
+
+    /// Adds `key -> value` unless the key is there already or the map is full: either way
+    /// later lookups find `value` or another thread's value for the same key.
+    fn insert(&self, key: u64, value: u64) {
+        let Some(slots) = self.slots() else {
+            return;
+        };
+        if self.entries.load(Ordering::Relaxed) >= MAX_ENTRIES {
+            return;
+        }
+        let mut i = Self::start(key);
+        for _ in 0..MAX_PROBES {
+            let [k, v] = &slots[i];
+            match k.compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    self.entries.fetch_add(1, Ordering::Relaxed);
+                    v.store(value, Ordering::Release);
+                    return;
+                }
+                Err(found) if found == key => return,
+                Err(_) => i = (i + 1) % SLOTS,
+            }
+        }
+    }
+}
