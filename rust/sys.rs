@@ -182,11 +182,31 @@ pub fn process_barrier() {
     }
 }
 
-/// Whether the page holding `addr` is mapped. A syscall: only for the rare page-aligned frees.
+/// Whether the page holding `addr` is mapped and readable (a thread stack's guard page is
+/// mapped but not readable). A syscall: only for rare, cold lookups.
 pub fn page_is_mapped(addr: usize) -> bool {
     let page = addr & !(PAGE_SIZE - 1);
-    // SAFETY: msync with MS_ASYNC on one page only reports ENOMEM for unmapped memory; it never
-    // touches the memory itself.
+    let mut byte = 0u8;
+    let local = libc::iovec {
+        iov_base: (&raw mut byte).cast(),
+        iov_len: 1,
+    };
+    let remote = libc::iovec {
+        iov_base: page as *mut libc::c_void,
+        iov_len: 1,
+    };
+    // SAFETY: the kernel copies one byte of our own process into `byte`, or fails with EFAULT
+    // where that byte cannot be read; nothing faults in this process.
+    let copied = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    if copied == 1 {
+        return true;
+    }
+    if std::io::Error::last_os_error().raw_os_error() == Some(libc::EFAULT) {
+        return false;
+    }
+    // process_vm_readv refused (a seccomp filter): whether it is mapped at all. msync with
+    // MS_ASYNC on one page only reports ENOMEM for unmapped memory and never touches it.
+    // SAFETY: as said.
     unsafe { libc::msync(page as *mut libc::c_void, PAGE_SIZE, libc::MS_ASYNC) == 0 }
 }
 

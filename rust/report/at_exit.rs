@@ -23,10 +23,11 @@ pub fn run() {
         // `live_list::stop_settling`).
         crate::tracker::live_list::stop_settling();
     } else {
+        // Outside the tracker: the caches' frees are to be applied now, not deferred.
+        crate::tracker::malloc::release_runtime_caches();
         crate::tracker::apply_deferred_frees();
     }
     let _inside = crate::tracker::guard::Inside::enter();
-    crate::tracker::malloc::release_runtime_caches();
     let stats = crate::tracker::stats();
     let errors = crate::tracker::errors::all().1;
     if stats.total_allocations == 0 && errors == 0 && !crate::engine::tracked::any_created() {

@@ -178,6 +178,7 @@ pub fn pass_foreign_blocks_to(delete: ForeignDelete) {
 fn handed_back(ptr: *mut u8) -> bool {
     match FOREIGN_DELETE.load(Ordering::Acquire) {
         0 => false,
+        _ if integrity::lies_in_tracked_block(ptr as usize) => false, // a bad free of ours
         delete => {
             // SAFETY: stored by `pass_foreign_blocks_to` from a function of this very type; that
             // allocator's delete takes any pointer the program passes to `delete`.
@@ -193,13 +194,16 @@ fn handed_back(ptr: *mut u8) -> bool {
 #[cold]
 #[inline(never)]
 fn free_foreign(ptr: *mut u8, kind: BlockKind, start: impl Fn() -> StartFrame) {
-    let inside_ours = integrity::lies_in_tracked_block(ptr as usize);
-    if !inside_ours && malloc::same_family(kind, BlockKind::Malloc) && malloc::is_glibc_block(ptr) {
+    // Never a pointer into one of the heap's blocks (one compare): glibc would take it for its own.
+    if heap::block_containing(ptr as usize).is_none()
+        && malloc::same_family(kind, BlockKind::Malloc)
+        && malloc::is_glibc_block(ptr)
+    {
         // SAFETY: a glibc block the program frees through the family that allocated it.
         unsafe { crate::sys::raw_free(ptr) };
         return;
     }
-    if !inside_ours && handed_back(ptr) {
+    if handed_back(ptr) {
         return;
     }
     bad_free(|| integrity::foreign_free_error(ptr, kind, capture_stack_of(start())))
