@@ -360,7 +360,7 @@ fn the_runtimes_caches_are_freed_before_the_report_so_a_clean_program_shows_no_l
     let busy = support::run_with(&exe, "busy", "malloc=1", &[], &["busy"]);
     assert!(busy.output.status.success(), "{}", busy.stderr());
     assert!(busy.stdout().ends_with("done"), "{}", busy.stdout());
-    let stdout_buffer = busy.leaks().into_iter().find(|l| {
+    let stdout_buffer = busy.leaks().iter().find(|l| {
         l["stack"]
             .as_array()
             .is_some_and(|s| s.iter().any(|f| f["function"] == "_IO_file_doallocate"))

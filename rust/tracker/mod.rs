@@ -14,8 +14,8 @@ mod heap;
 mod init;
 pub(crate) mod integrity;
 pub mod live_list;
-mod quarantine;
 pub mod malloc;
+mod quarantine;
 pub mod raw;
 
 use crate::ffi::BlockKind;
