@@ -149,7 +149,7 @@ impl Options {
         show_reachable: true,
         leak_kinds: LeakKind::Direct.bit() | LeakKind::Indirect.bit(),
         max_leaks: 0,
-        malloc: false, // true once the report tells blocks reachable at exit from lost ones
+        malloc: true,
     };
 
     /// Applies `key=value:key=value`, warning once on stderr for each bad pair (the value

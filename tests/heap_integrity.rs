@@ -43,7 +43,9 @@ fn run_kind_losing(kind: &str, lost: u64) -> support::Run {
 
 /// As [`run_kind_losing`], with `options`.
 fn run_kind_with(kind: &str, lost: u64, options: &str) -> support::Run {
-    let run = support::run_with(&programs().0, kind, options, &[], &[kind]);
+    // malloc=0: the live blocks compared are the program's `new`s, not the C runtime's buffers.
+    let options = format!("malloc=0:{options}");
+    let run = support::run_with(&programs().0, kind, &options, &[], &[kind]);
     let stdout = run.stdout();
     assert!(
         run.output.status.success(),
@@ -406,7 +408,8 @@ fn break_on_stops_in_the_debugger_at_the_allocation_the_report_numbers() {
     assert!(run
         .text
         .contains(&format!("blocks (thread/seq): {thread}/{seq}")));
-    let options = format!("break_on={thread}/{seq}:report=0");
+    // The same numbering as the run above (malloc=0: its `new`s only).
+    let options = format!("malloc=0:break_on={thread}/{seq}:report=0");
 
     // Without a debugger, SIGTRAP ends the program there, before its last line.
     let alone = support::run_with(&programs().0, "break_alone", &options, &[], &["check_heap"]);

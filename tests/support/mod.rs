@@ -233,14 +233,17 @@ pub fn run_with(
     if !options.is_empty() {
         all_options = format!("{all_options}:{options}");
     }
-    // A hang (a deadlock in the tracker) fails the test instead of stalling the run.
+    // A hang (a deadlock in the tracker) fails the test instead of stalling the run. The
+    // environment reaches the program through `env`, so that `timeout` itself runs without a
+    // preloaded tracker (it would write a report of its own mallocs over the program's).
+    let assignments = env.iter().map(|(key, value)| format!("{key}={value}"));
     let output = Command::new("timeout")
-        .args(["--signal=KILL", "300"])
+        .args(["--signal=KILL", "300", "env"])
+        .args(assignments)
         .arg(exe)
         .args(args)
         .current_dir(dir)
         .env("K15_MEMORY_OPTIONS", all_options)
-        .envs(env.iter().copied())
         .output()
         .expect("the program runs");
     let text = std::fs::read_to_string(&log).unwrap_or_default();
