@@ -555,7 +555,10 @@ pub fn fields_hold_together(h: &BlockHeader) -> bool {
 /// write may have changed it; the cookie does not cover it).
 pub fn file_of(h: &BlockHeader) -> Option<String> {
     // A `k15::memory::allocate` block keeps its allocator's name there instead.
-    if h.kind == BlockKind::Named || h.file.is_null() || !crate::sys::page_is_mapped(h.file as usize) {
+    if h.kind == BlockKind::Named
+        || h.file.is_null()
+        || !crate::sys::page_is_mapped(h.file as usize)
+    {
         return None;
     }
     // SAFETY: the `file` of a live block is null or a `__FILE__` literal, here in mapped memory.

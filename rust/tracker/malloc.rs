@@ -192,7 +192,9 @@ pub unsafe extern "C" fn k15_memory_c_realloc(
     }
     let old_size = match BlockHeader::lookup(ptr) {
         // SAFETY: a live block of ours; the program owns it for this call.
-        Lookup::Live(header, _) | Lookup::Untracked(header) | Lookup::Underrun { header, .. } => unsafe { (*header).size },
+        Lookup::Live(header, _) | Lookup::Untracked(header) | Lookup::Underrun { header, .. } => unsafe {
+            (*header).size
+        },
         Lookup::Foreign if is_glibc_block(ptr) => {
             // SAFETY: a glibc block, resized by glibc.
             return unsafe { glibc::realloc(ptr as *mut c_void, size) } as *mut u8;
@@ -224,7 +226,9 @@ pub extern "C" fn k15_memory_c_usable_size(ptr: *mut u8) -> usize {
     }
     match BlockHeader::lookup(ptr) {
         // SAFETY: a live block of ours.
-        Lookup::Live(header, _) | Lookup::Untracked(header) | Lookup::Underrun { header, .. } => unsafe { (*header).size },
+        Lookup::Live(header, _) | Lookup::Untracked(header) | Lookup::Underrun { header, .. } => unsafe {
+            (*header).size
+        },
         Lookup::Foreign if is_glibc_block(ptr) => glibc_usable_size(ptr),
         Lookup::Freed { .. } | Lookup::Foreign => 0,
     }
