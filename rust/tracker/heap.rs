@@ -522,10 +522,18 @@ const RESERVE_BYTES: [usize; 3] = [64 << 30, 8 << 30, 1 << 30];
 /// Bytes made usable at once.
 const REGION_BYTES: usize = 64 * 1024 * 1024;
 
-/// Start of the reservation; 0 until the first span.
-static BASE: AtomicUsize = AtomicUsize::new(0);
-/// Bytes from [`BASE`] handed out as spans so far (only grows).
-static CARVED: AtomicUsize = AtomicUsize::new(0);
+/// Where the heap's spans lie, side by side so that [`contains`] finds both with one address.
+struct Carved {
+    /// Start of the reservation; 0 until the first span.
+    base: AtomicUsize,
+    /// Bytes from `base` handed out as spans so far (only grows).
+    bytes: AtomicUsize,
+}
+
+static CARVED: Carved = Carved {
+    base: AtomicUsize::new(0),
+    bytes: AtomicUsize::new(0),
+};
 /// One `u16` per page of the reservation: 0 where no span lies, else the page's index in its
 /// span (low byte) and its class + 1 (high byte).
 static PAGE_MAP: AtomicPtr<u16> = AtomicPtr::new(null_mut());
@@ -552,7 +560,7 @@ fn region() -> MutexGuard<'static, Region> {
 /// Whether `addr` lies in a span of the heap (a block of it, or a free part of its spans).
 #[inline(always)]
 pub fn contains(addr: usize) -> bool {
-    addr.wrapping_sub(BASE.load(Ordering::Relaxed)) < CARVED.load(Ordering::Acquire)
+    addr.wrapping_sub(CARVED.base.load(Ordering::Relaxed)) < CARVED.bytes.load(Ordering::Acquire)
 }
 
 /// A span of `bytes` for class `class`, entered in the page map.
@@ -561,8 +569,8 @@ fn map_span(bytes: usize, class: usize) -> Option<*mut u8> {
     if region.reserved == 0 {
         reserve(&mut region)?;
     }
-    let base = BASE.load(Ordering::Relaxed);
-    let carved = CARVED.load(Ordering::Relaxed);
+    let base = CARVED.base.load(Ordering::Relaxed);
+    let carved = CARVED.bytes.load(Ordering::Relaxed);
     let end = carved.checked_add(bytes)?;
     while end > region.usable {
         let more = REGION_BYTES.min(region.reserved - region.usable);
@@ -578,7 +586,7 @@ fn map_span(bytes: usize, class: usize) -> Option<*mut u8> {
         // entries are written here only, under the region lock, before the span is handed out.
         unsafe { *map.add(first_page + page) = ((class as u16 + 1) << 8) | page as u16 };
     }
-    CARVED.store(end, Ordering::Release);
+    CARVED.bytes.store(end, Ordering::Release);
     Some((base + carved) as *mut u8)
 }
 
@@ -597,7 +605,7 @@ fn reserve(region: &mut Region) -> Option<()> {
             return None;
         }
         PAGE_MAP.store(map.cast(), Ordering::Relaxed);
-        BASE.store(base as usize, Ordering::Relaxed);
+        CARVED.base.store(base as usize, Ordering::Relaxed);
         region.reserved = bytes;
         return Some(());
     }
@@ -619,7 +627,7 @@ pub fn block_containing(addr: usize) -> Option<HeapBlock> {
     if !contains(addr) {
         return None;
     }
-    let base = BASE.load(Ordering::Relaxed);
+    let base = CARVED.base.load(Ordering::Relaxed);
     let page = (addr - base) / PAGE_SIZE;
     // SAFETY: `addr` is below CARVED, so its page has an entry, written before CARVED grew.
     let entry = unsafe { *PAGE_MAP.load(Ordering::Relaxed).add(page) };

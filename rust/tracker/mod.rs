@@ -229,7 +229,43 @@ fn free_live(
         integrity::report_at_delete(header, kind, start());
     }
     let hot = init::set_up_hot();
-    if hot.free_stacks() {
+    // The option bits are tested once on the common path (neither option set); the path with
+    // either of them is the same code with their steps compiled in.
+    if hot.free_stacks() || hot.quarantine() {
+        free_live_with_options(header, cookie, shard, allocated_with, kind, start, hot)
+    } else {
+        free_live_as_asked::<false>(header, cookie, shard, allocated_with, kind, start, hot)
+    }
+}
+
+/// [`free_live`] with `free_stacks` or `quarantine` set.
+#[cold]
+#[inline(never)]
+fn free_live_with_options(
+    header: *mut BlockHeader,
+    cookie: usize,
+    shard: u8,
+    allocated_with: BlockKind,
+    kind: BlockKind,
+    start: impl Fn() -> StartFrame + Copy,
+    hot: init::Hot,
+) {
+    free_live_as_asked::<true>(header, cookie, shard, allocated_with, kind, start, hot)
+}
+
+/// The rest of [`free_live`], once the guard is checked: `OPTIONS` says whether `hot` may ask
+/// for free stacks or quarantine.
+#[inline(always)]
+fn free_live_as_asked<const OPTIONS: bool>(
+    header: *mut BlockHeader,
+    cookie: usize,
+    shard: u8,
+    allocated_with: BlockKind,
+    kind: BlockKind,
+    start: impl Fn() -> StartFrame + Copy,
+    hot: init::Hot,
+) {
+    if OPTIONS && hot.free_stacks() {
         record_free_stack(header, start());
     }
     if allocated_with != kind && !malloc::same_family(allocated_with, kind) {
@@ -252,7 +288,7 @@ fn free_live(
             drop(held);
             return deallocate_raced(header, kind, start());
         }
-        free_on_own_list(held, header, hot);
+        free_on_own_list(held, header, OPTIONS && hot.quarantine());
     }
 }
 
@@ -348,7 +384,7 @@ pub fn apply_deferred_frees() {
 
 /// Frees a block on the calling thread's own shard (`held`): a heap block stays on the list,
 /// parked (see `heap`), so neither this free nor the allocation that reuses it touches the list;
-/// unless `hot` says freed blocks go into quarantine.
+/// unless freed blocks go into `quarantine`.
 ///
 /// # Safety
 /// `header` is a live block on the list of `held`, the calling thread's shard, and nobody else
@@ -357,12 +393,12 @@ pub fn apply_deferred_frees() {
 unsafe fn free_on_own_list(
     mut held: live_list::HeldShard<'_>,
     header: *mut BlockHeader,
-    hot: init::Hot,
+    quarantine: bool,
 ) {
     // SAFETY: guaranteed by the caller.
     let h = unsafe { &mut *header };
     held.count_free(h.size);
-    if h.placement == Placement::Heap && !hot.quarantine() {
+    if h.placement == Placement::Heap && !quarantine {
         h.mark_freed();
         // SAFETY: a heap block of class `h.class`, freed, on the list of `held`.
         unsafe { heap::park(header as *mut u8, h.class, &mut held) };
@@ -373,7 +409,7 @@ unsafe fn free_on_own_list(
     h.mark_freed();
     drop(held);
     // SAFETY: the block is off its list and marked freed; this thread owns its memory now.
-    unsafe { release_freed(header, hot, Settling::No) };
+    unsafe { release_freed(header, init::set_up_hot(), Settling::No) };
 }
 
 /// Whether a free runs while settling queued frees with the world stopped (`live_list`): the
