@@ -13,12 +13,14 @@ pub mod header;
 mod heap;
 mod init;
 pub(crate) mod integrity;
+mod kind;
 pub mod live_list;
-mod quarantine;
 pub mod malloc;
+mod quarantine;
 pub mod raw;
 
-use crate::ffi::BlockKind;
+pub use kind::BlockKind;
+
 use crate::stack::{self, StackId, StartFrame};
 use core::ffi::c_char;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -219,7 +221,7 @@ fn free_live(
     }
     // SAFETY: lookup saw a LIVE cookie; the fields read before holding the shard are only used
     // to find it, and everything is checked again once it is held.
-    let (shard, allocated_with) = unsafe { ((*header).shard, (*header).kind) };
+    let shard = unsafe { (*header).shard };
     // SAFETY: as above; only this thread frees the block it was given.
     if unsafe { !(*header).guard_intact() } {
         integrity::report_at_delete(header, kind, start());
@@ -228,7 +230,8 @@ fn free_live(
     if hot.free_stacks() {
         record_free_stack(header, start());
     }
-    if allocated_with != kind && !malloc::same_family(allocated_with, kind) {
+    // SAFETY: as above.
+    if unsafe { !(*header).freed_by_its_family(kind) } {
         report_mismatch(header, kind, start());
     }
     let me = guard::me();
