@@ -198,6 +198,8 @@ unsafe fn core_kind(kind: bridge::BlockKind) -> BlockKind {
     }
 }
 
+// The same value for each kind on both sides: `k15_memory_c_allocate` receives the bridge's
+// kind as the tracker's, unmapped.
 const _: () = {
     macro_rules! same_values {
         ($($kind:ident),*) => {
