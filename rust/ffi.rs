@@ -5,8 +5,8 @@
 
 use crate::engine::{self, AllocatorKind, ClassSpec, PoolConfig, StackMarker, TrackedAllocator};
 use crate::stack::StartFrame;
-use crate::tracker;
 use crate::tracker::guard::Inside;
+use crate::tracker::{self, BlockKind};
 use core::ffi::{c_char, CStr};
 
 #[cxx::bridge(namespace = "k15::memory::detail")]
@@ -21,7 +21,7 @@ pub mod bridge {
         pub total_frees: u64,
     }
 
-    /// Which allocation function made a block; a free through another family is a mismatch.
+    /// Which allocation function made a block (`tracker::BlockKind`, mapped by `core_kind`).
     #[repr(u8)]
     #[derive(Debug)]
     pub enum BlockKind {
@@ -29,8 +29,6 @@ pub mod bridge {
         NewArray,
         Rust,
         Bullet,
-        /// The C family (`rust/tracker/malloc.rs`): one kind per allocating function, any of
-        /// them released by `free` or `realloc`.
         Malloc,
         Calloc,
         Realloc,
@@ -39,7 +37,6 @@ pub mod bridge {
         Memalign,
         Valloc,
         Pvalloc,
-        /// `k15::memory::allocate(size, align, name)`: the header's `file` holds the name.
         Named,
     }
 
@@ -163,7 +160,6 @@ pub mod bridge {
     }
 }
 
-pub use bridge::BlockKind;
 use bridge::Stats;
 use bridge::{
     EngineClassSpec, EngineIdentity, EngineLeaks, EngineMarker, EngineMemStats, EngineStats,
@@ -171,43 +167,103 @@ use bridge::{
 
 // Every `new` and `delete` (`cpp/new_delete.cpp`, `cpp/bullet_hooks.cpp`) calls the two
 // functions below directly (and `cpp/take_over.cpp` the third), declared in `cpp/entry.h`, not
-// through the bridge: cxx's C++ wrapper and Rust shim add two calls to each, measured at about 8% of a tracked new/delete
-// pair. Everything else crosses through the bridge.
+// through the bridge: cxx's C++ wrapper and Rust shim add two calls to each, measured at about
+// 8% of a tracked new/delete pair. Everything else crosses through the bridge, but for the C
+// family's entry points (`rust/tracker/malloc.rs`).
+
+/// The tracker's kind for the bridge's, by name. The values are the same (checked below: the C
+/// family's entry point takes the tracker's kind as C++ passes it), so the match compiles to
+/// nothing on the hot path.
+///
+/// # Safety
+/// `kind` is one of the bridge's enumerators: `cpp/` passes only those, never a cast integer.
+#[inline(always)]
+unsafe fn core_kind(kind: bridge::BlockKind) -> BlockKind {
+    match kind {
+        bridge::BlockKind::New => BlockKind::New,
+        bridge::BlockKind::NewArray => BlockKind::NewArray,
+        bridge::BlockKind::Rust => BlockKind::Rust,
+        bridge::BlockKind::Bullet => BlockKind::Bullet,
+        bridge::BlockKind::Malloc => BlockKind::Malloc,
+        bridge::BlockKind::Calloc => BlockKind::Calloc,
+        bridge::BlockKind::Realloc => BlockKind::Realloc,
+        bridge::BlockKind::AlignedAlloc => BlockKind::AlignedAlloc,
+        bridge::BlockKind::PosixMemalign => BlockKind::PosixMemalign,
+        bridge::BlockKind::Memalign => BlockKind::Memalign,
+        bridge::BlockKind::Valloc => BlockKind::Valloc,
+        bridge::BlockKind::Pvalloc => BlockKind::Pvalloc,
+        bridge::BlockKind::Named => BlockKind::Named,
+        // SAFETY: guaranteed by the caller.
+        _ => unsafe { core::hint::unreachable_unchecked() },
+    }
+}
+
+// The same value for each kind on both sides: `k15_memory_c_allocate` receives the bridge's
+// kind as the tracker's, unmapped.
+const _: () = {
+    macro_rules! same_values {
+        ($($kind:ident),*) => {
+            $(assert!(bridge::BlockKind::$kind.repr == BlockKind::$kind as u8);)*
+        };
+    }
+    same_values!(
+        New,
+        NewArray,
+        Rust,
+        Bullet,
+        Malloc,
+        Calloc,
+        Realloc,
+        AlignedAlloc,
+        PosixMemalign,
+        Memalign,
+        Valloc,
+        Pvalloc,
+        Named
+    );
+};
 
 /// A tracked block, or null when memory is exhausted. `frame_address` is the frame of the
 /// calling `operator new`; the call stack starts at its caller.
 ///
 /// # Safety
-/// `file` is null or a NUL-terminated string that lives as long as the block (a `__FILE__`
-/// literal); `frame_address` is the frame of a live function compiled with frame pointers.
+/// `kind` is one of `BlockKind`'s enumerators; `file` is null or a NUL-terminated string that
+/// lives as long as the block (a `__FILE__` literal); `frame_address` is the frame of a live
+/// function compiled with frame pointers.
 #[no_mangle]
 pub unsafe extern "C" fn k15_memory_allocate(
     size: usize,
     align: usize,
-    kind: BlockKind,
+    kind: bridge::BlockKind,
     file: *const c_char,
     line: i32,
     frame_address: usize,
 ) -> *mut u8 {
     // SAFETY: forwarded from the caller's guarantee.
     let start = || unsafe { StartFrame::caller_of(frame_address) };
-    // SAFETY: `file` is as the caller guarantees.
-    unsafe { tracker::allocate(size, align, kind, file, line.max(0) as u32, start) }
+    // SAFETY: `kind` and `file` are as the caller guarantees.
+    unsafe {
+        let kind = core_kind(kind);
+        tracker::allocate(size, align, kind, file, line.max(0) as u32, start)
+    }
 }
 
 /// Frees a block from [`k15_memory_allocate`]; bad frees are reported, never crash.
 ///
 /// # Safety
-/// `frame_address` is the frame of a live function compiled with frame pointers; `ptr` may be
-/// anything (bad pointers are classified and reported).
+/// `kind` is one of `BlockKind`'s enumerators; `frame_address` is the frame of a live function
+/// compiled with frame pointers; `ptr` may be anything (bad pointers are classified and
+/// reported).
 #[no_mangle]
 pub unsafe extern "C" fn k15_memory_deallocate(
     ptr: *mut u8,
-    kind: BlockKind,
+    kind: bridge::BlockKind,
     frame_address: usize,
 ) {
     // SAFETY: forwarded from the caller's guarantee.
     let start = || unsafe { StartFrame::caller_of(frame_address) };
+    // SAFETY: as the caller guarantees.
+    let kind = unsafe { core_kind(kind) };
     tracker::deallocate(ptr, kind, start)
 }
 

@@ -1,9 +1,9 @@
 //! `TrackedAlloc`: Rust's global allocator over the tracker, so Rust blocks land in the same
 //! lists and the same leak log (`"language": "rust"`).
 
-use crate::ffi::BlockKind;
 use crate::stack::StartFrame;
 use crate::tracker;
+use crate::tracker::BlockKind;
 use core::alloc::{GlobalAlloc, Layout};
 
 /// Use as `#[global_allocator] static A: k15_memory::TrackedAlloc = k15_memory::TrackedAlloc;`

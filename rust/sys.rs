@@ -182,8 +182,9 @@ pub fn process_barrier() {
     }
 }
 
-/// Whether the page holding `addr` is mapped and readable (a thread stack's guard page is
-/// mapped but not readable). A syscall: only for rare, cold lookups.
+/// Whether the page holding `addr` is mapped and readable: a `PROT_NONE` reservation (glibc's
+/// arenas keep one after each heap, the tracker's own heap too) is mapped, but reading it
+/// faults. Syscalls: only for rare paths (page-aligned frees, damaged headers).
 pub fn page_is_mapped(addr: usize) -> bool {
     let page = addr & !(PAGE_SIZE - 1);
     let mut byte = 0u8;
@@ -195,19 +196,17 @@ pub fn page_is_mapped(addr: usize) -> bool {
         iov_base: page as *mut libc::c_void,
         iov_len: 1,
     };
-    // SAFETY: the kernel copies one byte of our own process into `byte`, or fails with EFAULT
-    // where that byte cannot be read; nothing faults in this process.
+    // SAFETY: the kernel copies one byte of `page` into `byte`, or fails with EFAULT where
+    // `page` cannot be read; this process may always read itself.
     let copied = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
-    if copied == 1 {
-        return true;
+    match copied {
+        1 => true,
+        _ if std::io::Error::last_os_error().raw_os_error() == Some(libc::EFAULT) => false,
+        // Refused by a sandbox (seccomp): whether the page is mapped at all is all that can be
+        // told. SAFETY: msync with MS_ASYNC on one page only reports ENOMEM for unmapped
+        // memory; it never touches the memory itself.
+        _ => unsafe { libc::msync(page as *mut libc::c_void, PAGE_SIZE, libc::MS_ASYNC) == 0 },
     }
-    if std::io::Error::last_os_error().raw_os_error() == Some(libc::EFAULT) {
-        return false;
-    }
-    // process_vm_readv refused (a seccomp filter): whether it is mapped at all. msync with
-    // MS_ASYNC on one page only reports ENOMEM for unmapped memory and never touches it.
-    // SAFETY: as said.
-    unsafe { libc::msync(page as *mut libc::c_void, PAGE_SIZE, libc::MS_ASYNC) == 0 }
 }
 
 /// Writes all of `bytes` to the file descriptor, retrying on short writes and EINTR.
@@ -306,4 +305,27 @@ pub fn exit_now(code: i32) -> ! {
 pub fn abort() -> ! {
     // SAFETY: abort never returns.
     unsafe { libc::abort() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_readable_pages_count_as_mapped() {
+        let reserved = reserve_pages(3 * PAGE_SIZE);
+        assert!(!reserved.is_null());
+        assert!(commit_pages(reserved, PAGE_SIZE));
+        let page = |n: usize| reserved as usize + n * PAGE_SIZE;
+        assert!(page_is_mapped(page(0) + 100));
+        assert!(
+            !page_is_mapped(page(1)),
+            "a PROT_NONE reserve cannot be read"
+        );
+        // SAFETY: pages of the reservation above, which nothing else uses.
+        unsafe { unmap_pages(page(2) as *mut u8, PAGE_SIZE) };
+        assert!(!page_is_mapped(page(2)), "an unmapped page");
+        // SAFETY: as above.
+        unsafe { unmap_pages(reserved, 2 * PAGE_SIZE) };
+    }
 }

@@ -37,7 +37,7 @@ mod system_memory;
 #[cfg(test)]
 mod test_support;
 mod thread_slot;
-pub mod tracked;
+mod tracked;
 pub mod typed_pool;
 
 use std::fmt;
@@ -52,7 +52,7 @@ pub use registry::{
 pub(crate) use registry::{lock_for_fork as lock_registry_for_fork, mark_serving_tracker};
 pub use size_class::ClassSpec;
 pub use stack::{StackAllocator, StackMarker, StackScope};
-pub use tracked::TrackedAllocator;
+pub use tracked::{any_tracked_allocator_created, TrackedAllocator};
 pub use typed_pool::{ObjectPool, PoolBox, TypedPool};
 
 /// Which kind of engine allocator served a block.

@@ -8,10 +8,10 @@ use super::{
     AllocatorInfo, AllocatorStats, BlockAllocator, CreateError, EngineAllocator, FreeError,
     ObjectPool, Pool, PoolConfig, StackAllocator, StackMarker,
 };
-use crate::ffi::BlockKind;
 use crate::stack::{StackId, StartFrame};
 use crate::tracker::errors::{self, ErrorKind, MemoryError};
 use crate::tracker::guard::Inside;
+use crate::tracker::BlockKind;
 
 enum Inner {
     Pool(Pool),
@@ -30,7 +30,7 @@ pub struct TrackedAllocator {
 static CREATED: AtomicBool = AtomicBool::new(false);
 
 /// Whether a [`TrackedAllocator`] was ever made: then the exit report is due even if nothing else was tracked.
-pub fn any_created() -> bool {
+pub fn any_tracked_allocator_created() -> bool {
     CREATED.load(Relaxed)
 }
 

@@ -30,7 +30,10 @@ pub fn run() {
     let _inside = crate::tracker::guard::Inside::enter();
     let stats = crate::tracker::stats();
     let errors = crate::tracker::errors::all().1;
-    if stats.total_allocations == 0 && errors == 0 && !crate::engine::tracked::any_created() {
+    if stats.total_allocations == 0
+        && errors == 0
+        && !crate::engine::any_tracked_allocator_created()
+    {
         return; // nothing was ever tracked (a Rust test binary that links the library, say)
     }
     // Collected even with report=0: the exit code depends on what it finds.

@@ -74,7 +74,7 @@ pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
             out,
             "    {{ \"stack\": {}, \"array\": {}, \"file\": {}, \"line\": {}, \"language\": {}, \"allocated_with\": {} }}{}",
             stacks.id(l.stack),
-            l.kind == crate::ffi::BlockKind::NewArray,
+            l.kind == crate::tracker::BlockKind::NewArray,
             l.file.map_or("null".to_owned(), quoted),
             l.line,
             quoted(l.language()),

@@ -9,7 +9,6 @@ pub mod scan;
 pub mod suppress;
 pub mod text;
 
-use crate::ffi::BlockKind;
 use crate::stack::{self, StackId};
 use crate::symbolize::{Frame, Symbolizer};
 use crate::tracker::errors::{self, MemoryError};
@@ -17,6 +16,7 @@ use crate::tracker::guard::Inside;
 use crate::tracker::header::BlockHeader;
 use crate::tracker::integrity::{self, FoundBy};
 use crate::tracker::live_list::StoppedWorld;
+use crate::tracker::BlockKind;
 use scan::{LeakKind, Node};
 use std::collections::HashMap;
 use std::io::Write;
@@ -70,7 +70,7 @@ impl Leak {
         (
             self.stack.0,
             self.language().as_ptr() as usize,
-            self.kind.repr,
+            self.kind as u8,
             self.file.map_or(0, |f| f.as_ptr() as usize),
             self.line,
         )
@@ -403,11 +403,11 @@ fn live_blocks(symbolizer: &Symbolizer) -> (Vec<Leak>, Vec<u32>) {
             });
             // A `k15::memory::allocate` block keeps its allocator's name where others keep
             // their `K15_NEW` file.
-            let named = h.kind == BlockKind::Named;
+            let named = h.kind() == BlockKind::Named;
             leaks.push(Leak {
                 address: BlockHeader::user_ptr(header) as usize,
                 size: h.size,
-                kind: h.kind,
+                kind: h.kind(),
                 file: file.filter(|_| !named),
                 line: h.line,
                 seq: h.seq,

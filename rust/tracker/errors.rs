@@ -1,6 +1,6 @@
 //! Memory errors: what went wrong at a free, kept for the report and printed at once.
 
-use crate::ffi::BlockKind;
+use super::BlockKind;
 use crate::stack::StackId;
 use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
 

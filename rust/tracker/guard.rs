@@ -7,7 +7,7 @@
 
 use super::header::BlockHeader;
 use super::live_list::{self, ThreadShard};
-use crate::ffi::BlockKind;
+use super::BlockKind;
 use core::cell::Cell;
 use core::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
 
@@ -110,16 +110,16 @@ impl DeferredFree {
     fn split(self) -> (usize, u8) {
         match self {
             DeferredFree::Claimed(header) => (header as usize, CLAIMED),
-            DeferredFree::Free { ptr, kind } => (ptr as usize, kind.repr),
+            DeferredFree::Free { ptr, kind } => (ptr as usize, kind as u8),
         }
     }
 
     fn join(address: usize, kind: u8) -> DeferredFree {
         match kind {
             CLAIMED => DeferredFree::Claimed(address as *mut BlockHeader),
-            repr => DeferredFree::Free {
+            byte => DeferredFree::Free {
                 ptr: address as *mut u8,
-                kind: BlockKind { repr },
+                kind: BlockKind::from_byte(byte),
             },
         }
     }
@@ -306,7 +306,7 @@ mod tests {
         match take_deferred() {
             Some(DeferredFree::Free { ptr, kind }) => {
                 assert_eq!(ptr, block(2));
-                assert_eq!(kind.repr, BlockKind::NewArray.repr);
+                assert_eq!(kind, BlockKind::NewArray);
             }
             _ => panic!("the last one first"),
         }

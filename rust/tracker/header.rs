@@ -30,7 +30,7 @@
 //! [`GUARD_SIZE`] bytes of [`GUARD_BYTE`] (not aligned: it starts right at the requested size).
 
 use super::raw::{self, RawBlock};
-use crate::ffi::BlockKind;
+use super::BlockKind;
 use crate::stack::StackId;
 use core::ffi::c_char;
 use core::sync::atomic::{AtomicUsize, Ordering};
@@ -73,7 +73,9 @@ pub struct BlockHeader {
     pub shard: u8,
     /// The heap's size class of a [`Placement::Heap`] block.
     pub class: u8,
-    pub kind: BlockKind,
+    /// A [`BlockKind`] as a byte, read through [`BlockHeader::kind`]: a stray write may leave
+    /// any value in a freed block's header, which the cookie no longer covers.
+    kind: u8,
     pub placement: Placement,
     pub file: *const c_char,
     pub size: usize,
@@ -153,6 +155,19 @@ impl BlockHeader {
         self.raw_offset as usize
     }
 
+    /// How the block was allocated.
+    #[inline]
+    pub fn kind(&self) -> BlockKind {
+        BlockKind::from_byte(self.kind)
+    }
+
+    /// Whether a free through `kind` suits the block: its own kind, or one of its family.
+    /// Compared as stored first, so that the free path decodes nothing.
+    #[inline]
+    pub fn freed_by_its_family(&self, kind: BlockKind) -> bool {
+        self.kind == kind as u8 || super::malloc::same_family(self.kind(), kind)
+    }
+
     /// The `placement` byte as stored, which an overrun may have set to any value.
     pub fn placement_byte(&self) -> u8 {
         // SAFETY: a plain read of a byte of the header.
@@ -185,7 +200,7 @@ impl BlockHeader {
             (&raw mut (*header).line).write(block.line);
             (&raw mut (*header).shard).write(owner.shard);
             (&raw mut (*header).class).write(raw.class);
-            (&raw mut (*header).kind).write(block.kind);
+            (&raw mut (*header).kind).write(block.kind as u8);
             (&raw mut (*header).placement).write(raw.placement);
             (&raw mut (*header).file).write(block.file);
             (&raw mut (*header).size).write(block.size);

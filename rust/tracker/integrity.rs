@@ -6,7 +6,7 @@ use super::errors::{self, Damage, ErrorKind, MemoryError};
 use super::guard::{self, Inside};
 use super::header::{BlockHeader, GUARD_BYTE, GUARD_SIZE};
 use super::live_list::{HeldShard, StoppedWorld};
-use crate::ffi::BlockKind;
+use super::BlockKind;
 use crate::stack::{StackId, StartFrame};
 use core::fmt::Write;
 use core::ptr::null_mut;
@@ -53,7 +53,7 @@ pub fn block_error(
         file: file_of(h),
         line: h.line,
         thread: h.thread,
-        allocated_with: Some(h.kind),
+        allocated_with: Some(h.kind()),
         alloc_stack: h.alloc_stack,
         ..MemoryError::at_free(kind, BlockHeader::user_ptr(header), freed_with, free_stack)
     }
@@ -74,7 +74,7 @@ fn inspect(header: *mut BlockHeader, found_by: FoundBy, problems: &mut Vec<Memor
         problems.push(MemoryError {
             damage,
             detail: found_by.detail(),
-            ..block_error(ErrorKind::Underrun, header, h.kind, StackId(0))
+            ..block_error(ErrorKind::Underrun, header, h.kind(), StackId(0))
         });
     }
     if !h.guard_intact() {
@@ -83,7 +83,7 @@ fn inspect(header: *mut BlockHeader, found_by: FoundBy, problems: &mut Vec<Memor
         problems.push(MemoryError {
             damage,
             detail: found_by.detail(),
-            ..block_error(ErrorKind::Overrun, header, h.kind, StackId(0))
+            ..block_error(ErrorKind::Overrun, header, h.kind(), StackId(0))
         });
     }
 }
@@ -555,7 +555,7 @@ pub fn fields_hold_together(h: &BlockHeader) -> bool {
 /// write may have changed it; the cookie does not cover it).
 pub fn file_of(h: &BlockHeader) -> Option<String> {
     // A `k15::memory::allocate` block keeps its allocator's name there instead.
-    if h.kind == BlockKind::Named
+    if h.kind() == BlockKind::Named
         || h.file.is_null()
         || !crate::sys::page_is_mapped(h.file as usize)
     {

@@ -11,8 +11,8 @@
 
 use super::guard::Inside;
 use super::header::{BlockHeader, Lookup, NewBlock, Placement};
+use super::BlockKind;
 use super::{allocate_inside, allocate_untracked, deallocate, init};
-use crate::ffi::BlockKind;
 use crate::stack::StartFrame;
 use crate::sys::{self, glibc, PAGE_SIZE};
 use core::ffi::c_void;
@@ -27,7 +27,7 @@ pub fn same_family(a: BlockKind, b: BlockKind) -> bool {
 
 #[inline]
 fn is_c_family(kind: BlockKind) -> bool {
-    (BlockKind::Malloc.repr..=BlockKind::Pvalloc.repr).contains(&kind.repr)
+    (BlockKind::Malloc as u8..=BlockKind::Pvalloc as u8).contains(&(kind as u8))
 }
 
 /// Whether glibc serves the family: `malloc=0`, or the tracker not set up yet (glibc served
@@ -108,8 +108,13 @@ unsafe fn free_checked(ptr: *mut u8, frame_address: usize) {
 /// A block of the C family (`kind`, aligned to `align`; 0 = default), tracked with `malloc=1`,
 /// else glibc's. Null with `errno` = `ENOMEM` when memory is exhausted.
 ///
+/// `kind` crosses as the tracker's own type, not mapped from the bridge's in `rust/ffi.rs`: a
+/// call from there would cost this entry point, which every `malloc` of the process takes, its
+/// tail call to glibc. `rust/ffi.rs` checks at compile time that the values are the same.
+///
 /// # Safety
-/// `frame_address` is the frame of the calling C function, compiled with frame pointers.
+/// `kind` is one of `BlockKind`'s enumerators (C++ passes no other); `frame_address` is the
+/// frame of the calling C function, compiled with frame pointers.
 #[no_mangle]
 pub unsafe extern "C" fn k15_memory_c_allocate(
     size: usize,

@@ -13,12 +13,14 @@ pub mod header;
 mod heap;
 mod init;
 pub(crate) mod integrity;
+mod kind;
 pub mod live_list;
 pub mod malloc;
 mod quarantine;
 pub mod raw;
 
-use crate::ffi::BlockKind;
+pub use kind::BlockKind;
+
 use crate::stack::{self, StackId, StartFrame};
 use core::ffi::c_char;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -223,7 +225,7 @@ fn free_live(
     }
     // SAFETY: lookup saw a LIVE cookie; the fields read before holding the shard are only used
     // to find it, and everything is checked again once it is held.
-    let (shard, allocated_with) = unsafe { ((*header).shard, (*header).kind) };
+    let shard = unsafe { (*header).shard };
     // SAFETY: as above; only this thread frees the block it was given.
     if unsafe { !(*header).guard_intact() } {
         integrity::report_at_delete(header, kind, start());
@@ -232,9 +234,9 @@ fn free_live(
     // The option bits are tested once on the common path (neither option set); the path with
     // either of them is the same code with their steps compiled in.
     if hot.free_stacks() || hot.quarantine() {
-        free_live_with_options(header, cookie, shard, allocated_with, kind, start, hot)
+        free_live_with_options(header, cookie, shard, kind, start, hot)
     } else {
-        free_live_as_asked::<false>(header, cookie, shard, allocated_with, kind, start, hot)
+        free_live_as_asked::<false>(header, cookie, shard, kind, start, hot)
     }
 }
 
@@ -245,12 +247,11 @@ fn free_live_with_options(
     header: *mut BlockHeader,
     cookie: usize,
     shard: u8,
-    allocated_with: BlockKind,
     kind: BlockKind,
     start: impl Fn() -> StartFrame + Copy,
     hot: init::Hot,
 ) {
-    free_live_as_asked::<true>(header, cookie, shard, allocated_with, kind, start, hot)
+    free_live_as_asked::<true>(header, cookie, shard, kind, start, hot)
 }
 
 /// The rest of [`free_live`], once the guard is checked: `OPTIONS` says whether `hot` may ask
@@ -260,7 +261,6 @@ fn free_live_as_asked<const OPTIONS: bool>(
     header: *mut BlockHeader,
     cookie: usize,
     shard: u8,
-    allocated_with: BlockKind,
     kind: BlockKind,
     start: impl Fn() -> StartFrame + Copy,
     hot: init::Hot,
@@ -268,7 +268,8 @@ fn free_live_as_asked<const OPTIONS: bool>(
     if OPTIONS && hot.free_stacks() {
         record_free_stack(header, start());
     }
-    if allocated_with != kind && !malloc::same_family(allocated_with, kind) {
+    // SAFETY: as above.
+    if unsafe { !(*header).freed_by_its_family(kind) } {
         report_mismatch(header, kind, start());
     }
     let me = guard::me();

@@ -7,7 +7,7 @@
 use super::errors::{self, Damage, ErrorKind, MemoryError};
 use super::header::{BlockHeader, Placement};
 use super::integrity::{self, FoundBy};
-use crate::ffi::BlockKind;
+use super::BlockKind;
 use crate::stack::StackId;
 use core::sync::atomic::{AtomicUsize, Ordering};
 use std::collections::VecDeque;
@@ -146,7 +146,7 @@ fn inspect(block: Held, found_by: FoundBy, problems: &mut Vec<MemoryError>) {
                 _ => found_by.detail().unwrap_or(""),
             }),
             previous_free_stack: block.free_stack,
-            ..integrity::block_error(ErrorKind::UseAfterFree, block.header, h.kind, StackId(0))
+            ..integrity::block_error(ErrorKind::UseAfterFree, block.header, h.kind(), StackId(0))
         });
     }
 }
