@@ -218,24 +218,17 @@ fn foreign_pointers_are_reported_with_tracking_on_and_never_given_to_the_wrong_a
         "{}",
         run.text
     );
-    let lines: Vec<u64> = run
-        .errors()
-        .iter()
-        .map(|e| e["free_stack"][0]["line"].as_u64().unwrap())
-        .collect();
-    let markers = [
-        "// FREE glibc",
-        "// FREE mmap",
-        "// FREE stack",
-        "// FREE near null",
-        "// REALLOC stack",
-        "// FREE twice",
-    ];
-    let expected: Vec<u64> = markers
-        .iter()
-        .map(|m| support::line_of(SOURCE, m))
-        .collect();
-    assert_eq!(lines, expected, "{}", run.text);
+    assert_freed_at(
+        &run,
+        &[
+            "// FREE glibc",
+            "// FREE mmap",
+            "// FREE stack",
+            "// FREE near null",
+            "// REALLOC stack",
+            "// FREE twice",
+        ],
+    );
     assert_eq!(run.errors()[4]["freed_with"], "realloc");
     assert_eq!(run.errors()[5]["size"], 40);
 }
@@ -243,8 +236,9 @@ fn foreign_pointers_are_reported_with_tracking_on_and_never_given_to_the_wrong_a
 #[test]
 fn with_tracking_off_glibc_blocks_go_back_to_glibc_and_only_bad_pointers_are_reported() {
     let run = run("foreign_to_glibc", "malloc=0");
-    assert!(run.stdout().contains("glibc usable: 1"), "{}", run.stdout()); // 104 or more
-                                                                           // glibc's block went back to glibc; only the pointers glibc never handed out are reported.
+    // 104 or more
+    assert!(run.stdout().contains("glibc usable: 1"), "{}", run.stdout());
+    // glibc's block went back to glibc; only the pointers glibc never handed out are reported.
     assert_eq!(
         run.error_kinds(),
         [
@@ -256,22 +250,15 @@ fn with_tracking_off_glibc_blocks_go_back_to_glibc_and_only_bad_pointers_are_rep
         "{}",
         run.text
     );
-    let lines: Vec<u64> = run
-        .errors()
-        .iter()
-        .map(|e| e["free_stack"][0]["line"].as_u64().unwrap())
-        .collect();
-    let markers = [
-        "// FREE mmap",
-        "// FREE stack",
-        "// FREE near null",
-        "// REALLOC stack",
-    ];
-    let expected: Vec<u64> = markers
-        .iter()
-        .map(|m| support::line_of(SOURCE, m))
-        .collect();
-    assert_eq!(lines, expected, "{}", run.text);
+    assert_freed_at(
+        &run,
+        &[
+            "// FREE mmap",
+            "// FREE stack",
+            "// FREE near null",
+            "// REALLOC stack",
+        ],
+    );
     assert_eq!(run.json["summary"]["leaked_blocks"], 0, "{}", run.text);
 }
 
@@ -452,4 +439,18 @@ fn lost_blocks(valgrind_output: &str) -> (u64, u64) {
         total.1 += numbers[0];
     }
     total
+}
+
+/// Each error's free stack starts at the line of `SOURCE` holding the marker, in order.
+fn assert_freed_at(run: &support::Run, markers: &[&str]) {
+    let lines: Vec<u64> = run
+        .errors()
+        .iter()
+        .map(|e| e["free_stack"][0]["line"].as_u64().unwrap())
+        .collect();
+    let expected: Vec<u64> = markers
+        .iter()
+        .map(|m| support::line_of(SOURCE, m))
+        .collect();
+    assert_eq!(lines, expected, "{}", run.text);
 }
