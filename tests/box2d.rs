@@ -90,24 +90,10 @@ fn the_leaked_world_and_its_box2d_blocks_are_reported_and_valgrind_agrees() {
         .output()
         .expect("valgrind is installed");
     let text = String::from_utf8_lossy(&referee.stderr);
-    let count = |kind: &str| -> (u64, u64) {
-        let line = text
-            .lines()
-            .find(|l| l.contains(kind))
-            .unwrap_or_else(|| panic!("{text}"));
-        let numbers: Vec<u64> = line
-            .split(kind)
-            .nth(1)
-            .unwrap()
-            .split_whitespace()
-            .filter_map(|w| w.replace(',', "").parse().ok())
-            .collect();
-        (numbers[1], numbers[0])
-    };
-    let (definite, indirect) = (count("definitely lost:"), count("indirectly lost:"));
+    let lost = support::valgrind_lost(&text);
     let our_bytes: u64 = ours.iter().map(|l| l["size"].as_u64().unwrap()).sum();
     assert_eq!(
-        (definite.0 + indirect.0, definite.1 + indirect.1),
+        lost,
         (ours.len() as u64, our_bytes),
         "valgrind:\n{text}\nours:\n{}",
         run.text

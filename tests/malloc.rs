@@ -410,7 +410,7 @@ fn valgrind_agrees_on_a_malloc_heavy_program() {
         .output()
         .expect("valgrind is installed (.ci/run installs it)");
     let text = String::from_utf8_lossy(&referee.stderr);
-    let lost = lost_blocks(&text);
+    let lost = support::valgrind_lost(&text);
     assert_eq!(
         lost,
         (program_leaks.len() as u64, bytes),
@@ -418,27 +418,6 @@ fn valgrind_agrees_on_a_malloc_heavy_program() {
         ours.text
     );
     assert!(lost.0 >= 100, "{text}");
-}
-
-/// valgrind's definitely plus indirectly lost (blocks, bytes).
-fn lost_blocks(valgrind_output: &str) -> (u64, u64) {
-    let mut total = (0, 0);
-    for kind in ["definitely lost:", "indirectly lost:"] {
-        let line = valgrind_output
-            .lines()
-            .find(|l| l.contains(kind))
-            .unwrap_or_else(|| panic!("no {kind} in:\n{valgrind_output}"));
-        let numbers: Vec<u64> = line
-            .split(kind)
-            .nth(1)
-            .unwrap()
-            .split_whitespace()
-            .filter_map(|w| w.replace(',', "").parse().ok())
-            .collect();
-        total.0 += numbers[1];
-        total.1 += numbers[0];
-    }
-    total
 }
 
 /// Each error's free stack starts at the line of `SOURCE` holding the marker, in order.

@@ -303,3 +303,24 @@ pub fn run_measured(cmd: &mut Command) -> (i32, f64, i64) {
         usage.ru_maxrss,
     )
 }
+
+/// valgrind's definitely plus indirectly lost (blocks, bytes).
+pub fn valgrind_lost(valgrind_output: &str) -> (u64, u64) {
+    let mut total = (0, 0);
+    for kind in ["definitely lost:", "indirectly lost:"] {
+        let line = valgrind_output
+            .lines()
+            .find(|l| l.contains(kind))
+            .unwrap_or_else(|| panic!("no {kind} in:\n{valgrind_output}"));
+        let numbers: Vec<u64> = line
+            .split(kind)
+            .nth(1)
+            .unwrap()
+            .split_whitespace()
+            .filter_map(|w| w.replace(',', "").parse().ok())
+            .collect();
+        total.0 += numbers[1];
+        total.1 += numbers[0];
+    }
+    total
+}
