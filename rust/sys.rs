@@ -143,6 +143,17 @@ pub fn commit_pages(ptr: *mut u8, len: usize) -> bool {
     }
 }
 
+/// Gives the memory of `len` bytes at `ptr` (usable pages of ours) back to the OS: they stay
+/// mapped, and read as zeros until written again.
+///
+/// # Safety
+/// Nothing in the pages is needed any more.
+pub unsafe fn return_pages(ptr: *mut u8, len: usize) {
+    // SAFETY: guaranteed by the caller; MADV_DONTNEED on private anonymous memory only drops
+    // its contents.
+    unsafe { libc::madvise(ptr as *mut libc::c_void, len, libc::MADV_DONTNEED) };
+}
+
 /// Returns pages from [`map_pages`].
 ///
 /// # Safety

@@ -417,6 +417,14 @@ impl BlockHeader {
                     StackId(0)
                 },
             }
+        } else if let Some(block) = super::heap::block_of_free_span(addr) {
+            // Its span's blocks all came back and its pages may be gone with the header: the
+            // size is the class's room, the stacks unknown.
+            Lookup::Freed {
+                size: block.size - HEADER_SIZE - GUARD_SIZE,
+                alloc_stack: StackId(0),
+                previous_free_stack: StackId(0),
+            }
         } else {
             Lookup::Foreign
         }

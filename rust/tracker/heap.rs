@@ -12,20 +12,14 @@
 //! shared stacks are on no shard list.
 //!
 //! A free block keeps its list links (bytes 0..16) and its size, stack and cookie (40..64), so a
-//! second `delete` still finds `FREED` until the block is handed out again; bytes 16..40 link the
-//! free lists:
+//! second `delete` still finds `FREED` until the block is handed out again; word 2 links it to
+//! the next block of its free list.
 //!
-//! | word | in every free block | in the first block of a list on a shared stack |
-//! | --- | --- | --- |
-//! | 2 | next block of its list | |
-//! | 3 | | next list |
-//! | 4 | | blocks in this list |
-//!
-//! Memory moves between a thread and its class's shared stack in whole lists of up to
+//! Memory moves between a thread and its class's spans (`spans`) in whole lists of up to
 //! [`batch_blocks`] blocks, under the class lock (once per batch, not per call). A thread holds at
 //! most two lists per class: `active` (allocations pop from it, frees push onto it) and one full
-//! `spare`. Memory is never given back to the OS: a debug-run trade-off that keeps the hot path
-//! short.
+//! `spare`. A span whose blocks have all come back serves any class next, and its pages go back
+//! to the OS (see `spans`).
 //!
 //! An overrun of the block in front may reach a free block's links, so every block handed out is
 //! checked first (in the heap's range, `FREED` cookie): a damaged list is given up, never
@@ -34,11 +28,12 @@
 
 use super::header::BlockHeader;
 use super::live_list::HeldShard;
-use crate::sys::{self, PAGE_SIZE};
+use super::spans::{self, SPAN_BYTES};
+use crate::sys::PAGE_SIZE;
 use core::cell::Cell;
 use core::ptr::null_mut;
-use core::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+
+pub(crate) use super::spans::{contains, lock_for_fork};
 
 /// The largest block (header included) served here; larger ones get their own mapping (`raw`).
 /// Up to this size no tracked block comes from glibc, which may give the memory of a freed block
@@ -47,11 +42,11 @@ const LARGEST_BLOCK: usize = 128 * 1024;
 
 /// 16-byte steps up to 512 bytes, then four classes per power of two.
 const FINE_CLASSES: usize = 32;
-const CLASS_COUNT: usize = FINE_CLASSES + 4 * 8;
+pub(super) const CLASS_COUNT: usize = FINE_CLASSES + 4 * 8;
 
 /// The largest alignment of a user pointer the heap serves. Classes whose size is a multiple of
 /// it have every block (and so every user pointer, `HEADER_SIZE` after it) aligned to it.
-const LARGEST_ALIGN: usize = 64;
+pub(super) const LARGEST_ALIGN: usize = 64;
 
 /// The class of a block of `size` user bytes and `overhead` bytes of ours whose user pointer is
 /// aligned to `align`, `None` when the heap does not serve that size or alignment.
@@ -83,7 +78,7 @@ fn class_of(total: usize) -> usize {
 
 /// The block size of class `class`, a multiple of 16.
 #[inline]
-fn class_size(class: usize) -> usize {
+pub(super) fn class_size(class: usize) -> usize {
     CLASSES[class].0
 }
 
@@ -128,18 +123,15 @@ const fn blocks_per_batch(class: usize) -> u32 {
 
 /// The word of a free block that links it to the next block of its list.
 const NEXT_BLOCK: usize = 2;
-/// In the first block of a list on a shared stack: the next list, and the list's length.
-const NEXT_LIST: usize = 3;
-const LIST_LENGTH: usize = 4;
 
 /// One list of free blocks, linked through [`NEXT_BLOCK`].
 #[derive(Clone, Copy)]
-struct List {
+pub(super) struct List {
     head: *mut u8,
-    count: u32,
+    pub(super) count: u32,
 }
 
-const EMPTY: List = List {
+pub(super) const EMPTY: List = List {
     head: null_mut(),
     count: 0,
 };
@@ -157,7 +149,7 @@ impl List {
     /// # Safety
     /// `block` is a free block of this list's class that nobody else holds.
     #[inline]
-    unsafe fn push(&mut self, block: *mut u8) {
+    pub(super) unsafe fn push(&mut self, block: *mut u8) {
         // SAFETY: guaranteed by the caller.
         unsafe { *word(block, NEXT_BLOCK) = self.head as usize };
         self.head = block;
@@ -198,11 +190,39 @@ impl List {
         good
     }
 
+    /// The list's first block, taken off it, once it is known to be a free block of the heap
+    /// in `bounds`; a list whose head is not (an overrun may have reached the link that led
+    /// there) is given up, reported, and its blocks stay unused.
+    ///
+    /// # Safety
+    /// The list's head is a free block held by the caller, and so is each block it links to;
+    /// the list is not empty.
+    pub(super) unsafe fn pop_checked(
+        &mut self,
+        bounds: core::ops::Range<usize>,
+    ) -> Option<*mut u8> {
+        let block = self.head;
+        // SAFETY: in the heap, so readable.
+        if !bounds.contains(&(block as usize)) || unsafe { !BlockHeader::is_freed_at(block.cast()) }
+        {
+            super::integrity::found_corruption(
+                block as usize,
+                super::integrity::Corrupted::FreeList,
+            );
+            *self = EMPTY;
+            return None;
+        }
+        // SAFETY: checked just above: a free block of the heap.
+        self.head = unsafe { *word(block, NEXT_BLOCK) } as *mut u8;
+        self.count -= 1;
+        Some(block)
+    }
+
     /// Every block of the list.
     ///
     /// # Safety
     /// The list's blocks are free and held by the caller, and stay so while it iterates.
-    unsafe fn blocks(self) -> impl Iterator<Item = *mut u8> {
+    pub(super) unsafe fn blocks(self) -> impl Iterator<Item = *mut u8> {
         let mut block = self.head;
         (0..self.count).map(move |_| {
             let current = block;
@@ -246,32 +266,6 @@ thread_local! {
 fn thread_heap() -> &'static ThreadHeap {
     // SAFETY: a `const` thread-local without `Drop` stays valid until the thread itself is gone.
     THREAD_HEAP.with(|heap| unsafe { &*(heap as *const ThreadHeap) })
-}
-
-/// What a class's lock protects: full or partial lists given back by threads, and the rest of
-/// the span being carved.
-struct SharedClass {
-    /// Stack of lists, linked through word 1 of their first block; word 2 is the list's count.
-    lists: *mut u8,
-    carve_next: *mut u8,
-    carve_end: *mut u8,
-}
-
-// SAFETY: the pointers are into our own mappings and only followed under the class lock.
-unsafe impl Send for SharedClass {}
-
-static SHARED: [Mutex<SharedClass>; CLASS_COUNT] = [const {
-    Mutex::new(SharedClass {
-        lists: null_mut(),
-        carve_next: null_mut(),
-        carve_end: null_mut(),
-    })
-}; CLASS_COUNT];
-
-/// A class lock. Nobody waits for a shard while holding one (`refill` lets go of it before it
-/// links blocks), so it may be taken with a shard held or the world stopped.
-fn shared(class: usize) -> MutexGuard<'static, SharedClass> {
-    SHARED[class].lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// A free block of class `class` (header included, 16-aligned, its user pointer never
@@ -373,43 +367,16 @@ unsafe fn unpark(list: List, mine: &mut HeldShard<'_>) {
     }
 }
 
-/// A list for an empty thread, parked on `mine`: one given back by a thread, else freshly carved
-/// blocks. The class lock is let go before the shard list is touched.
+/// A list for an empty thread, parked on `mine`: blocks given back to the class's spans, else
+/// freshly carved ones. The class lock is let go before the shard list is touched.
 #[cold]
 #[inline(never)]
 fn refill(class: usize, mine: &mut HeldShard<'_>) -> Option<(*mut u8, u32)> {
     super::guard::arm_thread_exit();
-    let list = {
-        let mut shared = shared(class);
-        loop {
-            let head = shared.lists;
-            if head.is_null() {
-                break carve(&mut shared, class)?;
-            }
-            // SAFETY: the first block of a list on the shared stack, held under the class lock,
-            // read once it is known to be in the heap.
-            unsafe {
-                if !contains(head as usize) || !BlockHeader::is_freed_at(head.cast()) {
-                    // The stack's link is damaged: what lies behind it stays unused.
-                    super::integrity::found_corruption(
-                        head as usize,
-                        super::integrity::Corrupted::FreeList,
-                    );
-                    shared.lists = null_mut();
-                    continue;
-                }
-                shared.lists = *word(head, NEXT_LIST) as *mut u8;
-                let list = List {
-                    head,
-                    count: (*word(head, LIST_LENGTH) as u32).min(batch_blocks(class)),
-                }
-                .checked();
-                if list.count > 0 {
-                    break list;
-                }
-            }
-        }
-    };
+    let list = spans::take_blocks(class, batch_blocks(class));
+    if list.count == 0 {
+        return None;
+    }
     // SAFETY: the list's blocks are free, this thread's now, and on no shard list.
     unsafe {
         for block in list.blocks() {
@@ -419,197 +386,35 @@ fn refill(class: usize, mine: &mut HeldShard<'_>) -> Option<(*mut u8, u32)> {
     Some((list.head, list.count))
 }
 
-/// Up to one batch of never-used blocks from the class's span, taking a new span when it is spent.
-fn carve(shared: &mut SharedClass, class: usize) -> Option<List> {
-    let size = class_size(class);
-    let mut list = EMPTY;
-    while list.count < batch_blocks(class) {
-        if (shared.carve_end as usize - shared.carve_next as usize) < size {
-            if list.count > 0 {
-                break;
-            }
-            let span = span_bytes(class);
-            let start = map_span(span, class)?;
-            shared.carve_next = start;
-            shared.carve_end = start.wrapping_add(span);
-            continue;
-        }
-        let block = shared.carve_next;
-        shared.carve_next = block.wrapping_add(size);
-        if carve_skips(block as usize) {
-            shared.carve_next = block.wrapping_add(LARGEST_ALIGN);
-            continue;
-        }
-        // SAFETY: a fresh block of this class inside our span, handed to nobody yet.
-        unsafe {
-            BlockHeader::mark_fresh_freed(block.cast());
-            list.push(block);
-        }
-    }
-    Some(list)
-}
-
-/// Whether `carve` leaves out the block it would cut at `block`: a page-aligned user pointer
+/// Whether carving leaves out the block it would cut at `block`: a page-aligned user pointer
 /// would cost each of its frees a page probe (`header`). Shifting the rest of the span by
 /// LARGEST_ALIGN bytes keeps the next ones off page starts too, and the blocks of the classes
 /// that serve aligned blocks aligned.
-fn carve_skips(block: usize) -> bool {
+pub(super) fn carve_skips(block: usize) -> bool {
     (block + super::header::HEADER_SIZE).is_multiple_of(PAGE_SIZE)
 }
 
-/// Each class carves spans of at least 256 KiB, and of at least four batches.
-fn span_bytes(class: usize) -> usize {
-    span_bytes_of(class)
+/// Gives a list of blocks on no shard list back to its class's spans.
+///
+/// # Safety
+/// The list's blocks are of class `class`, free, checked, on no shard list, and used by nobody.
+unsafe fn give_back(class: usize, list: List) {
+    // SAFETY: guaranteed by the caller.
+    unsafe { spans::give_back(class, list) }
 }
 
-const fn span_bytes_of(class: usize) -> usize {
-    let batches = 4 * blocks_per_batch(class) as usize * size_of_class(class);
-    let bytes = if batches > 256 * 1024 {
-        batches
-    } else {
-        256 * 1024
-    };
-    bytes.next_multiple_of(PAGE_SIZE)
-}
-
-/// Gives a list of blocks on no shard list back to its class's shared stack.
-fn give_back(class: usize, list: List) {
-    let mut shared = shared(class);
-    // SAFETY: the list's first block is free and ours until it is on the shared stack.
-    unsafe {
-        *word(list.head, NEXT_LIST) = shared.lists as usize;
-        *word(list.head, LIST_LENGTH) = list.count as usize;
-    }
-    shared.lists = list.head;
-}
-
-/// Gives back one freed block that is on no shard list (freed off another thread's list): it
-/// tops up the list on top of its class's stack, so that threads still get whole lists.
+/// Gives back one freed block that is on no shard list (freed off another thread's list).
 ///
 /// # Safety
 /// `block` is a block from [`take`] of class `class`, marked freed, on no shard list, and nobody
 /// uses it any more.
 pub unsafe fn give_back_block(block: *mut u8, class: u8) {
-    let class = class as usize;
-    let mut shared = shared(class);
-    let top = shared.lists;
-    // SAFETY: `top` is the first block of a list on the stack, held under the class lock, and
-    // `block` is free and ours (guaranteed by the caller).
+    let mut list = EMPTY;
+    // SAFETY: guaranteed by the caller.
     unsafe {
-        let top_length = if top.is_null() {
-            0
-        } else {
-            *word(top, LIST_LENGTH) as u32
-        };
-        if top_length == 0 || top_length == batch_blocks(class) {
-            *word(block, NEXT_BLOCK) = 0;
-            *word(block, NEXT_LIST) = top as usize;
-            *word(block, LIST_LENGTH) = 1;
-        } else {
-            *word(block, NEXT_BLOCK) = top as usize;
-            *word(block, NEXT_LIST) = *word(top, NEXT_LIST);
-            *word(block, LIST_LENGTH) = top_length as usize + 1;
-        }
+        list.push(block);
+        give_back(class as usize, list);
     }
-    shared.lists = block;
-}
-
-/// The heap's address space is reserved once, inaccessible, and made usable a region at a time:
-/// one range, so that whether an address is the heap's is a subtraction and a compare
-/// ([`contains`]), and a page map over it says which span and class each page belongs to
-/// ([`block_containing`]). The first size the OS grants is used.
-const RESERVE_BYTES: [usize; 3] = [64 << 30, 8 << 30, 1 << 30];
-/// Bytes made usable at once.
-const REGION_BYTES: usize = 64 * 1024 * 1024;
-
-/// Where the heap's spans lie, side by side so that [`contains`] finds both with one address.
-struct Carved {
-    /// Start of the reservation; 0 until the first span.
-    base: AtomicUsize,
-    /// Bytes from `base` handed out as spans so far (only grows).
-    bytes: AtomicUsize,
-}
-
-static CARVED: Carved = Carved {
-    base: AtomicUsize::new(0),
-    bytes: AtomicUsize::new(0),
-};
-/// One `u16` per page of the reservation: 0 where no span lies, else the page's index in its
-/// span (low byte) and its class + 1 (high byte).
-static PAGE_MAP: AtomicPtr<u16> = AtomicPtr::new(null_mut());
-
-/// A span's pages are numbered in a byte.
-const _: () = assert!(span_bytes_of(CLASS_COUNT - 1) <= 256 * PAGE_SIZE);
-
-struct Region {
-    /// Bytes of the reservation in all; 0 until it is made.
-    reserved: usize,
-    /// Bytes from the base made usable (a multiple of [`REGION_BYTES`]).
-    usable: usize,
-}
-
-static REGION: Mutex<Region> = Mutex::new(Region {
-    reserved: 0,
-    usable: 0,
-});
-
-fn region() -> MutexGuard<'static, Region> {
-    REGION.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// Whether `addr` lies in a span of the heap (a block of it, or a free part of its spans).
-#[inline(always)]
-pub fn contains(addr: usize) -> bool {
-    addr.wrapping_sub(CARVED.base.load(Ordering::Relaxed)) < CARVED.bytes.load(Ordering::Acquire)
-}
-
-/// A span of `bytes` for class `class`, entered in the page map.
-fn map_span(bytes: usize, class: usize) -> Option<*mut u8> {
-    let mut region = region();
-    if region.reserved == 0 {
-        reserve(&mut region)?;
-    }
-    let base = CARVED.base.load(Ordering::Relaxed);
-    let carved = CARVED.bytes.load(Ordering::Relaxed);
-    let end = carved.checked_add(bytes)?;
-    while end > region.usable {
-        let more = REGION_BYTES.min(region.reserved - region.usable);
-        if more == 0 || !sys::commit_pages((base + region.usable) as *mut u8, more) {
-            return None;
-        }
-        region.usable += more;
-    }
-    let first_page = carved / PAGE_SIZE;
-    let map = PAGE_MAP.load(Ordering::Relaxed);
-    for page in 0..bytes / PAGE_SIZE {
-        // SAFETY: the map has one entry per page of the reservation, and the span lies in it;
-        // entries are written here only, under the region lock, before the span is handed out.
-        unsafe { *map.add(first_page + page) = ((class as u16 + 1) << 8) | page as u16 };
-    }
-    CARVED.bytes.store(end, Ordering::Release);
-    Some((base + carved) as *mut u8)
-}
-
-/// Reserves the heap's address space and its page map.
-#[cold]
-fn reserve(region: &mut Region) -> Option<()> {
-    for bytes in RESERVE_BYTES {
-        let base = sys::reserve_pages(bytes);
-        if base.is_null() {
-            continue;
-        }
-        let map = sys::map_pages(bytes / PAGE_SIZE * size_of::<u16>());
-        if map.is_null() {
-            // SAFETY: the reservation was made just above and is used by nobody.
-            unsafe { sys::unmap_pages(base, bytes) };
-            return None;
-        }
-        PAGE_MAP.store(map.cast(), Ordering::Relaxed);
-        CARVED.base.store(base as usize, Ordering::Relaxed);
-        region.reserved = bytes;
-        return Some(());
-    }
-    None
 }
 
 /// A block of the heap: where it starts (its header) and its class's size.
@@ -620,21 +425,28 @@ pub struct HeapBlock {
     pub class: u8,
 }
 
-/// The heap block whose bytes hold `addr`, from the page map and the order in which `carve`
-/// cuts a span (whether the block is live, free or never used is for its header to say).
+/// The heap block whose bytes hold `addr`, in a span serving a class, from the order in which
+/// the spans are carved (whether the block is live, free or never used is for its header to say).
 #[cold]
 pub fn block_containing(addr: usize) -> Option<HeapBlock> {
-    if !contains(addr) {
-        return None;
-    }
-    let base = CARVED.base.load(Ordering::Relaxed);
-    let page = (addr - base) / PAGE_SIZE;
-    // SAFETY: `addr` is below CARVED, so its page has an entry, written before CARVED grew.
-    let entry = unsafe { *PAGE_MAP.load(Ordering::Relaxed).add(page) };
-    let class = (entry >> 8).checked_sub(1)? as usize;
-    let span_start = base + (page - (entry & 0xff) as usize) * PAGE_SIZE;
+    let (span_start, class) = spans::serving_span(addr)?;
+    carved_block_containing(addr, span_start, class)
+}
+
+/// The block whose user pointer is `user` in a free span (one whose blocks all came back to it):
+/// a block freed before its span went back to the OS, whose header may be gone with its pages.
+#[cold]
+pub fn block_of_free_span(user: usize) -> Option<HeapBlock> {
+    let (span_start, class) = spans::free_span(user)?;
+    carved_block_containing(user, span_start, class)
+        .filter(|block| block.start + super::header::HEADER_SIZE == user)
+}
+
+/// The block of class `class` that holds `addr` in the span at `span_start`, if the span was cut
+/// into blocks of that class.
+fn carved_block_containing(addr: usize, span_start: usize, class: usize) -> Option<HeapBlock> {
     let size = class_size(class);
-    let span_end = span_start + span_bytes(class);
+    let span_end = span_start + SPAN_BYTES;
     let mut block = span_start;
     while block + size <= span_end {
         if carve_skips(block) {
@@ -678,16 +490,6 @@ pub fn give_back_thread_lists(mine: &mut HeldShard<'_>) {
             }
         }
     }
-}
-
-/// Every lock of the heap, held by `fork` (see `tracker::fork`), in the order `carve` nests them:
-/// the class locks (never more than one at a time otherwise), then the region.
-pub(crate) fn lock_for_fork() -> (
-    Vec<MutexGuard<'static, impl Sized>>,
-    MutexGuard<'static, impl Sized>,
-) {
-    let classes = (0..CLASS_COUNT).map(shared).collect();
-    (classes, region())
 }
 
 #[cfg(test)]

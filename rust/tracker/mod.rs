@@ -18,6 +18,7 @@ pub mod live_list;
 pub mod malloc;
 mod quarantine;
 pub mod raw;
+mod spans;
 
 pub use kind::BlockKind;
 

@@ -1,0 +1,124 @@
+// What memory a program gets back, plain and under the tracker (`benches/memory_back.rs` and
+// `tests/memory_back.rs` run it). Each mode prints `key value` lines:
+//   free_all        5M x 16 B and 1M x 200 B live, then all freed: resident KiB at the peak and after
+//   threads N       N threads alive at once, each allocating and freeing a mix of sizes, then all
+//                   gone: resident KiB while they live and after they are gone
+//   fill SIZE BYTES blocks of SIZE bytes (0: a mix) until bad_alloc: the fraction of BYTES (the
+//                   budget) they hold
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <thread>
+#include <vector>
+
+namespace {
+
+long resident_kib() {
+    long pages_total = 0, pages_resident = 0;
+    if (FILE* statm = std::fopen("/proc/self/statm", "r")) {
+        if (std::fscanf(statm, "%ld %ld", &pages_total, &pages_resident) != 2) pages_resident = 0;
+        std::fclose(statm);
+    }
+    return pages_resident * 4;
+}
+
+void free_all() {
+    const long before = resident_kib();
+    std::vector<char*> small(5000000), medium(1000000);
+    for (char*& block : small) {
+        block = new char[16];
+        block[0] = 1;
+    }
+    for (char*& block : medium) {
+        block = new char[200];
+        block[0] = 1;
+    }
+    const long peak = resident_kib();
+    for (char* block : small) delete[] block;
+    for (char* block : medium) delete[] block;
+    std::vector<char*>().swap(small);
+    std::vector<char*>().swap(medium);
+    std::printf("start_kib %ld\npeak_kib %ld\nafter_kib %ld\n", before, peak, resident_kib());
+}
+
+// All threads allocate, then wait until every one of them has (so that they are alive at once),
+// free, and leave.
+struct Gate {
+    std::mutex lock;
+    std::condition_variable opened;
+    int waiting = 0;
+    int expected;
+    explicit Gate(int threads) : expected(threads) {}
+    void pass() {
+        std::unique_lock<std::mutex> guard(lock);
+        if (++waiting == expected) opened.notify_all();
+        opened.wait(guard, [this] { return waiting >= expected; });
+    }
+};
+
+void threads(int count) {
+    const long before = resident_kib();
+    Gate all_allocated(count + 1);
+    Gate all_freed(count + 1);
+    std::vector<std::thread> workers;
+    for (int t = 0; t < count; ++t) {
+        workers.emplace_back([&, t] {
+            std::vector<char*> blocks;
+            blocks.reserve(400);
+            for (int i = 0; i < 400; ++i) {
+                const std::size_t size = 16 + static_cast<std::size_t>((i * 97 + t * 13) % 1000);
+                char* block = new char[size];
+                std::memset(block, i, size);
+                blocks.push_back(block);
+            }
+            all_allocated.pass();
+            for (char* block : blocks) delete[] block;
+            std::vector<char*>().swap(blocks);
+            all_freed.pass();
+        });
+    }
+    all_allocated.pass();
+    const long alive = resident_kib();
+    all_freed.pass();
+    for (std::thread& worker : workers) worker.join();
+    std::printf("start_kib %ld\nalive_kib %ld\nafter_kib %ld\n", before, alive, resident_kib());
+}
+
+void fill(std::size_t size, double budget) {
+    std::vector<char*> blocks;
+    blocks.reserve(2000000);
+    std::size_t held = 0;
+    for (std::size_t i = 0;; ++i) {
+        const std::size_t bytes = size != 0 ? size : std::size_t{16} << (i % 9);  // 16 B .. 4 KiB
+        char* block = new (std::nothrow) char[bytes];
+        if (block == nullptr) break;
+        blocks.push_back(block);
+        held += bytes;
+    }
+    std::printf("blocks %zu\nfill %.3f\n", blocks.size(), static_cast<double>(held) / budget);
+    for (char* block : blocks) delete[] block;
+    // Room again once everything is freed.
+    char* again = new (std::nothrow) char[size != 0 ? size : 64];
+    std::printf("again %s\n", again != nullptr ? "memory" : "null");
+    delete[] again;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const char* mode = argc > 1 ? argv[1] : "free_all";
+    if (std::strcmp(mode, "free_all") == 0) {
+        free_all();
+    } else if (std::strcmp(mode, "threads") == 0) {
+        threads(argc > 2 ? std::atoi(argv[2]) : 500);
+    } else if (std::strcmp(mode, "fill") == 0 && argc > 3) {
+        fill(std::strtoull(argv[2], nullptr, 10), std::strtod(argv[3], nullptr));
+    } else {
+        std::fprintf(stderr, "usage: %s free_all | threads N | fill SIZE BUDGET_BYTES\n", argv[0]);
+        return 2;
+    }
+    return 0;
+}

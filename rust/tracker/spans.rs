@@ -1,0 +1,404 @@
+//! The heap's spans: one reserved range cut into 1 MiB spans, each serving one size class or free;
+//! per class, the free blocks of each of its spans; a span whose blocks have all come back is free
+//! for any class, and past a few kept ready its pages go back to the OS (`MADV_DONTNEED`).
+//!
+//! Blocks move here only in the heap's slow paths (a thread's list refilled or given back, a
+//! block freed off another thread's list), under the class lock, so a `new`/`delete` pair of a
+//! thread never comes here. A span counts the blocks it has handed out (live, parked on a
+//! thread's list, quarantined); when that count falls to 0 every block it ever carved is on its
+//! free list, and the span leaves its class.
+
+use super::header::BlockHeader;
+use super::heap::{self, List};
+use crate::sys;
+use core::ptr::null_mut;
+use core::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+/// Every span's size (and alignment from the reservation's start); the largest class holds 8.
+pub const SPAN_BYTES: usize = 1 << 20;
+
+/// Free spans whose pages stay resident, ready for the next class that needs a span: a program
+/// that frees and allocates a span's worth of blocks in turn does not pay a page fault per page
+/// each time. Spans freed beyond these go back to the OS at once.
+const KEPT_FREE_SPANS: u32 = 4;
+
+/// The heap's address space is reserved once, inaccessible, and made usable a region at a time:
+/// one range, so that whether an address is the heap's is a subtraction and a compare
+/// ([`contains`]). The first size the OS grants is used.
+const RESERVE_BYTES: [usize; 3] = [64 << 30, 8 << 30, 1 << 30];
+/// Bytes made usable at once.
+const REGION_BYTES: usize = 64 * 1024 * 1024;
+
+/// Where the heap's spans lie, side by side so that [`contains`] finds both with one address.
+struct Carved {
+    /// Start of the reservation; 0 until the first span.
+    base: AtomicUsize,
+    /// Bytes from `base` handed out as spans so far (only grows: free spans stay in it).
+    bytes: AtomicUsize,
+}
+
+static CARVED: Carved = Carved {
+    base: AtomicUsize::new(0),
+    bytes: AtomicUsize::new(0),
+};
+
+/// One byte per span of the reservation, read without a lock (bad frees, heap checks): 0 where
+/// no span was ever handed out, `class + 1` for a span serving `class`, [`FREE`]` | class` for a
+/// free span that last served `class`.
+static OWNERS: AtomicPtr<AtomicU8> = AtomicPtr::new(null_mut());
+const FREE: u8 = 0x80;
+const _: () = assert!(heap::CLASS_COUNT < FREE as usize);
+
+/// What a span knows of its blocks; under its class's lock while it serves a class, under the
+/// region lock while it is free.
+struct Span {
+    /// Its free blocks, linked as a heap list.
+    free: List,
+    /// Blocks handed out of it and not yet back.
+    handed_out: u32,
+    /// Offset of its first byte never carved into blocks.
+    carved: u32,
+    /// Neighbours in its class's list of spans with blocks to hand out, or in a free-span stack.
+    prev: u32,
+    next: u32,
+}
+
+const NO_SPAN: u32 = u32::MAX;
+
+/// One [`Span`] per span of the reservation (mapped with it, touched as spans are used).
+static SPANS: AtomicPtr<Span> = AtomicPtr::new(null_mut());
+
+/// The span record of span `index`.
+///
+/// # Safety
+/// `index` is a span handed out (below [`CARVED`]) and the caller holds the lock that guards
+/// it (its class's, or the region's for a free span).
+#[allow(clippy::mut_from_ref)] // the lock the caller holds makes the reference exclusive
+unsafe fn span(index: u32) -> &'static mut Span {
+    // SAFETY: guaranteed by the caller; the table has an entry per span of the reservation.
+    unsafe { &mut *SPANS.load(Ordering::Relaxed).add(index as usize) }
+}
+
+fn owner(index: u32) -> &'static AtomicU8 {
+    // SAFETY: callers pass spans below CARVED, whose entries exist.
+    unsafe { &*OWNERS.load(Ordering::Relaxed).add(index as usize) }
+}
+
+fn span_start(index: u32) -> usize {
+    CARVED.base.load(Ordering::Relaxed) + index as usize * SPAN_BYTES
+}
+
+/// The span `addr` lies in (an address of the heap).
+fn span_index(addr: usize) -> u32 {
+    ((addr - CARVED.base.load(Ordering::Relaxed)) / SPAN_BYTES) as u32
+}
+
+/// Whether `addr` lies in a span of the heap (a block of it, or a free part of its spans).
+#[inline(always)]
+pub fn contains(addr: usize) -> bool {
+    addr.wrapping_sub(CARVED.base.load(Ordering::Relaxed)) < CARVED.bytes.load(Ordering::Acquire)
+}
+
+/// The start and class of the span serving a class that `addr` lies in; `None` outside the heap
+/// and in free spans.
+pub fn serving_span(addr: usize) -> Option<(usize, usize)> {
+    if !contains(addr) {
+        return None;
+    }
+    let index = span_index(addr);
+    match owner(index).load(Ordering::Acquire) {
+        0 => None,
+        byte if byte & FREE != 0 => None,
+        byte => Some((span_start(index), byte as usize - 1)),
+    }
+}
+
+/// The start and former class of the free span `addr` lies in: its blocks are all freed, and its
+/// pages may be gone back to the OS (their headers with them).
+pub fn free_span(addr: usize) -> Option<(usize, usize)> {
+    if !contains(addr) {
+        return None;
+    }
+    let index = span_index(addr);
+    let byte = owner(index).load(Ordering::Acquire);
+    (byte & FREE != 0).then(|| (span_start(index), (byte & !FREE) as usize))
+}
+
+/// What a class's lock protects: its spans with blocks to hand out (free or never carved),
+/// linked through [`Span::next`] and [`Span::prev`].
+struct ClassSpans {
+    with_blocks: u32,
+}
+
+static CLASSES: [Mutex<ClassSpans>; heap::CLASS_COUNT] = [const {
+    Mutex::new(ClassSpans {
+        with_blocks: NO_SPAN,
+    })
+}; heap::CLASS_COUNT];
+
+/// A class lock. Nobody waits for a shard while holding one, so it may be taken with a shard
+/// held or the world stopped; the region lock nests inside it.
+fn class_lock(class: usize) -> MutexGuard<'static, ClassSpans> {
+    CLASSES[class]
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+}
+
+impl ClassSpans {
+    /// # Safety
+    /// `index` serves this class and is on no list; the class lock is held.
+    unsafe fn push(&mut self, index: u32) {
+        // SAFETY: guaranteed by the caller.
+        unsafe {
+            let s = span(index);
+            s.prev = NO_SPAN;
+            s.next = self.with_blocks;
+            if self.with_blocks != NO_SPAN {
+                span(self.with_blocks).prev = index;
+            }
+        }
+        self.with_blocks = index;
+    }
+
+    /// # Safety
+    /// `index` is on this class's list; the class lock is held.
+    unsafe fn remove(&mut self, index: u32) {
+        // SAFETY: guaranteed by the caller.
+        unsafe {
+            let (prev, next) = (span(index).prev, span(index).next);
+            if prev == NO_SPAN {
+                self.with_blocks = next;
+            } else {
+                span(prev).next = next;
+            }
+            if next != NO_SPAN {
+                span(next).prev = prev;
+            }
+        }
+    }
+}
+
+/// Up to `wanted` free blocks of class `class`, marked freed and on no list: first those that
+/// came back to its spans, then fresh ones carved from them, then from a new span. Empty when no
+/// memory could be had.
+pub fn take_blocks(class: usize, wanted: u32) -> List {
+    let size = heap::class_size(class);
+    let mut class_spans = class_lock(class);
+    let mut list = heap::EMPTY;
+    while list.count < wanted {
+        let index = match class_spans.with_blocks {
+            NO_SPAN => match new_span(class) {
+                Some(index) => {
+                    // SAFETY: a span just given to this class, on no list; its lock is held.
+                    unsafe { class_spans.push(index) };
+                    index
+                }
+                None => break,
+            },
+            index => index,
+        };
+        // SAFETY: a span of this class, under its lock.
+        let s = unsafe { span(index) };
+        let start = span_start(index);
+        while list.count < wanted && s.free.count > 0 {
+            // SAFETY: the span's free blocks are this class's, held under its lock.
+            let Some(block) = (unsafe { s.free.pop_checked(start..start + SPAN_BYTES) }) else {
+                break; // a damaged link: the blocks behind it stay unused
+            };
+            // SAFETY: a free block of this class, now the caller's.
+            unsafe { list.push(block) };
+            s.handed_out += 1;
+        }
+        while list.count < wanted && s.carved as usize + size <= SPAN_BYTES {
+            let block = start + s.carved as usize;
+            if heap::carve_skips(block) {
+                s.carved += heap::LARGEST_ALIGN as u32;
+                continue;
+            }
+            s.carved += size as u32;
+            // SAFETY: a block of this class inside the span, never handed to anyone (or handed
+            // out before the span was freed, all of them back since).
+            unsafe {
+                BlockHeader::mark_fresh_freed(block as *mut BlockHeader);
+                list.push(block as *mut u8);
+            }
+            s.handed_out += 1;
+        }
+        if s.free.count == 0 && s.carved as usize + size > SPAN_BYTES {
+            // SAFETY: on this class's list, under its lock.
+            unsafe { class_spans.remove(index) };
+        }
+    }
+    list
+}
+
+/// Gives blocks of class `class` back to their spans: each span whose blocks are then all back
+/// is freed.
+///
+/// # Safety
+/// The list's blocks were handed out by [`take_blocks`] for this class, are marked freed, on no
+/// list, checked (`List::checked`), and nobody uses them any more.
+pub unsafe fn give_back(class: usize, list: List) {
+    let size = heap::class_size(class);
+    let mut class_spans = class_lock(class);
+    // SAFETY: guaranteed by the caller; `blocks` reads each link before the block is relinked.
+    for block in unsafe { list.blocks() } {
+        let index = span_index(block as usize);
+        // SAFETY: a span of this class (its block was handed out by it), under its lock.
+        let s = unsafe { span(index) };
+        let had_blocks = s.free.count > 0 || s.carved as usize + size <= SPAN_BYTES;
+        // SAFETY: the block is free and the caller's to give.
+        unsafe { s.free.push(block) };
+        s.handed_out = s.handed_out.saturating_sub(1);
+        // SAFETY: the span serves this class; on its list exactly when it had blocks.
+        unsafe {
+            if !had_blocks {
+                class_spans.push(index);
+            }
+            if s.handed_out == 0 {
+                class_spans.remove(index);
+                free(index, class);
+            }
+        }
+    }
+}
+
+/// What the region lock protects: how much of the reservation is usable, and the free spans.
+struct Region {
+    /// Bytes of the reservation in all; 0 until it is made.
+    reserved: usize,
+    /// Bytes from the base made usable (a multiple of [`REGION_BYTES`]).
+    usable: usize,
+    /// Free spans whose pages are still resident (at most [`KEPT_FREE_SPANS`]), and those whose
+    /// pages went back to the OS; each a stack linked through [`Span::next`].
+    kept: u32,
+    kept_count: u32,
+    returned: u32,
+}
+
+static REGION: Mutex<Region> = Mutex::new(Region {
+    reserved: 0,
+    usable: 0,
+    kept: NO_SPAN,
+    kept_count: 0,
+    returned: NO_SPAN,
+});
+
+fn region() -> MutexGuard<'static, Region> {
+    REGION.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A span for class `class` (called under its lock): a free one (kept resident first), else a
+/// new one from the reservation.
+fn new_span(class: usize) -> Option<u32> {
+    let mut region = region();
+    let index = if region.kept != NO_SPAN {
+        let index = region.kept;
+        // SAFETY: a free span, under the region lock.
+        region.kept = unsafe { span(index).next };
+        region.kept_count -= 1;
+        index
+    } else if region.returned != NO_SPAN {
+        let index = region.returned;
+        // SAFETY: as above.
+        region.returned = unsafe { span(index).next };
+        index
+    } else {
+        fresh_span(&mut region)?
+    };
+    // SAFETY: a span nobody serves, under the region lock; the class lock (held by the caller)
+    // guards it from now on.
+    unsafe {
+        *span(index) = Span {
+            free: heap::EMPTY,
+            handed_out: 0,
+            carved: 0,
+            prev: NO_SPAN,
+            next: NO_SPAN,
+        };
+    }
+    owner(index).store(class as u8 + 1, Ordering::Release);
+    Some(index)
+}
+
+/// A span never used before, from the reservation (made now if needed).
+fn fresh_span(region: &mut Region) -> Option<u32> {
+    if region.reserved == 0 {
+        reserve(region)?;
+    }
+    let base = CARVED.base.load(Ordering::Relaxed);
+    let carved = CARVED.bytes.load(Ordering::Relaxed);
+    let end = carved.checked_add(SPAN_BYTES)?;
+    while end > region.usable {
+        let more = REGION_BYTES.min(region.reserved - region.usable);
+        if more == 0 || !sys::commit_pages((base + region.usable) as *mut u8, more) {
+            return None;
+        }
+        region.usable += more;
+    }
+    CARVED.bytes.store(end, Ordering::Release);
+    Some((carved / SPAN_BYTES) as u32)
+}
+
+/// Frees span `index`, whose blocks of class `class` are all back: it stays resident while
+/// fewer than [`KEPT_FREE_SPANS`] are, else its pages go back to the OS.
+///
+/// # Safety
+/// The span serves `class`, is on no list, and the class lock is held.
+unsafe fn free(index: u32, class: usize) {
+    owner(index).store(FREE | class as u8, Ordering::Release);
+    let mut region = region();
+    let keep = region.kept_count < KEPT_FREE_SPANS;
+    if !keep {
+        // SAFETY: the span's blocks are all free and on no list but its own, which goes away.
+        unsafe { sys::return_pages(span_start(index) as *mut u8, SPAN_BYTES) };
+    }
+    let stack = if keep {
+        region.kept_count += 1;
+        &mut region.kept
+    } else {
+        &mut region.returned
+    };
+    let below = *stack;
+    *stack = index;
+    // SAFETY: a free span now, under the region lock.
+    unsafe { span(index).next = below };
+}
+
+/// Reserves the heap's address space and its span tables.
+#[cold]
+fn reserve(region: &mut Region) -> Option<()> {
+    for bytes in RESERVE_BYTES {
+        let base = sys::reserve_pages(bytes);
+        if base.is_null() {
+            continue;
+        }
+        let spans = bytes / SPAN_BYTES;
+        let table = sys::map_pages(spans * (size_of::<Span>() + 1));
+        if table.is_null() {
+            // SAFETY: the reservation was made just above and is used by nobody.
+            unsafe { sys::unmap_pages(base, bytes) };
+            return None;
+        }
+        SPANS.store(table.cast(), Ordering::Relaxed);
+        OWNERS.store(
+            table.wrapping_add(spans * size_of::<Span>()).cast(),
+            Ordering::Relaxed,
+        );
+        CARVED.base.store(base as usize, Ordering::Relaxed);
+        region.reserved = bytes;
+        return Some(());
+    }
+    None
+}
+
+/// Every lock of the heap, held by `fork` (see `tracker::fork`), in the order they nest: the
+/// class locks (never more than one at a time otherwise), then the region.
+pub(crate) fn lock_for_fork() -> (
+    Vec<MutexGuard<'static, impl Sized>>,
+    MutexGuard<'static, impl Sized>,
+) {
+    let classes = (0..heap::CLASS_COUNT).map(class_lock).collect();
+    (classes, region())
+}
