@@ -320,6 +320,9 @@ fn write_error(out: &mut String, e: &MemoryError, stacks: &ErrorStacks) -> std::
         )?;
     } else {
         write_description(out, e)?;
+        if let Some(detail) = e.detail {
+            writeln!(out, "  ({detail})")?;
+        }
     }
     if e.kind != errors::ErrorKind::InvalidFree || !alloc.is_empty() {
         write_stack(out, "allocated", e, alloc)?;

@@ -159,11 +159,17 @@ pub fn deallocate(ptr: *mut u8, kind: BlockKind, start: impl Fn() -> StartFrame 
             alloc_stack,
             previous_free_stack: quarantine::free_stack_of(BlockHeader::of(ptr))
                 .unwrap_or(previous_free_stack),
+            detail: (alloc_stack == StackId(0) && heap::block_of_free_span(ptr as usize).is_some())
+                .then_some(SPAN_RETURNED),
             ..MemoryError::at_free(ErrorKind::DoubleFree, ptr, kind, capture_stack_of(start()))
         }),
         Lookup::Foreign => free_foreign(ptr, kind, start),
     }
 }
+
+/// Why a double free names no allocation: its header went back to the OS with its span's pages.
+const SPAN_RETURNED: &str =
+    "its memory went back to the OS with its span's: size is its size class's room, stacks unknown";
 
 type ForeignDelete = unsafe extern "C" fn(*mut u8);
 

@@ -1,0 +1,117 @@
+//! Memory comes back: freed spans go back to the OS (resident memory drops, at most glibc's after
+//! freeing everything, at most twice plain once 500 threads are gone), and what was freed before
+//! its span went back is still checked: a second delete is a double free, the pages are reused
+//! by another class with fresh headers and guards, and earlier leaks are still reported.
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+
+/// `key value` pairs a program printed, as numbers.
+fn printed(stdout: &str, key: &str) -> i64 {
+    stdout
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .windows(2)
+        .find(|pair| pair[0] == key)
+        .and_then(|pair| pair[1].parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in {stdout}"))
+}
+
+#[test]
+fn freed_spans_go_back_to_the_os_and_their_blocks_stay_checked() {
+    let source = "tests/cpp/memory_back.cpp";
+    let dir = support::scratch("memory_back");
+    let exe = support::build(&dir, "memory_back", &[source], &[]);
+    let run = support::run(&exe, "malloc=0");
+    let stdout = run.stdout();
+    assert!(stdout.contains("survived"), "{stdout}\n{}", run.stderr());
+    let (start, peak, after) = (
+        printed(&stdout, "start"),
+        printed(&stdout, "peak"),
+        printed(&stdout, "after"),
+    );
+    // 120,000 blocks of 400 bytes: about 55 MiB resident, all of it back but a few spans.
+    assert!(peak - start > 40_000, "{stdout}");
+    assert!(
+        after - start < 8_000,
+        "resident memory did not drop: {stdout}"
+    );
+
+    assert_eq!(
+        run.error_kinds(),
+        ["double_free", "overrun"],
+        "{}",
+        run.text
+    );
+    let double_free = &run.errors()[0];
+    assert_eq!(
+        double_free["free_stack"][0]["line"],
+        support::line_of(source, "SECOND DELETE AFTER ITS SPAN WENT BACK")
+    );
+    assert!(
+        double_free["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("went back to the OS")),
+        "{double_free}"
+    );
+    assert!(run.text.contains("went back to the OS with its span's"));
+
+    assert!(stdout.contains("reused blocks damaged 0"), "{stdout}");
+    let overrun = &run.errors()[1];
+    assert_eq!(overrun["size"], 200);
+    assert_eq!(
+        overrun["alloc_stack"][0]["line"],
+        support::line_of(source, "std::vector<char*> reused;") + 2
+    );
+
+    assert_eq!(
+        run.leak_set(),
+        [(
+            48,
+            true,
+            Some(source.to_owned()),
+            support::line_of(source, "LEAKED EARLY")
+        )],
+        "{}",
+        run.text
+    );
+}
+
+/// Resident KiB after each mode of `benches/programs/memory_back.cpp`, plain and tracked.
+fn after_kib(exe: &Path, args: &[&str], options: &str) -> i64 {
+    let out = Command::new("timeout")
+        .args(["--signal=KILL", "300"])
+        .arg(exe)
+        .args(args)
+        .env("K15_MEMORY_OPTIONS", options)
+        .output()
+        .expect("the program runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{stdout}");
+    printed(&stdout, "after_kib")
+}
+
+#[test]
+fn after_freeing_everything_or_500_threads_resident_memory_is_close_to_plain() {
+    let dir = support::scratch("memory_back_ratios");
+    let source = ["benches/programs/memory_back.cpp"];
+    let plain = support::build(&dir, "plain", &source, &["-O2", "-DK15_MEMORY_DISABLED"]);
+    let tracked = support::build(&dir, "tracked", &source, &["-O2"]);
+    let options = format!("report=0:log_path={}", dir.join("k15.log").display());
+
+    let plain_all = after_kib(&plain, &["free_all"], "");
+    let tracked_all = after_kib(&tracked, &["free_all"], &options);
+    assert!(
+        tracked_all <= plain_all,
+        "after freeing everything: {tracked_all} KiB tracked, {plain_all} KiB plain"
+    );
+
+    let plain_threads = after_kib(&plain, &["threads", "500"], "");
+    let tracked_threads = after_kib(&tracked, &["threads", "500"], &options);
+    assert!(
+        tracked_threads <= 2 * plain_threads,
+        "500 threads gone: {tracked_threads} KiB tracked, {plain_threads} KiB plain"
+    );
+}
