@@ -3,7 +3,6 @@
 //! The first `operator new` can come before `main` and before any static constructor, so the
 //! options are parsed lazily, without allocating, into fixed-size fields.
 
-use crate::engine::ClassSpec;
 use crate::report::scan::LeakKind;
 use crate::stack::UnwindMode;
 use crate::sys::{self, StackBuffer};
@@ -64,11 +63,8 @@ pub struct Options {
     /// How call stacks are walked: DWARF unwind tables (complete) or frame pointers (faster,
     /// loses frames in code built without them, such as Debian's libstdc++ and Bullet).
     pub unwinder: UnwindMode,
-    /// Budget mode: bytes taken once at start-up that every tracked block is carved from
-    /// (0 = off, blocks come from malloc).
+    /// Budget mode: the bytes the program's tracked blocks may hold at once (0 = off).
     pub budget: usize,
-    /// The budget's pool size classes; empty = derived from the budget.
-    pub pool_classes: PoolClasses,
     /// Capture the call stack of every `delete` (kept in the freed block), so that a double free
     /// names the first one; `quarantine` turns it on too.
     pub free_stacks: bool,
@@ -90,47 +86,6 @@ pub struct Options {
     pub malloc: bool,
 }
 
-/// `pool_classes=64x1000,256x500`: block size x block count per class (':' separates options).
-#[derive(Clone, Copy)]
-pub struct PoolClasses {
-    specs: [ClassSpec; MAX_POOL_CLASSES],
-    len: usize,
-}
-
-const MAX_POOL_CLASSES: usize = 64;
-
-impl PoolClasses {
-    const EMPTY: PoolClasses = PoolClasses {
-        specs: [ClassSpec {
-            block_size: 0,
-            block_count: 0,
-        }; MAX_POOL_CLASSES],
-        len: 0,
-    };
-
-    pub fn as_slice(&self) -> &[ClassSpec] {
-        &self.specs[..self.len]
-    }
-
-    fn parse(value: &[u8]) -> Option<PoolClasses> {
-        let mut classes = PoolClasses::EMPTY;
-        for class in value.split(|&b| b == b',') {
-            let x = class.iter().position(|&b| b == b'x')?;
-            let block_size = usize::try_from(parse_int(&class[..x])?).ok()?;
-            let block_count = usize::try_from(parse_int(&class[x + 1..])?).ok()?;
-            if classes.len == MAX_POOL_CLASSES || block_size == 0 || block_count == 0 {
-                return None;
-            }
-            classes.specs[classes.len] = ClassSpec {
-                block_size,
-                block_count,
-            };
-            classes.len += 1;
-        }
-        Some(classes)
-    }
-}
-
 impl Options {
     const DEFAULT: Options = Options {
         log_path: PathOption::from_static("k15_leaks.log"),
@@ -141,7 +96,6 @@ impl Options {
         halt_on_error: false,
         unwinder: UnwindMode::Dwarf,
         budget: 0,
-        pool_classes: PoolClasses::EMPTY,
         free_stacks: false,
         break_on: None,
         quarantine: 0,
@@ -283,31 +237,6 @@ const KEYS: &[Key] = &[
         },
         show: |o, w| {
             let _ = write!(w, "{}", o.budget);
-        },
-    },
-    Key {
-        name: "pool_classes",
-        expected: "must be sizes x counts (pool_classes=64x1000,256x500)",
-        apply: |o, v| match PoolClasses::parse(v) {
-            Some(classes) => {
-                o.pool_classes = classes;
-                true
-            }
-            None => false,
-        },
-        show: |o, w| {
-            if o.pool_classes.len == 0 {
-                let _ = w.write_str("the default");
-            }
-            for (i, c) in o.pool_classes.as_slice().iter().enumerate() {
-                let _ = write!(
-                    w,
-                    "{}{}x{}",
-                    if i > 0 { "," } else { "" },
-                    c.block_size,
-                    c.block_count
-                );
-            }
         },
     },
     Key {
@@ -572,20 +501,10 @@ mod tests {
     }
 
     #[test]
-    fn budget_and_pool_classes() {
-        let o = Options::parse(b"budget=64M:pool_classes=64x1000,256x500");
-        assert_eq!(o.budget, 64 << 20);
-        let classes: Vec<(usize, usize)> = o
-            .pool_classes
-            .as_slice()
-            .iter()
-            .map(|c| (c.block_size, c.block_count))
-            .collect();
-        assert_eq!(classes, [(64, 1000), (256, 500)]);
+    fn budget() {
+        assert_eq!(Options::parse(b"budget=64M").budget, 64 << 20);
         assert_eq!(Options::parse(b"budget=12345").budget, 12345);
-        let bad = Options::parse(b"budget=lots:pool_classes=64");
-        assert_eq!(bad.budget, 0);
-        assert!(bad.pool_classes.as_slice().is_empty());
+        assert_eq!(Options::parse(b"budget=lots").budget, 0);
     }
 
     /// Every key's value in force, as the warnings show it.

@@ -1,5 +1,6 @@
-//! Budget mode (`budget=`): blocks are carved from memory taken at start-up; running out is a
-//! `budget_exceeded` error and a failed allocation, and the program goes on.
+//! Budget mode (`budget=`): the program's bytes are counted against the budget, whatever their
+//! sizes; running out is a `budget_exceeded` error and a failed allocation, and the program goes
+//! on.
 
 mod support;
 
@@ -16,8 +17,8 @@ fn running_out_of_budget_throws_reports_and_recovers() {
         .and_then(|l| l.split_whitespace().next())
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("{stdout}"));
-    // 4 MiB, half of it for large blocks: about twenty 100 KiB blocks fit, never the whole budget.
-    assert!((10..=20).contains(&blocks), "{stdout}");
+    // 4 MiB less 1,000 small strings (112 KiB) and the vector (8 KiB): 38 blocks of 100 KiB.
+    assert_eq!(blocks, 38, "{stdout}");
     assert!(stdout.contains("nothrow: null"), "{stdout}");
     assert!(stdout.contains("after freeing: memory"), "{stdout}");
     assert!(stdout.contains("survived"));
@@ -47,46 +48,33 @@ fn running_out_of_budget_throws_reports_and_recovers() {
     );
 }
 
-#[test]
-fn pool_classes_size_the_pool_and_leave_the_rest_to_large_blocks() {
-    let dir = support::scratch("budget_classes");
-    let exe = support::build(&dir, "budget", &["tests/cpp/budget.cpp"], &[]);
-    // 512 KiB of 256-byte blocks for the small strings, 1.5 MiB left for 100 KiB blocks.
-    let run = support::run(&exe, "budget=2M:pool_classes=256x2048");
+/// Blocks of one size (or a mix, 16 B to 4 KiB) until the budget refuses: the share of the
+/// budget they hold (`benches/programs/memory_back.cpp fill`).
+fn fill_fraction(exe: &std::path::Path, size: &str) -> f64 {
+    let budget = 4 << 20;
+    let run = support::run_with(
+        exe,
+        &format!("fill_{size}"),
+        &format!("budget={budget}:report=0"),
+        &[],
+        &["fill", size, &budget.to_string()],
+    );
     let stdout = run.stdout();
-    let blocks: usize = stdout
+    assert!(stdout.contains("again memory"), "{stdout}");
+    stdout
         .lines()
-        .find_map(|l| {
-            l.strip_prefix("bad_alloc after ")?
-                .split_whitespace()
-                .next()?
-                .parse()
-                .ok()
-        })
-        .unwrap();
-    assert!((10..=15).contains(&blocks), "{stdout}");
-    assert!(stdout.contains("survived"), "{stdout}");
+        .find_map(|l| l.strip_prefix("fill ")?.parse().ok())
+        .unwrap_or_else(|| panic!("{stdout}"))
 }
 
 #[test]
-fn a_budget_smaller_than_its_pool_classes_is_refused_with_a_warning() {
-    let dir = support::scratch("budget_refused");
-    let exe = support::build(&dir, "budget", &["tests/cpp/budget.cpp"], &[]);
-    let run = support::run_with(
-        &exe,
-        "budget",
-        "budget=1M:pool_classes=256x8192",
-        &[],
-        &["small-only"],
-    );
-    assert!(run.output.status.success());
-    assert!(
-        run.stderr()
-            .contains("pool_classes need more than the budget; running without a budget"),
-        "{}",
-        run.stderr()
-    );
-    assert!(run.stdout().contains("small only"));
+fn blocks_of_any_size_fill_most_of_the_budget() {
+    let dir = support::scratch("budget_fill");
+    let exe = support::build(&dir, "fill", &["benches/programs/memory_back.cpp"], &[]);
+    for size in ["16", "64", "200", "4096", "0"] {
+        let fill = fill_fraction(&exe, size);
+        assert!(fill >= 0.9, "blocks of {size} bytes filled {fill} of the budget");
+    }
 }
 
 #[test]

@@ -114,7 +114,6 @@ fn out_of_range_values_of_every_key_are_refused_and_the_defaults_kept() {
         ("halt_on_error=-1", "must be 0 or 1, using 0"),
         ("budget=-64M", "must be 0..1T bytes"),
         ("budget=2048G", "must be 0..1T bytes"),
-        ("pool_classes=64x-1", "must be sizes x counts"),
         (
             "unwinder=fast",
             "must be dwarf or frame_pointer, using dwarf",

@@ -49,7 +49,7 @@ pub use pool::{Pool, PoolConfig};
 pub use registry::{
     allocator_of, for_each_live_block, leaks_since, memstats, type_of, AllocatorLeaks, MemStats,
 };
-pub(crate) use registry::{lock_for_fork as lock_registry_for_fork, mark_serving_tracker};
+pub(crate) use registry::lock_for_fork as lock_registry_for_fork;
 pub use size_class::ClassSpec;
 pub use stack::{StackAllocator, StackMarker, StackScope};
 pub use tracked::{any_tracked_allocator_created, TrackedAllocator};

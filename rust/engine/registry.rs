@@ -23,8 +23,6 @@ pub struct MemStats {
 struct Registered {
     info: AllocatorInfo,
     source: *const dyn StatsSource,
-    /// The tracker's own memory (budget mode): its blocks are on the tracker's lists already.
-    serves_tracker: bool,
 }
 
 /// Blocks still live in one allocator (or left live when it was dropped), from [`leaks_since`].
@@ -145,10 +143,9 @@ impl Registry {
         totals
     }
 
-    /// Every live block of the registered allocators, then the retired ones. The budget's
-    /// allocators are skipped: their blocks are the tracker's own, already on its live lists.
+    /// Every live block of the registered allocators, then the retired ones.
     fn for_each_live_block(&self, visit: &mut dyn FnMut(&AllocatorInfo, LiveBlock)) {
-        for registered in self.slots.iter().flatten().filter(|r| !r.serves_tracker) {
+        for registered in self.slots.iter().flatten() {
             // SAFETY: registered sources are alive while in the registry (see `unsafe impl Send`).
             let source = unsafe { &*registered.source };
             source.for_each_live_block(&mut |block| visit(&registered.info, block));
@@ -190,7 +187,6 @@ impl Registration {
         registry.slots[slot] = Some(Registered {
             info,
             source,
-            serves_tracker: false,
         });
         Ok(Self {
             slot: slot as u16,
@@ -274,20 +270,6 @@ pub fn memstats(reset: bool) -> MemStats {
         failures: totals.failures - baseline.failures,
         live_blocks: totals.live_blocks,
         live_bytes: totals.live_bytes,
-    }
-}
-
-/// Marks the allocator `id` as serving the tracker itself (budget mode): the report and
-/// `leaks_since` leave its blocks out, since the tracker lists them already.
-pub(crate) fn mark_serving_tracker(id: u32) {
-    let mut registry = registry();
-    for registered in registry
-        .slots
-        .iter_mut()
-        .flatten()
-        .filter(|r| r.info.id == id)
-    {
-        registered.serves_tracker = true;
     }
 }
 

@@ -97,7 +97,7 @@ fn set_up_once() {
     super::fork::register_handlers();
     crate::stack::set_unwind_mode(options.unwinder);
     if options.budget > 0 {
-        super::budget::set_up(options.budget, options.pool_classes.as_slice());
+        super::budget::set_up(options.budget);
     }
     if options.stack_depth > 0 {
         crate::stack::warm_up();

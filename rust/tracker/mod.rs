@@ -238,16 +238,16 @@ fn free_live(
         integrity::report_at_delete(header, kind, start());
     }
     let hot = init::set_up_hot();
-    // The option bits are tested once on the common path (neither option set); the path with
-    // either of them is the same code with their steps compiled in.
-    if hot.free_stacks() || hot.quarantine() {
+    // The option bits are tested once on the common path (none of them set); the path with
+    // any of them is the same code with their steps compiled in.
+    if hot.free_stacks() || hot.quarantine() || hot.budget() {
         free_live_with_options(header, cookie, shard, kind, start, hot)
     } else {
         free_live_as_asked::<false>(header, cookie, shard, kind, start, hot)
     }
 }
 
-/// [`free_live`] with `free_stacks` or `quarantine` set.
+/// [`free_live`] with `free_stacks`, `quarantine` or `budget` set.
 #[cold]
 #[inline(never)]
 fn free_live_with_options(
@@ -295,6 +295,9 @@ fn free_live_as_asked<const OPTIONS: bool>(
         if !(*header).cookie_is(cookie) || (*header).shard != shard {
             drop(held);
             return deallocate_raced(header, kind, start());
+        }
+        if OPTIONS && hot.budget() {
+            budget::credit_block((*header).size);
         }
         free_on_own_list(held, header, OPTIONS && hot.quarantine());
     }
@@ -471,6 +474,7 @@ unsafe fn free_off_list(
     // SAFETY: guaranteed by the caller.
     unsafe { held.unlink(header) };
     held.count_free(h.size);
+    budget::credit_block(h.size);
     h.mark_freed();
     drop(held);
     // SAFETY: the block is off every list and marked freed; this thread owns its memory now.
@@ -591,7 +595,7 @@ fn report_budget_exceeded(size: usize, file: *const c_char, line: u32, alloc_sta
         // SAFETY: `file` is null or a `__FILE__` literal (allocate's contract).
         file: unsafe { crate::sys::c_str(file) }.map(str::to_owned),
         line,
-        allocator: Some(budget::POOL_NAME),
+        allocator: Some(budget::NAME),
         detail: Some("the memory budget is spent"),
         alloc_stack,
         ..MemoryError::at_free(

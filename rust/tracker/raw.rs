@@ -25,8 +25,8 @@ pub struct RawBlock {
 
 /// Memory for `size` bytes aligned to `align` with a header in front and a guard behind, or
 /// `None` when exhausted or beyond what the address space can hold.
-/// `budgeted`: the budget (`budget=`) is set up and serves every block. Otherwise the heap
-/// serves what it can (up to 128 KiB, aligned up to 64), parked on `mine`, the calling thread's
+/// `budgeted`: the budget (`budget=`) is set up and counts every block. The heap serves what it
+/// can (up to 128 KiB, aligned up to 64), parked on `mine`, the calling thread's
 /// shard (see `heap`); the rest comes from our mappings or glibc, on no list.
 #[inline(always)]
 pub fn acquire(
@@ -36,8 +36,7 @@ pub fn acquire(
     mine: &mut HeldShard<'_>,
 ) -> Option<RawBlock> {
     if budgeted {
-        let size = size.checked_add(GUARD_SIZE)?;
-        return super::budget::active().and_then(|budget| acquire_budgeted(budget, size, align));
+        return acquire_budgeted(size, align, mine);
     }
     // No overflow: the heap's sizes are far below usize::MAX, and larger ones are refused first.
     if let Some(class) = heap::class_for(size, HEADER_SIZE + GUARD_SIZE, align) {
@@ -82,24 +81,19 @@ fn acquire_from_system(size: usize, align: usize) -> Option<RawBlock> {
     acquire_any(size, align)
 }
 
+/// [`acquire`] for a block counted against the budget (`budget`): `None` when it does not fit.
+#[cold]
 #[inline(never)]
-fn acquire_budgeted(budget: &super::budget::Budget, size: usize, align: usize) -> Option<RawBlock> {
-    let align = align.max(16);
-    let raw_offset = HEADER_SIZE.next_multiple_of(align);
-    let raw = budget.acquire(raw_offset.checked_add(size)?, align)?;
-    let user = raw.wrapping_add(raw_offset);
-    if !(user as usize).is_multiple_of(PAGE_SIZE) || align >= PAGE_SIZE {
-        return Some(RawBlock {
-            user,
-            raw_offset,
-            placement: Placement::Budget,
-            class: 0,
-        });
+fn acquire_budgeted(size: usize, align: usize, mine: &mut HeldShard<'_>) -> Option<RawBlock> {
+    let budget = super::budget::active()?;
+    if !budget.charge(size) {
+        return None;
     }
-    // As for malloc'd blocks: a page-aligned user pointer would cost every free a page probe.
-    let retry = acquire_budgeted(budget, size, align);
-    budget.release(raw);
-    retry
+    let block = acquire(size, align, false, mine);
+    if block.is_none() {
+        budget.credit(size);
+    }
+    block
 }
 
 #[cold]
@@ -194,12 +188,9 @@ pub unsafe fn release(header: *mut BlockHeader, raw_offset: usize) {
     match placement {
         // SAFETY: raw is the pointer raw_alloc returned for this block.
         Placement::Malloc => unsafe { sys::raw_free(raw) },
-        Placement::Heap => {} // never here: the free path parks heap blocks or gives them back
-        Placement::Budget => {
-            if let Some(budget) = super::budget::active() {
-                budget.release(raw);
-            }
-        }
+        // Never here: the free path parks heap blocks or gives them back; and no block is
+        // placed in a budget of its own any more (the budget counts bytes, see `budget`).
+        Placement::Heap | Placement::Budget => {}
         Placement::Mapped => {
             remember_unmapped(UnmappedBlock {
                 user: user as usize,

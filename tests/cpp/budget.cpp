@@ -20,16 +20,11 @@ namespace {
 
 }  // namespace
 
-int main(int argc, char**) {
+int main() {
     std::vector<char*> blocks;
     blocks.reserve(1000);
     std::vector<std::string> small;
-    for (int i = 0; i < 1000; ++i) small.emplace_back(100, 'x');  // pool-sized, served fine
-
-    if (argc > 1) {  // only the small blocks: for a run that may have no budget at all
-        std::puts("small only");
-        return 0;
-    }
+    for (int i = 0; i < 1000; ++i) small.emplace_back(100, 'x');  // counted, served fine
     fill_the_budget(blocks);
     char* refused = new (std::nothrow) char[100 * 1024];
     std::printf("nothrow: %s\n", refused == nullptr ? "null" : "memory");

@@ -1,0 +1,116 @@
+//! Memory that comes back, in one run (`programs/memory_back.cpp`, built at `-O2`): resident
+//! memory after 5M x 16 B and 1M x 200 B are allocated and all freed, and after 500 threads alive
+//! at once have allocated, freed and gone, under plain glibc, mimalloc (`LD_PRELOAD`, if
+//! installed) and the tracker (stacks on and off), with the ratio to glibc; then the share of a
+//! 4 MiB budget that blocks of one size (or a mix) fill before `bad_alloc`.
+//! `cargo bench --bench memory_back`
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+
+const SOURCE: &str = "benches/programs/memory_back.cpp";
+const MIMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2";
+
+/// The `key value` lines a run printed.
+fn run(exe: &Path, args: &[&str], env: &[(&str, &str)]) -> Vec<(String, f64)> {
+    let out = Command::new("timeout")
+        .args(["--signal=KILL", "600"])
+        .arg(exe)
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("the program runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    stdout
+        .lines()
+        .filter_map(|line| {
+            let (key, value) = line.split_once(' ')?;
+            Some((key.to_owned(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+fn value(printed: &[(String, f64)], key: &str) -> f64 {
+    printed
+        .iter()
+        .find(|(k, _)| k == key)
+        .map_or(f64::NAN, |(_, v)| *v)
+}
+
+fn main() {
+    let dir = support::scratch("bench_memory_back");
+    let plain = support::build(&dir, "plain", &[SOURCE], &["-O2", "-DK15_MEMORY_DISABLED"]);
+    let tracked = support::build(&dir, "tracked", &[SOURCE], &["-O2"]);
+    let log = format!("log_path={}", dir.join("k15.log").display());
+    let stacks_on = format!("{log}:report=0");
+    let stacks_off = format!("{log}:report=0:stack_depth=0");
+    let mut variants: Vec<(&str, &Path, Vec<(&str, &str)>)> = vec![("glibc", &plain, vec![])];
+    if Path::new(MIMALLOC).exists() {
+        variants.push(("mimalloc", &plain, vec![("LD_PRELOAD", MIMALLOC)]));
+    } else {
+        println!("(mimalloc skipped: install libmimalloc-dev)");
+    }
+    variants.push((
+        "tracker",
+        &tracked,
+        vec![("K15_MEMORY_OPTIONS", stacks_on.as_str())],
+    ));
+    variants.push((
+        "tracker, stack_depth=0",
+        &tracked,
+        vec![("K15_MEMORY_OPTIONS", stacks_off.as_str())],
+    ));
+
+    for (title, args, peak_key) in [
+        (
+            "5M x 16 B + 1M x 200 B, then all freed",
+            &["free_all"][..],
+            "peak_kib",
+        ),
+        (
+            "500 threads alive at once, then all gone",
+            &["threads", "500"][..],
+            "alive_kib",
+        ),
+    ] {
+        println!("\n{title} (resident MiB; ratio to glibc)");
+        println!(
+            "  {:<24} {:>10} {:>10} {:>8}",
+            "", "peak", "after", "after/x"
+        );
+        let mut glibc_after = f64::NAN;
+        for (name, exe, env) in &variants {
+            let printed = run(exe, args, env);
+            let (peak, after) = (value(&printed, peak_key), value(&printed, "after_kib"));
+            if *name == "glibc" {
+                glibc_after = after;
+            }
+            println!(
+                "  {name:<24} {:>10.1} {:>10.1} {:>7.2}x",
+                peak / 1024.0,
+                after / 1024.0,
+                after / glibc_after
+            );
+        }
+    }
+
+    let budget = 4 << 20;
+    println!("\nbudget=4M: share of the budget filled before bad_alloc");
+    for size in ["16", "64", "200", "4096", "0"] {
+        let options = format!("{log}:report=0:budget={budget}");
+        let printed = run(
+            &tracked,
+            &["fill", size, &budget.to_string()],
+            &[("K15_MEMORY_OPTIONS", options.as_str())],
+        );
+        let name = if size == "0" {
+            "mixed 16 B..4 KiB".to_owned()
+        } else {
+            format!("{size} B")
+        };
+        println!("  {name:<24} {:>6.1}%", 100.0 * value(&printed, "fill"));
+    }
+}
