@@ -239,6 +239,20 @@ struct ThreadLists {
     active: Cell<*mut u8>,
     active_count: Cell<u32>,
     spare: Cell<*mut u8>,
+    /// How many lists the thread has taken from the class, up to [`SLOW_START_REFILLS`].
+    refills: Cell<u8>,
+}
+
+/// A thread's first lists of a class are short (an eighth of a batch, then a quarter, a half):
+/// a thread that allocates a few blocks of many classes, as each of hundreds of worker threads
+/// may, does not hold a full batch of each.
+const SLOW_START_REFILLS: u8 = 3;
+
+/// How many blocks the next list of `class` for `lists` holds.
+fn refill_blocks(class: usize, lists: &ThreadLists) -> u32 {
+    let refills = lists.refills.get().min(SLOW_START_REFILLS);
+    lists.refills.set(refills + 1);
+    (batch_blocks(class) >> (SLOW_START_REFILLS - refills)).max(1)
 }
 
 struct ThreadHeap {
@@ -254,6 +268,7 @@ thread_local! {
                     active: Cell::new(null_mut()),
                     active_count: Cell::new(0),
                     spare: Cell::new(null_mut()),
+                    refills: Cell::new(0),
                 }
             }; CLASS_COUNT],
         }
@@ -373,7 +388,8 @@ unsafe fn unpark(list: List, mine: &mut HeldShard<'_>) {
 #[inline(never)]
 fn refill(class: usize, mine: &mut HeldShard<'_>) -> Option<(*mut u8, u32)> {
     super::guard::arm_thread_exit();
-    let list = spans::take_blocks(class, batch_blocks(class));
+    let wanted = refill_blocks(class, &thread_heap().classes[class]);
+    let list = spans::take_blocks(class, wanted);
     if list.count == 0 {
         return None;
     }
