@@ -40,6 +40,9 @@ fn value(printed: &[(String, f64)], key: &str) -> f64 {
         .map_or(f64::NAN, |(_, v)| *v)
 }
 
+/// A way to run the program: its name in the table, the binary, its environment.
+type Variant<'a> = (&'static str, &'a Path, Vec<(&'static str, &'a str)>);
+
 fn main() {
     let dir = support::scratch("bench_memory_back");
     let plain = support::build(&dir, "plain", &[SOURCE], &["-O2", "-DK15_MEMORY_DISABLED"]);
@@ -47,7 +50,7 @@ fn main() {
     let log = format!("log_path={}", dir.join("k15.log").display());
     let stacks_on = format!("{log}:report=0");
     let stacks_off = format!("{log}:report=0:stack_depth=0");
-    let mut variants: Vec<(&str, &Path, Vec<(&str, &str)>)> = vec![("glibc", &plain, vec![])];
+    let mut variants: Vec<Variant> = vec![("glibc", &plain, vec![])];
     if Path::new(MIMALLOC).exists() {
         variants.push(("mimalloc", &plain, vec![("LD_PRELOAD", MIMALLOC)]));
     } else {
