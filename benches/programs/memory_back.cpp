@@ -13,17 +13,9 @@
 #include <new>
 #include <thread>
 #include <vector>
+#include "../../tests/cpp/resident.h"
 
 namespace {
-
-long resident_kib() {
-    long pages_total = 0, pages_resident = 0;
-    if (FILE* statm = std::fopen("/proc/self/statm", "r")) {
-        if (std::fscanf(statm, "%ld %ld", &pages_total, &pages_resident) != 2) pages_resident = 0;
-        std::fclose(statm);
-    }
-    return pages_resident * 4;
-}
 
 void free_all() {
     const long before = resident_kib();

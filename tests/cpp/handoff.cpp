@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 #include <vector>
+#include "resident.h"
 
 namespace {
 
@@ -20,15 +21,6 @@ std::condition_variable handoff;
 std::vector<char*> batch;
 int round_ready = -1;  // the round whose batch waits for the consumer
 int round_freed = -1;  // the last round the consumer freed
-
-long resident_kib() {
-    long pages_total = 0, pages_resident = 0;
-    if (FILE* statm = std::fopen("/proc/self/statm", "r")) {
-        if (std::fscanf(statm, "%ld %ld", &pages_total, &pages_resident) != 2) pages_resident = 0;
-        std::fclose(statm);
-    }
-    return pages_resident * 4;
-}
 
 void producer() {
     std::vector<char*> made;

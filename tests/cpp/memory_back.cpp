@@ -7,17 +7,9 @@
 #include <cstdio>
 #include <cstring>
 #include <vector>
+#include "resident.h"
 
 namespace {
-
-long resident_kib() {
-    long pages_total = 0, pages_resident = 0;
-    if (FILE* statm = std::fopen("/proc/self/statm", "r")) {
-        if (std::fscanf(statm, "%ld %ld", &pages_total, &pages_resident) != 2) pages_resident = 0;
-        std::fclose(statm);
-    }
-    return pages_resident * 4;
-}
 
 [[gnu::noinline]] char* leak_early() {
     return K15_NEW char[48];  // LEAKED EARLY
