@@ -614,38 +614,38 @@ mod tests {
     }
 
     #[test]
-    fn blocks_given_back_one_by_one_come_back_as_one_list() {
+    fn blocks_given_back_one_by_one_are_handed_out_again() {
         let class = class_for(20 * 1024, 0, 16).unwrap(); // a class no other test uses
-        let given: [usize; 3] = with_my_shard(|mine| {
-            core::array::from_fn(|_| {
-                let block = take(class, mine).unwrap();
+        let (given, held) = with_my_shard(|mine| {
+            let blocks: [*mut u8; 4] = core::array::from_fn(|_| take(class, mine).unwrap());
+            for &block in &blocks[..3] {
                 // SAFETY: fresh from take(class), parked on `mine`, used by nobody; off the
                 // shard list it may go back to the class.
                 unsafe {
                     mine.unlink(block as *mut BlockHeader);
                     give_back_block(block, class);
                 }
-                block as usize
-            })
+            }
+            // The fourth stays out, so that its span keeps serving the class.
+            (
+                blocks[..3].iter().map(|&b| b as usize).collect::<Vec<_>>(),
+                blocks[3] as usize,
+            )
         });
-        let taken = std::thread::spawn(move || {
+        let mut taken = std::thread::spawn(move || {
             with_my_shard(|mine| {
-                let taken: [usize; 3] =
-                    core::array::from_fn(|_| take(class, mine).unwrap() as usize);
-                let lists = &thread_heap().classes[class as usize];
-                (taken, lists.active_count.get())
+                (0..3)
+                    .map(|_| take(class, mine).unwrap() as usize)
+                    .collect::<Vec<_>>()
             })
         })
         .join()
         .unwrap();
-        let (mut taken, left) = taken;
         taken.sort_unstable();
         let mut given = given;
         given.sort_unstable();
-        assert_eq!(
-            taken, given,
-            "the three blocks did not come back as one list"
-        );
-        assert_eq!(left, 0);
+        assert_eq!(taken, given, "the three blocks given back were not reused");
+        assert!(!taken.contains(&held));
+        assert!(spans::serving_span(held).is_some_and(|(_, c)| c == class as usize));
     }
 }
