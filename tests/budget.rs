@@ -73,7 +73,10 @@ fn blocks_of_any_size_fill_most_of_the_budget() {
     let exe = support::build(&dir, "fill", &["benches/programs/memory_back.cpp"], &[]);
     for size in ["16", "64", "200", "4096", "0"] {
         let fill = fill_fraction(&exe, size);
-        assert!(fill >= 0.9, "blocks of {size} bytes filled {fill} of the budget");
+        assert!(
+            fill >= 0.9,
+            "blocks of {size} bytes filled {fill} of the budget"
+        );
     }
 }
 

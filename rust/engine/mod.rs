@@ -46,10 +46,10 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 pub use block::{BlockAllocator, FreeSpace};
 pub use names::{c_name, static_name};
 pub use pool::{Pool, PoolConfig};
+pub(crate) use registry::lock_for_fork as lock_registry_for_fork;
 pub use registry::{
     allocator_of, for_each_live_block, leaks_since, memstats, type_of, AllocatorLeaks, MemStats,
 };
-pub(crate) use registry::lock_for_fork as lock_registry_for_fork;
 pub use size_class::ClassSpec;
 pub use stack::{StackAllocator, StackMarker, StackScope};
 pub use tracked::{any_tracked_allocator_created, TrackedAllocator};

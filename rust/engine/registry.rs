@@ -184,10 +184,7 @@ impl Registration {
             element_type,
         };
         registry.next_id += 1;
-        registry.slots[slot] = Some(Registered {
-            info,
-            source,
-        });
+        registry.slots[slot] = Some(Registered { info, source });
         Ok(Self {
             slot: slot as u16,
             info,
