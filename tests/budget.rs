@@ -49,7 +49,8 @@ fn running_out_of_budget_throws_reports_and_recovers() {
 }
 
 /// Blocks of one size (or a mix, 16 B to 4 KiB) until the budget refuses: the share of the
-/// budget they hold (`benches/programs/memory_back.cpp fill`).
+/// budget they hold (`benches/programs/memory_back.cpp fill`), the same again after another
+/// thread freed them.
 fn fill_fraction(exe: &std::path::Path, size: &str) -> f64 {
     let budget = 4 << 20;
     let run = support::run_with(
@@ -60,11 +61,16 @@ fn fill_fraction(exe: &std::path::Path, size: &str) -> f64 {
         &["fill", size, &budget.to_string()],
     );
     let stdout = run.stdout();
-    assert!(stdout.contains("again memory"), "{stdout}");
-    stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("fill ")?.parse().ok())
-        .unwrap_or_else(|| panic!("{stdout}"))
+    let fraction = |key: &str| -> f64 {
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(key)?.parse().ok())
+            .unwrap_or_else(|| panic!("{stdout}"))
+    };
+    let (fill, refill) = (fraction("fill "), fraction("refill "));
+    // Freed on another thread, the blocks gave their bytes back before their lists settled.
+    assert!(refill >= fill - 0.01, "{stdout}");
+    fill
 }
 
 #[test]

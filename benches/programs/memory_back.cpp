@@ -4,7 +4,7 @@
 //   threads N       N threads alive at once, each allocating and freeing a mix of sizes, then all
 //                   gone: resident KiB while they live and after they are gone
 //   fill SIZE BYTES blocks of SIZE bytes (0: a mix) until bad_alloc: the fraction of BYTES (the
-//                   budget) they hold
+//                   budget) they hold; then again once another thread has freed them
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -82,8 +82,10 @@ void threads(int count) {
 // Kept out of the heap, which the budget counts.
 char* filled[1 << 20];
 
-void fill(std::size_t size, double budget) {
-    std::size_t count = 0, held = 0;
+// Blocks of `size` bytes (0: a mix) until the budget refuses one: how many, and their bytes.
+std::size_t fill_until_refused(std::size_t size, std::size_t& held) {
+    std::size_t count = 0;
+    held = 0;
     for (std::size_t i = 0; count < sizeof filled / sizeof filled[0]; ++i) {
         const std::size_t bytes = size != 0 ? size : std::size_t{16} << (i % 9);  // 16 B .. 4 KiB
         char* block = new (std::nothrow) char[bytes];
@@ -91,12 +93,37 @@ void fill(std::size_t size, double budget) {
         filled[count++] = block;
         held += bytes;
     }
+    return count;
+}
+
+// Fills the budget, frees it all on another thread (started first: starting a thread allocates),
+// fills it again: the second fill shows that blocks freed off their own thread gave their bytes
+// back at once.
+void fill(std::size_t size, double budget) {
+    std::mutex lock;
+    std::condition_variable changed;
+    std::size_t to_free = 0;
+    bool freed = false;
+    std::thread freer([&] {
+        std::unique_lock<std::mutex> guard(lock);
+        changed.wait(guard, [&] { return to_free != 0; });
+        for (std::size_t i = 0; i < to_free; ++i) delete[] filled[i];
+        freed = true;
+        changed.notify_all();
+    });
+    std::size_t held = 0;
+    std::size_t count = fill_until_refused(size, held);
     std::printf("blocks %zu\nfill %.3f\n", count, static_cast<double>(held) / budget);
+    {
+        std::unique_lock<std::mutex> guard(lock);
+        to_free = count;
+        changed.notify_all();
+        changed.wait(guard, [&] { return freed; });
+    }
+    count = fill_until_refused(size, held);
+    std::printf("refill %.3f\n", static_cast<double>(held) / budget);
     for (std::size_t i = 0; i < count; ++i) delete[] filled[i];
-    // Room again once everything is freed.
-    char* again = new (std::nothrow) char[size != 0 ? size : 64];
-    std::printf("again %s\n", again != nullptr ? "memory" : "null");
-    delete[] again;
+    freer.join();
 }
 
 }  // namespace

@@ -362,7 +362,7 @@ pub fn in_tracker(me: guard::Me) -> bool {
 fn defer_free(ptr: *mut u8, kind: BlockKind, header: Option<*mut BlockHeader>) {
     let free = match header {
         // SAFETY: `header` was seen LIVE by lookup and is ours; claiming is one compare-and-swap.
-        Some(header) if unsafe { (*header).claim() } => guard::DeferredFree::Claimed(header),
+        Some(header) if unsafe { claim(header) } => guard::DeferredFree::Claimed(header),
         _ => guard::DeferredFree::Free { ptr, kind },
     };
     record_deferred(free);
@@ -474,7 +474,9 @@ unsafe fn free_off_list(
     // SAFETY: guaranteed by the caller.
     unsafe { held.unlink(header) };
     held.count_free(h.size);
-    budget::credit_block(h.size);
+    if !h.is_claimed() {
+        budget::credit_block(h.size); // a claimed block's bytes went back when it was claimed
+    }
     h.mark_freed();
     drop(held);
     // SAFETY: the block is off every list and marked freed; this thread owns its memory now.
@@ -493,10 +495,25 @@ fn free_remote(
     me: guard::Me,
 ) {
     // SAFETY: lookup saw a LIVE cookie at this header, which is ours.
-    if !unsafe { (*header).claim() } {
+    if !unsafe { claim(header) } {
         return deallocate_raced(header, kind, start());
     }
     queue_claimed(header, me);
+}
+
+/// Claims a live block for a free applied later; its bytes go back to the budget now, since the
+/// program is done with them.
+///
+/// # Safety
+/// `header` is a header of ours that lookup saw LIVE.
+unsafe fn claim(header: *mut BlockHeader) -> bool {
+    // SAFETY: guaranteed by the caller.
+    let h = unsafe { &*header };
+    let claimed = h.claim();
+    if claimed {
+        budget::credit_block(h.size);
+    }
+    claimed
 }
 
 /// Queues a claimed block on the calling thread's shard, or settles it at once when the queue
