@@ -247,10 +247,19 @@ pub unsafe fn give_back(class: usize, list: List) {
         let index = span_index(block as usize);
         // SAFETY: a span of this class (its block was handed out by it), under its lock.
         let s = unsafe { span(index) };
+        if s.handed_out == 0 {
+            // More blocks back than handed out: the count went wrong, and the span must never
+            // go back to the OS on it (a live block may lie there). The block stays unused.
+            super::integrity::found_corruption(
+                block as usize,
+                super::integrity::Corrupted::FreeList,
+            );
+            continue;
+        }
         let had_blocks = s.free.count > 0 || s.carved as usize + size <= SPAN_BYTES;
         // SAFETY: the block is free and the caller's to give.
         unsafe { s.free.push(block) };
-        s.handed_out = s.handed_out.saturating_sub(1);
+        s.handed_out -= 1;
         // SAFETY: the span serves this class; on its list exactly when it had blocks.
         unsafe {
             if !had_blocks {
