@@ -1,5 +1,5 @@
-//! The memory under tracked blocks up to 128 KiB: size classes carved from our own mappings, a
-//! free list per thread and class in front of a shared list per class, so a tracked
+//! The memory under tracked blocks up to 128 KiB: size classes carved from our own spans, a
+//! free list per thread and class in front of each span's free list, so a tracked
 //! `new`/`delete` pair costs no glibc call, no lock and no atomic read-modify-write.
 //!
 //! A block here is header and user bytes together (`total` bytes, rounded up to its class).
@@ -8,8 +8,8 @@
 //! `FREED` (the report skips it): a `delete` of one of the thread's own blocks and the `new` that
 //! reuses it then change no list neighbours, whose cache misses were the largest cost of a pair.
 //! Blocks join the thread's shard list when a list of them comes to the thread (`refill`) and
-//! leave it when a list goes back to the class (`retire_full_list`, thread exit). Blocks on the
-//! shared stacks are on no shard list.
+//! leave it when a list goes back to the class (`retire_full_list`, thread exit). Blocks on their
+//! span's free list are on no shard list.
 //!
 //! A free block keeps its list links (bytes 0..16) and its size, stack and cookie (40..64), so a
 //! second `delete` still finds `FREED` until the block is handed out again; word 2 links it to
@@ -23,8 +23,9 @@
 //!
 //! An overrun of the block in front may reach a free block's links, so every block handed out is
 //! checked first (in the heap's range, `FREED` cookie): a damaged list is given up, never
-//! followed. The heap's spans lie in one reserved range with a page map, which also finds the
-//! block any address falls into (bad frees of pointers inside a block, smashed headers).
+//! followed. The heap's spans lie in one reserved range with a table of which class each serves,
+//! which also finds the block any address falls into (bad frees of pointers inside a block,
+//! smashed headers).
 
 use super::header::BlockHeader;
 use super::live_list::HeldShard;
