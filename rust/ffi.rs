@@ -240,7 +240,7 @@ pub unsafe extern "C" fn k15_memory_allocate(
     frame_address: usize,
 ) -> *mut u8 {
     // SAFETY: forwarded from the caller's guarantee.
-    let start = || unsafe { StartFrame::caller_of(frame_address) };
+    let start = move || unsafe { StartFrame::caller_of(frame_address) };
     // SAFETY: `kind` and `file` are as the caller guarantees.
     unsafe {
         let kind = core_kind(kind);
@@ -261,7 +261,7 @@ pub unsafe extern "C" fn k15_memory_deallocate(
     frame_address: usize,
 ) {
     // SAFETY: forwarded from the caller's guarantee.
-    let start = || unsafe { StartFrame::caller_of(frame_address) };
+    let start = move || unsafe { StartFrame::caller_of(frame_address) };
     // SAFETY: as the caller guarantees.
     let kind = unsafe { core_kind(kind) };
     tracker::deallocate(ptr, kind, start)

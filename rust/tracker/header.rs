@@ -12,11 +12,16 @@
 //! | 40 | `size` | user-requested size |
 //! | 48 | `alloc_stack` | stack depot id |
 //! | 52 | `raw_offset` | user pointer − raw allocation |
-//! | 56 | `cookie` | `LIVE`, `UNTRACKED`, `CLAIMED` or `FREED`, each `^ addr`; all but `FREED` also `^` the words at 24 and 40 |
+//! | 56 | `cookie` | `LIVE`, `UNTRACKED`, `CLAIMED` or `FREED`, each `^ addr`; all but `FREED` also `^` the words at 24 and 40; `FREED` of a heap block `^` its free-list link (word 2) |
 //!
 //! The size, stack and cookie sit in the last 24 bytes, so they survive a free list's links in a
 //! freed block (the heap's use 16..40, glibc's at most 0..32): a second `delete` still finds
 //! `FREED`. A free heap block also keeps its shard-list links (`heap`).
+//!
+//! A free heap block's cookie covers the word that links it to the next free block, so the heap
+//! follows a link only when the block holding it vouches for it ([`BlockHeader::free_link`]):
+//! one load and compare where a bounds check of the link and the cookie of the block it led to
+//! were two (an overrun of the block in front reaches the link before the cookie).
 //!
 //! A live cookie covers the words at 24 (`shard`, `class`, `kind`, `placement`) and 40 (`size`)
 //! too: an overrun of the block in front reaches them only after the links (which are checked
@@ -50,6 +55,8 @@ const UNTRACKED: usize = LIVE ^ 0x00ff_00ff_00ff_00ff;
 const FREED: usize = !LIVE;
 /// Freed by a thread other than the block's shard owner, queued until settled (`live_list`).
 const CLAIMED: usize = LIVE ^ 0x0f0f_0f0f_0f0f_0f0f;
+/// The word of a free heap block that links it to the next block of its free list (`heap`).
+pub const FREE_LINK_WORD: usize = 2;
 
 /// Where the block's memory came from.
 #[repr(u8)]
@@ -88,6 +95,7 @@ pub struct BlockHeader {
 const _: () = assert!(core::mem::size_of::<BlockHeader>() == HEADER_SIZE);
 
 /// What the allocation call says about a new block.
+#[derive(Clone, Copy)]
 pub struct NewBlock {
     pub size: usize,
     pub kind: BlockKind,
@@ -270,29 +278,62 @@ impl BlockHeader {
     /// untracked): the check a header must pass before its links are followed.
     pub fn cookie_valid(&self) -> bool {
         let cookie = self.cookie.load(Ordering::Relaxed);
-        cookie == FREED ^ self.address()
+        // SAFETY: the header is readable (we are reading it).
+        cookie == unsafe { Self::freed_cookie_at(self) }
             || [LIVE, CLAIMED, UNTRACKED].contains(&(cookie ^ self.expected(0)))
     }
 
-    /// Marks a fresh heap block free (`heap` checks every block it hands out for this mark).
-    ///
-    /// # Safety
-    /// `header` is a fresh block of the heap that nobody uses.
-    pub unsafe fn mark_fresh_freed(header: *mut BlockHeader) {
-        let address = Self::user_ptr(header) as usize;
-        // SAFETY: guaranteed by the caller.
-        unsafe { (&raw mut (*header).cookie).write(AtomicUsize::new(FREED ^ address)) };
-    }
-
-    /// Whether the block at `header` (readable memory) carries a freed cookie.
+    /// The cookie a freed block at `header` carries: a heap block's covers its free-list link
+    /// (word [`FREE_LINK_WORD`]), other blocks' only their address.
     ///
     /// # Safety
     /// The 64 bytes at `header` are readable.
-    #[inline]
-    pub unsafe fn is_freed_at(header: *const BlockHeader) -> bool {
+    unsafe fn freed_cookie_at(header: *const BlockHeader) -> usize {
+        let address = Self::user_ptr(header as *mut _) as usize;
+        let link = if super::heap::contains(header as usize) {
+            // SAFETY: guaranteed by the caller.
+            unsafe { header.cast::<usize>().add(FREE_LINK_WORD).read() }
+        } else {
+            0
+        };
+        FREED ^ address ^ link
+    }
+
+    /// Sets a free heap block's free-list link to `next` and its cookie to the freed one that
+    /// covers it: every change of a free heap block's link goes through here.
+    ///
+    /// # Safety
+    /// `header` is a block of the heap that is free and held by the caller.
+    #[inline(always)]
+    pub unsafe fn set_free_link(header: *mut BlockHeader, next: *mut u8) {
+        let address = Self::user_ptr(header) as usize;
+        // SAFETY: guaranteed by the caller.
+        unsafe {
+            header
+                .cast::<usize>()
+                .add(FREE_LINK_WORD)
+                .write(next as usize);
+            (&raw mut (*header).cookie).write(AtomicUsize::new(FREED ^ address ^ next as usize));
+        }
+    }
+
+    /// The free-list link of the free heap block at `header`, when its freed cookie vouches for
+    /// it; `None` when the block is no free block or its link was changed behind the cookie's
+    /// back (an overrun of the block in front reaches the link before the cookie).
+    ///
+    /// # Safety
+    /// `header` is a block of the heap (readable).
+    #[inline(always)]
+    pub unsafe fn free_link(header: *const BlockHeader) -> Option<*mut u8> {
         let address = Self::user_ptr(header as *mut _) as usize;
         // SAFETY: guaranteed by the caller.
-        unsafe { (*header).cookie.load(Ordering::Relaxed) == FREED ^ address }
+        let (link, cookie) = unsafe {
+            (
+                header.cast::<usize>().add(FREE_LINK_WORD).read(),
+                (*header).cookie.load(Ordering::Relaxed),
+            )
+        };
+        (cookie ^ link == FREED ^ address).then_some(link as *mut u8)
     }
 
     fn address(&self) -> usize {
@@ -323,7 +364,9 @@ impl BlockHeader {
 
     /// Marks the block freed: a later free of the same pointer finds `FREED`.
     pub fn mark_freed(&mut self) {
-        self.cookie.store(FREED ^ self.address(), Ordering::Relaxed);
+        // SAFETY: the header is readable (we are writing it).
+        let freed = unsafe { Self::freed_cookie_at(self) };
+        self.cookie.store(freed, Ordering::Relaxed);
     }
 
     /// Claims a live block for a free by a thread that does not own its shard; false when
@@ -403,7 +446,11 @@ impl BlockHeader {
             unsafe { &*header }.underrun_bytes()
         } {
             Lookup::Underrun { header, damaged }
-        } else if cookie == FREED ^ addr || cookie == h.expected(CLAIMED) {
+        } else if cookie == {
+            // SAFETY: as above.
+            unsafe { Self::freed_cookie_at(header) }
+        } || cookie == h.expected(CLAIMED)
+        {
             // SAFETY: a FREED (or CLAIMED) cookie means bytes 40..64 are still our header (free
             // lists use at most the bytes before them; see the layout above).
             let h = unsafe { &*header };

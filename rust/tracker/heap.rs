@@ -27,9 +27,11 @@
 //! `spare`. Memory is never given back to the OS: a debug-run trade-off that keeps the hot path
 //! short.
 //!
-//! An overrun of the block in front may reach a free block's links, so every block handed out is
-//! checked first (in the heap's range, `FREED` cookie): a damaged list is given up, never
-//! followed. The heap's spans lie in one reserved range with a page map, which also finds the
+//! An overrun of the block in front may reach a free block's links, so a free block's `FREED`
+//! cookie covers its link to the next (`BlockHeader::set_free_link`), and a link is followed
+//! only when the cookie of the block holding it vouches for it: a damaged list is given up,
+//! never followed. (A list's head is a block the thread freed, a link so vouched for, or checked
+//! to lie in the heap when the list comes off a shared stack.) The heap's spans lie in one reserved range with a page map, which also finds the
 //! block any address falls into (bad frees of pointers inside a block, smashed headers).
 
 use super::header::BlockHeader;
@@ -57,15 +59,21 @@ const LARGEST_ALIGN: usize = 64;
 /// aligned to `align`, `None` when the heap does not serve that size or alignment.
 #[inline]
 pub fn class_for(size: usize, overhead: usize, align: usize) -> Option<u8> {
-    if size > LARGEST_BLOCK || align > LARGEST_ALIGN {
-        return None; // checked first: adding to a size near usize::MAX would wrap
+    if align > 16 {
+        return aligned_class_for(size, overhead, align);
     }
-    let total = size + overhead;
-    let total = if align <= 16 {
-        total
-    } else {
-        total.next_multiple_of(LARGEST_ALIGN)
-    };
+    // Compared before adding: a size near usize::MAX would wrap.
+    (size <= LARGEST_BLOCK - overhead).then(|| class_of(size + overhead) as u8)
+}
+
+/// [`class_for`] a user pointer aligned to more than 16 bytes: a class whose blocks are
+/// aligned to [`LARGEST_ALIGN`].
+#[inline(never)]
+fn aligned_class_for(size: usize, overhead: usize, align: usize) -> Option<u8> {
+    if size > LARGEST_BLOCK || align > LARGEST_ALIGN {
+        return None;
+    }
+    let total = (size + overhead).next_multiple_of(LARGEST_ALIGN);
     (total <= LARGEST_BLOCK).then(|| class_of(total) as u8)
 }
 
@@ -126,8 +134,9 @@ const fn blocks_per_batch(class: usize) -> u32 {
     }
 }
 
-/// The word of a free block that links it to the next block of its list.
-const NEXT_BLOCK: usize = 2;
+/// The word of a free block that links it to the next block of its list (its freed cookie
+/// covers it: `BlockHeader::set_free_link`).
+const NEXT_BLOCK: usize = super::header::FREE_LINK_WORD;
 /// In the first block of a list on a shared stack: the next list, and the list's length.
 const NEXT_LIST: usize = 3;
 const LIST_LENGTH: usize = 4;
@@ -159,16 +168,18 @@ impl List {
     #[inline]
     unsafe fn push(&mut self, block: *mut u8) {
         // SAFETY: guaranteed by the caller.
-        unsafe { *word(block, NEXT_BLOCK) = self.head as usize };
+        unsafe { BlockHeader::set_free_link(block.cast(), self.head) };
         self.head = block;
         self.count += 1;
     }
 
-    /// The list up to its first link that does not lead to a free block of the heap (an
-    /// overrun may have reached it), reported; the blocks behind it stay unused.
+    /// The list up to its first block whose freed cookie does not vouch for its link (an
+    /// overrun of the block in front may have reached it), reported; that block and those
+    /// behind it stay unused.
     ///
     /// # Safety
-    /// The list's head is a free block held by the caller, and so is each block it links to.
+    /// The list's head is a free block held by the caller, and so is each block whose cookie
+    /// vouches for a link to it.
     unsafe fn checked(self) -> List {
         let mut good = List {
             head: self.head,
@@ -177,8 +188,8 @@ impl List {
         let mut last: *mut u8 = null_mut();
         let mut block = self.head;
         while good.count < self.count {
-            // SAFETY: in the heap, so readable.
-            if !contains(block as usize) || unsafe { !BlockHeader::is_freed_at(block.cast()) } {
+            // SAFETY: the head, or a block a vouched-for link led to: a block of the heap.
+            let Some(next) = (unsafe { BlockHeader::free_link(block.cast()) }) else {
                 super::integrity::found_corruption(
                     block as usize,
                     super::integrity::Corrupted::FreeList,
@@ -187,13 +198,12 @@ impl List {
                     return EMPTY;
                 }
                 // SAFETY: `last` is a free block of the list, checked just before.
-                unsafe { *word(last, NEXT_BLOCK) = 0 };
+                unsafe { BlockHeader::set_free_link(last.cast(), null_mut()) };
                 break;
-            }
+            };
             last = block;
             good.count += 1;
-            // SAFETY: checked just above.
-            block = unsafe { *word(block, NEXT_BLOCK) } as *mut u8;
+            block = next;
         }
         good
     }
@@ -289,16 +299,14 @@ pub fn take(class: u8, mine: &mut HeldShard<'_>) -> Option<*mut u8> {
             _ => refill(class, mine)?,
         };
     }
-    // The link that led here lies in a free block, where an overrun of the block in front of
-    // it may have reached: checked before it is followed.
-    // SAFETY: in the heap, so readable.
-    if !contains(head as usize) || unsafe { !BlockHeader::is_freed_at(head.cast()) } {
+    // The link to the next block lies in this free block, where an overrun of the block in
+    // front may have reached: followed only when the block's freed cookie vouches for it. The
+    // head itself came from such a link, or from a list checked when it came to the thread.
+    // SAFETY: `head` is the first of `count > 0` free blocks of the heap this thread holds.
+    let Some(next) = (unsafe { BlockHeader::free_link(head.cast()) }) else {
         return take_after_damage(class, mine, head);
-    }
-    // SAFETY: `head` is the first of `count > 0` free blocks this thread holds.
-    lists
-        .active
-        .set(unsafe { *word(head, NEXT_BLOCK) } as *mut u8);
+    };
+    lists.active.set(next);
     lists.active_count.set(count - 1);
     Some(head)
 }
@@ -315,12 +323,12 @@ fn take_after_damage(class: usize, mine: &mut HeldShard<'_>, bad: *mut u8) -> Op
     take(class as u8, mine)
 }
 
-/// Takes back a freed block of class `class` that is on `mine` (the calling thread's shard,
-/// held); it stays there, parked.
+/// Takes back a block of class `class` that is on `mine` (the calling thread's shard, held) and
+/// marks it freed; it stays there, parked.
 ///
 /// # Safety
-/// `block` is a block from [`take`] of this class, marked freed, on the list of `mine`, and
-/// nobody uses it any more.
+/// `block` is a block from [`take`] of this class, on the list of `mine`, and nobody uses it
+/// any more.
 #[inline]
 pub unsafe fn park(block: *mut u8, class: u8, mine: &mut HeldShard<'_>) {
     let class = class as usize;
@@ -332,7 +340,7 @@ pub unsafe fn park(block: *mut u8, class: u8, mine: &mut HeldShard<'_>) {
         (head, count) = (null_mut(), 0);
     }
     // SAFETY: guaranteed by the caller: the block is free and now this thread's.
-    unsafe { *word(block, NEXT_BLOCK) = head as usize };
+    unsafe { BlockHeader::set_free_link(block.cast(), head) };
     lists.active.set(block);
     lists.active_count.set(count + 1);
 }
@@ -389,7 +397,7 @@ fn refill(class: usize, mine: &mut HeldShard<'_>) -> Option<(*mut u8, u32)> {
             // SAFETY: the first block of a list on the shared stack, held under the class lock,
             // read once it is known to be in the heap.
             unsafe {
-                if !contains(head as usize) || !BlockHeader::is_freed_at(head.cast()) {
+                if !contains(head as usize) || BlockHeader::free_link(head.cast()).is_none() {
                     // The stack's link is damaged: what lies behind it stays unused.
                     super::integrity::found_corruption(
                         head as usize,
@@ -441,10 +449,7 @@ fn carve(shared: &mut SharedClass, class: usize) -> Option<List> {
             continue;
         }
         // SAFETY: a fresh block of this class inside our span, handed to nobody yet.
-        unsafe {
-            BlockHeader::mark_fresh_freed(block.cast());
-            list.push(block);
-        }
+        unsafe { list.push(block) };
     }
     Some(list)
 }
@@ -502,11 +507,11 @@ pub unsafe fn give_back_block(block: *mut u8, class: u8) {
             *word(top, LIST_LENGTH) as u32
         };
         if top_length == 0 || top_length == batch_blocks(class) {
-            *word(block, NEXT_BLOCK) = 0;
+            BlockHeader::set_free_link(block.cast(), null_mut());
             *word(block, NEXT_LIST) = top as usize;
             *word(block, LIST_LENGTH) = 1;
         } else {
-            *word(block, NEXT_BLOCK) = top as usize;
+            BlockHeader::set_free_link(block.cast(), top);
             *word(block, NEXT_LIST) = *word(top, NEXT_LIST);
             *word(block, LIST_LENGTH) = top_length as usize + 1;
         }

@@ -79,32 +79,72 @@ unsafe fn allocate_inside(
     let Some(mut held) = SHARDS[me.shard.index as usize].hold(me.number, me.shard.owned) else {
         return allocate_untracked(size, align, kind);
     };
-    let Some(block) = raw::acquire(size, align, hot.budget(), &mut held) else {
-        drop(held);
-        if hot.budget() {
-            report_budget_exceeded(size, new_block.file, new_block.line, alloc_stack);
-        }
-        return core::ptr::null_mut();
+    let from_heap = if hot.budget() {
+        None
+    } else {
+        raw::acquire_from_heap(size, align, &mut held)
     };
-    let owner = Owner {
+    let Some(block) = from_heap else {
+        return allocate_elsewhere(held, *new_block, align, hot, owner(me, seq, alloc_stack));
+    };
+    let owner = owner(me, seq, alloc_stack);
+    // SAFETY: `block` is fresh from the heap and parked on this shard's list already; `file` is
+    // as the caller guarantees.
+    unsafe { BlockHeader::write(&block, new_block, Some(owner)) };
+    count_allocation(held, size, hot, owner);
+    block.user
+}
+
+#[inline(always)]
+fn owner(me: guard::Me, seq: u32, alloc_stack: StackId) -> Owner {
+    Owner {
         thread: me.number,
         seq,
         shard: me.shard.index,
         alloc_stack,
-    };
-    // SAFETY: `block` is fresh from acquire; `file` is as the caller guarantees. A heap block
-    // is parked on this shard's list already; others are on no list until linked here.
-    unsafe {
-        let header = BlockHeader::write(&block, new_block, Some(owner));
-        if block.placement != Placement::Heap {
-            held.link(header);
-        }
     }
+}
+
+/// The rest of [`allocate_inside`] for a block the heap does not serve (large, over-aligned, the
+/// budget's, or the heap out of memory): it is linked on `held` here. Takes the new block by
+/// value, so that the common path never stores it in memory for this call.
+///
+/// # Safety
+/// As [`allocate_inside`].
+#[cold]
+#[inline(never)]
+unsafe fn allocate_elsewhere(
+    mut held: live_list::HeldShard<'_>,
+    new_block: NewBlock,
+    align: usize,
+    hot: init::Hot,
+    owner: Owner,
+) -> *mut u8 {
+    let size = new_block.size;
+    let Some(block) = raw::acquire_elsewhere(size, align, hot.budget()) else {
+        drop(held);
+        if hot.budget() {
+            report_budget_exceeded(size, new_block.file, new_block.line, owner.alloc_stack);
+        }
+        return core::ptr::null_mut();
+    };
+    // SAFETY: `block` is fresh from acquire and on no list; `file` is as the caller guarantees.
+    unsafe {
+        let header = BlockHeader::write(&block, &new_block, Some(owner));
+        held.link(header);
+    }
+    count_allocation(held, size, hot, owner);
+    block.user
+}
+
+/// Counts a new block on the shard that holds it, and stops in the debugger when `break_on`
+/// names it.
+#[inline(always)]
+fn count_allocation(mut held: live_list::HeldShard<'_>, size: usize, hot: init::Hot, owner: Owner) {
     held.count_allocation(size);
     if hot.break_on() {
-        integrity::break_if_asked(me.number, seq, size);
+        integrity::break_if_asked(owner.thread, owner.seq, size);
     }
-    block.user
 }
 
 /// The tracker's own memory (nested calls while it is busy): headered, so any free function
@@ -400,8 +440,7 @@ unsafe fn free_on_own_list(
     let h = unsafe { &mut *header };
     held.count_free(h.size);
     if h.placement == Placement::Heap && !quarantine {
-        h.mark_freed();
-        // SAFETY: a heap block of class `h.class`, freed, on the list of `held`.
+        // SAFETY: a heap block of class `h.class` on the list of `held`, which park marks freed.
         unsafe { heap::park(header as *mut u8, h.class, &mut held) };
         return;
     }

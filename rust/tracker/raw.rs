@@ -23,32 +23,30 @@ pub struct RawBlock {
     pub class: u8,
 }
 
-/// Memory for `size` bytes aligned to `align` with a header in front and a guard behind, or
-/// `None` when exhausted or beyond what the address space can hold.
-/// `budgeted`: the budget (`budget=`) is set up and serves every block. Otherwise the heap
-/// serves what it can (up to 128 KiB, aligned up to 64), parked on `mine`, the calling thread's
-/// shard (see `heap`); the rest comes from our mappings or glibc, on no list.
+/// A block of the heap for `size` bytes aligned to `align`, with a header in front and a guard
+/// behind, parked on `mine`, the calling thread's shard (see `heap`): `None` when the heap does
+/// not serve that size or alignment (over 128 KiB, or aligned over 64) or has no memory left.
+/// Apart from [`acquire_elsewhere`], so that the common path keeps the block in registers.
 #[inline(always)]
-pub fn acquire(
-    size: usize,
-    align: usize,
-    budgeted: bool,
-    mine: &mut HeldShard<'_>,
-) -> Option<RawBlock> {
+pub fn acquire_from_heap(size: usize, align: usize, mine: &mut HeldShard<'_>) -> Option<RawBlock> {
+    // No overflow: the heap's sizes are far below usize::MAX, and larger ones are refused first.
+    let class = heap::class_for(size, HEADER_SIZE + GUARD_SIZE, align)?;
+    let raw = heap::take(class, mine)?;
+    Some(RawBlock {
+        user: raw.wrapping_add(HEADER_SIZE),
+        raw_offset: HEADER_SIZE,
+        placement: Placement::Heap,
+        class,
+    })
+}
+
+/// Memory for what [`acquire_from_heap`] did not serve, on no list: from the budget when it is
+/// set up (`budgeted`: it then serves every block), else from our mappings or glibc. `None`
+/// when exhausted or beyond what the address space can hold.
+pub fn acquire_elsewhere(size: usize, align: usize, budgeted: bool) -> Option<RawBlock> {
     if budgeted {
         let size = size.checked_add(GUARD_SIZE)?;
         return super::budget::active().and_then(|budget| acquire_budgeted(budget, size, align));
-    }
-    // No overflow: the heap's sizes are far below usize::MAX, and larger ones are refused first.
-    if let Some(class) = heap::class_for(size, HEADER_SIZE + GUARD_SIZE, align) {
-        if let Some(raw) = heap::take(class, mine) {
-            return Some(RawBlock {
-                user: raw.wrapping_add(HEADER_SIZE),
-                raw_offset: HEADER_SIZE,
-                placement: Placement::Heap,
-                class,
-            });
-        }
     }
     acquire_from_system(size.checked_add(GUARD_SIZE)?, align)
 }
