@@ -777,6 +777,31 @@ mod tests {
     }
 
     #[test]
+    fn a_free_block_whose_link_changed_is_never_handed_out_again() {
+        let class = class_for(10 * 1024, 0, 16).unwrap(); // a class no other test uses
+        with_my_shard(|mine| {
+            let blocks: [*mut u8; 3] = core::array::from_fn(|_| take(class, mine).unwrap());
+            for &block in blocks.iter().rev() {
+                // SAFETY: each came from take(class) just above and is used by nobody.
+                unsafe { park(block, class, mine) };
+            }
+            // An overrun of the block in front of blocks[0] rewrites its link, to another free
+            // block (blocks[1] would be lost) that lies in the heap and carries a freed cookie.
+            // SAFETY: blocks[0] is a free block of the heap this thread holds.
+            unsafe { *word(blocks[0], NEXT_BLOCK) = blocks[2] as usize };
+            let taken: [*mut u8; 12] = core::array::from_fn(|_| take(class, mine).unwrap());
+            assert!(
+                taken.iter().all(|block| !blocks.contains(block)),
+                "a block of the damaged list was handed out"
+            );
+            for block in taken {
+                // SAFETY: each came from take(class) just above and is used by nobody.
+                unsafe { park(block, class, mine) };
+            }
+        });
+    }
+
+    #[test]
     fn blocks_parked_by_an_exited_thread_are_handed_out_again() {
         let class = class_for(30 * 1024, 0, 16).unwrap(); // a class no other test uses
         let blocks = std::thread::spawn(move || {
