@@ -1,33 +1,36 @@
 //! The block header in front of every tracked block, and how a pointer handed to `delete` is
 //! recognised as ours, already freed, or foreign.
 //!
-//! Layout (64 bytes, the user pointer follows it):
+//! Layout (48 bytes, the user pointer follows it):
 //!
 //! | offset | field | note |
 //! | --- | --- | --- |
 //! | 0, 8 | `prev`, `next` | shard-list links; glibc's free lists reuse these bytes once a block of its is freed |
-//! | 16 | `seq`, `thread` | the heap's free-list links reuse 16..40 in a free heap block |
-//! | 24 | `line`, `shard`, `class`, `kind`, `placement` | |
-//! | 32 | `file` | `__FILE__` of `K15_NEW`, or null |
-//! | 40 | `size` | user-requested size |
-//! | 48 | `alloc_stack` | stack depot id |
-//! | 52 | `raw_offset` | user pointer − raw allocation |
-//! | 56 | `cookie` | `LIVE`, `UNTRACKED`, `CLAIMED` or `FREED`, each `^ addr`; all but `FREED` also `^` the words at 24 and 40; `FREED` of a heap block `^` its free-list link (word 2) |
+//! | 16 | `seq`, `thread` | the heap's free-list link reuses these bytes in a free heap block |
+//! | 24 | `site`, `alloc_stack` | `site`: `K15_NEW`'s file and line (or an allocator's name) as an id (`site`) |
+//! | 32 | `packed` | the size (bytes 32..37), `shard` (37), `kind` (38), `class` and `placement` (39: 6 and 2 bits) |
+//! | 40 | `cookie` | `LIVE`, `UNTRACKED`, `CLAIMED` or `FREED`, each `^ addr`; all but `FREED` also `^` the words at 24 and 32; `FREED` of a heap block `^` its free-list link (word 2) |
 //!
-//! The size, stack and cookie sit in the last 24 bytes, so they survive a free list's links in a
-//! freed block (the heap's use 16..40, glibc's at most 0..32): a second `delete` still finds
-//! `FREED`. A free heap block also keeps its shard-list links (`heap`).
+//! 48 bytes where there were 64: the file pointer and line became a 4-byte site id, the size
+//! shares its word with the bytes that were beside the line, and the offset of the block's memory
+//! moved out (a heap block's is the header size, a mapped block's a page, and a block from glibc
+//! or the budget keeps it in the [`FAR_PREFIX`] bytes in front of its header). The list links
+//! stay full pointers, so the live lists and their repair are as they were.
+//!
+//! The size, stack, site and cookie sit in the last 24 bytes, so they survive a free list's links
+//! in a freed block (the heap's use bytes 16..24 and the first user bytes; glibc's, at most the
+//! chunk's first 32 bytes, fall on the [`FAR_PREFIX`] and the list links): a second `delete`
+//! still finds `FREED`. A free heap block also keeps its shard-list links (`heap`).
 //!
 //! A free heap block's cookie covers the word that links it to the next free block, so the heap
 //! follows a link only when the block holding it vouches for it ([`BlockHeader::free_link`]):
 //! one load and compare where a bounds check of the link and the cookie of the block it led to
 //! were two (an overrun of the block in front reaches the link before the cookie).
 //!
-//! A live cookie covers the words at 24 (`shard`, `class`, `kind`, `placement`) and 40 (`size`)
-//! too: an overrun of the block in front reaches them only after the links (which are checked
-//! against the neighbours), and a block whose kind, class, placement or size changed (or, past
-//! them, its file or offset) is then no longer taken for a live block, instead of being freed
-//! into the wrong place.
+//! A live cookie covers the words at 24 (`site`, `alloc_stack`) and 32 (size, `shard`, `class`,
+//! `kind`, `placement`) too: an overrun of the block in front reaches them only after the links
+//! (which are checked against the neighbours), and a block whose kind, class, placement or size
+//! changed is then no longer taken for a live block, instead of being freed into the wrong place.
 //!
 //! The cookie is also the check in front of the user's bytes: an underrun changes its top bytes
 //! first (they lie next to the user pointer), so a cookie whose low bytes still match names the
@@ -40,7 +43,14 @@ use crate::stack::StackId;
 use core::ffi::c_char;
 use core::sync::atomic::{AtomicUsize, Ordering};
 
-pub const HEADER_SIZE: usize = 64;
+pub const HEADER_SIZE: usize = 48;
+/// Bytes kept in front of the header of a block from glibc or the budget: its last word holds
+/// the offset of the block's memory from its user pointer.
+pub const FAR_PREFIX: usize = 16;
+/// Sizes from this one on cannot be tracked (the header keeps 40 bits of size): refused like
+/// any allocation the address space cannot hold.
+pub const SIZE_LIMIT: usize = 1 << SIZE_BITS;
+const SIZE_BITS: u32 = 40;
 /// The guard behind every block's user bytes (MSVC's debug heap has 4 such bytes, ASan a redzone).
 pub const GUARD_SIZE: usize = 8;
 /// The guard's fill, the CRT debug heap's "no man's land".
@@ -76,20 +86,33 @@ pub struct BlockHeader {
     pub next: *mut BlockHeader,
     pub seq: u32,
     pub thread: u32,
-    pub line: u32,
-    pub shard: u8,
-    /// The heap's size class of a [`Placement::Heap`] block.
-    pub class: u8,
-    /// A [`BlockKind`] as a byte, read through [`BlockHeader::kind`]: a stray write may leave
-    /// any value in a freed block's header, which the cookie no longer covers.
-    kind: u8,
-    pub placement: Placement,
-    pub file: *const c_char,
-    pub size: usize,
+    /// The allocation site's id (`site`), read through [`BlockHeader::file`] and `line`.
+    site: u32,
     pub alloc_stack: StackId,
-    raw_offset: u32,
+    /// The size and four small fields in one word, read through their accessors: a stray write
+    /// may leave any value in a freed block's header, which the cookie no longer covers.
+    packed: u64,
     /// Atomic only for [`BlockHeader::claim`]; everything else uses plain loads and stores.
     cookie: AtomicUsize,
+}
+
+/// The bytes of [`BlockHeader::packed`] past the size, each read with one load on the free path.
+const SHARD_BYTE: usize = 5;
+const KIND_BYTE: usize = 6;
+/// The class (6 bits) and, above it, the placement (2 bits).
+const CLASS_BYTE: usize = 7;
+const CLASS_BITS: u32 = 6;
+const _: () = assert!(SIZE_BITS as usize == 8 * SHARD_BYTE);
+
+/// The word [`BlockHeader::packed`] of a block (`class` below `1 << CLASS_BITS`: the heap has
+/// 64 classes).
+#[inline(always)]
+fn pack(size: usize, shard: u8, class: u8, kind: BlockKind, placement: Placement) -> u64 {
+    let class_and_placement = class as u64 | (placement as u64) << CLASS_BITS;
+    size as u64
+        | (shard as u64) << (8 * SHARD_BYTE)
+        | (kind as u64) << (8 * KIND_BYTE)
+        | class_and_placement << (8 * CLASS_BYTE)
 }
 
 const _: () = assert!(core::mem::size_of::<BlockHeader>() == HEADER_SIZE);
@@ -136,17 +159,17 @@ pub enum Lookup {
     Foreign,
 }
 
-/// The header's word 3 (`line`, `shard`, `class`, `kind`, `placement`) and word 5 (`size`), folded
-/// into one (rotated by an odd amount, so that equal words do not cancel out). An overrun from
-/// the block in front that reaches `file` or `raw_offset` has gone through word 3 first.
+/// The header's word 3 (`site`, `alloc_stack`) and word 4 (size, `shard`, `class`, `kind`,
+/// `placement`), folded into one (rotated by an odd amount, so that equal words do not cancel
+/// out).
 ///
 /// # Safety
-/// The header's 64 bytes are readable.
+/// The header's 48 bytes are readable.
 #[inline(always)]
 unsafe fn covered(header: *const BlockHeader) -> usize {
     let words = header as *const usize;
     // SAFETY: guaranteed by the caller; plain reads of words the header holds.
-    unsafe { words.add(3).read() ^ words.add(5).read().rotate_left(23) }
+    unsafe { words.add(3).read() ^ words.add(4).read().rotate_left(23) }
 }
 
 impl BlockHeader {
@@ -159,27 +182,87 @@ impl BlockHeader {
         (header as *mut u8).wrapping_add(HEADER_SIZE)
     }
 
+    /// How far the block's memory starts in front of its user pointer: the header for a heap
+    /// block, a page for a mapped one, and what a block from glibc or the budget keeps in front
+    /// of its header ([`FAR_PREFIX`]).
     pub fn raw_offset(&self) -> usize {
-        self.raw_offset as usize
+        match self.placement() {
+            Placement::Heap => HEADER_SIZE,
+            Placement::Mapped => crate::sys::PAGE_SIZE,
+            // SAFETY: such a block was written with its offset in the word before its header.
+            Placement::Malloc | Placement::Budget => unsafe {
+                (self as *const Self).cast::<usize>().sub(1).read()
+            },
+        }
+    }
+
+    /// The size the program asked for.
+    #[inline(always)]
+    pub fn size(&self) -> usize {
+        (self.packed & (SIZE_LIMIT as u64 - 1)) as usize
+    }
+
+    /// Byte `index` of [`BlockHeader::packed`].
+    #[inline(always)]
+    fn packed_byte(&self, index: usize) -> u8 {
+        // SAFETY: a plain read of one of the word's bytes (x86-64 is little-endian).
+        unsafe { (&raw const self.packed).cast::<u8>().add(index).read() }
+    }
+
+    /// The shard whose list holds the block.
+    #[inline(always)]
+    pub fn shard(&self) -> u8 {
+        self.packed_byte(SHARD_BYTE)
+    }
+
+    /// The heap's size class of a [`Placement::Heap`] block.
+    #[inline(always)]
+    pub fn class(&self) -> u8 {
+        self.packed_byte(CLASS_BYTE) & ((1 << CLASS_BITS) - 1)
+    }
+
+    /// Where the block's memory came from.
+    #[inline(always)]
+    pub fn placement(&self) -> Placement {
+        match self.packed_byte(CLASS_BYTE) >> CLASS_BITS {
+            0 => Placement::Malloc,
+            1 => Placement::Mapped,
+            2 => Placement::Budget,
+            _ => Placement::Heap,
+        }
+    }
+
+    fn kind_byte(&self) -> u8 {
+        self.packed_byte(KIND_BYTE)
     }
 
     /// How the block was allocated.
     #[inline]
     pub fn kind(&self) -> BlockKind {
-        BlockKind::from_byte(self.kind)
+        BlockKind::from_byte(self.kind_byte())
     }
 
     /// Whether a free through `kind` suits the block: its own kind, or one of its family.
     /// Compared as stored first, so that the free path decodes nothing.
     #[inline]
     pub fn freed_by_its_family(&self, kind: BlockKind) -> bool {
-        self.kind == kind as u8 || super::malloc::same_family(self.kind(), kind)
+        self.kind_byte() == kind as u8 || super::malloc::same_family(self.kind(), kind)
     }
 
-    /// The `placement` byte as stored, which an overrun may have set to any value.
-    pub fn placement_byte(&self) -> u8 {
-        // SAFETY: a plain read of a byte of the header.
-        unsafe { (&raw const self.placement).cast::<u8>().read() }
+    /// `K15_NEW`'s `__FILE__` (an engine allocator's name for [`BlockKind::Named`]), or null.
+    pub fn file(&self) -> *const c_char {
+        super::site::resolve(self.site).0
+    }
+
+    /// `K15_NEW`'s `__LINE__`, or 0.
+    pub fn line(&self) -> u32 {
+        super::site::resolve(self.site).1
+    }
+
+    /// Whether the site id is one the table gave out (a check of a header that may have been
+    /// overwritten).
+    pub fn site_is_known(&self) -> bool {
+        super::site::is_known(self.site)
     }
 
     /// Writes the header of the new block in `raw`, all but its list links (a heap block is on
@@ -200,20 +283,25 @@ impl BlockHeader {
         let user = raw.user as usize;
         let state = if owner.is_some() { LIVE } else { UNTRACKED };
         let owner = owner.unwrap_or_default();
+        let site = super::site::intern(block.file, block.line);
+        let packed = pack(
+            block.size,
+            owner.shard,
+            raw.class,
+            block.kind,
+            raw.placement,
+        );
         // SAFETY: guaranteed by the caller. Written field by field through raw places: the
         // links (and, for a fresh block, everything else) are not to be read or overwritten.
         unsafe {
             (&raw mut (*header).seq).write(owner.seq);
             (&raw mut (*header).thread).write(owner.thread);
-            (&raw mut (*header).line).write(block.line);
-            (&raw mut (*header).shard).write(owner.shard);
-            (&raw mut (*header).class).write(raw.class);
-            (&raw mut (*header).kind).write(block.kind as u8);
-            (&raw mut (*header).placement).write(raw.placement);
-            (&raw mut (*header).file).write(block.file);
-            (&raw mut (*header).size).write(block.size);
+            (&raw mut (*header).site).write(site);
             (&raw mut (*header).alloc_stack).write(owner.alloc_stack);
-            (&raw mut (*header).raw_offset).write(raw.raw_offset as u32);
+            (&raw mut (*header).packed).write(packed);
+            if matches!(raw.placement, Placement::Malloc | Placement::Budget) {
+                header.cast::<usize>().sub(1).write(raw.raw_offset);
+            }
             let cookie = state ^ user ^ covered(header);
             (&raw mut (*header).cookie).write(AtomicUsize::new(cookie));
             raw.user
@@ -227,7 +315,7 @@ impl BlockHeader {
     /// The user's bytes of a live block: `size` of them, then the guard.
     fn guard(&self) -> *mut u64 {
         Self::user_ptr(self as *const _ as *mut _)
-            .wrapping_add(self.size)
+            .wrapping_add(self.size())
             .cast()
     }
 
@@ -287,7 +375,7 @@ impl BlockHeader {
     /// (word [`FREE_LINK_WORD`]), other blocks' only their address.
     ///
     /// # Safety
-    /// The 64 bytes at `header` are readable.
+    /// The 48 bytes at `header` are readable.
     unsafe fn freed_cookie_at(header: *const BlockHeader) -> usize {
         let address = Self::user_ptr(header as *mut _) as usize;
         let link = if super::heap::contains(header as usize) {
@@ -451,11 +539,11 @@ impl BlockHeader {
             unsafe { Self::freed_cookie_at(header) }
         } || cookie == h.expected(CLAIMED)
         {
-            // SAFETY: a FREED (or CLAIMED) cookie means bytes 40..64 are still our header (free
-            // lists use at most the bytes before them; see the layout above).
+            // SAFETY: a FREED (or CLAIMED) cookie means bytes 24..48 are still our header (the
+            // heap's free lists use the bytes before them; see the layout above).
             let h = unsafe { &*header };
             Lookup::Freed {
-                size: h.size,
+                size: h.size(),
                 alloc_stack: h.alloc_stack,
                 previous_free_stack: if super::heap::contains(addr) {
                     // SAFETY: a freed block of the heap.

@@ -34,7 +34,7 @@
 //! to lie in the heap when the list comes off a shared stack.) The heap's spans lie in one reserved range with a page map, which also finds the
 //! block any address falls into (bad frees of pointers inside a block, smashed headers).
 
-use super::header::BlockHeader;
+use super::header::{BlockHeader, GUARD_SIZE, HEADER_SIZE};
 use super::live_list::HeldShard;
 use crate::sys::{self, PAGE_SIZE};
 use core::cell::Cell;
@@ -138,8 +138,16 @@ const fn blocks_per_batch(class: usize) -> u32 {
 /// covers it: `BlockHeader::set_free_link`).
 const NEXT_BLOCK: usize = super::header::FREE_LINK_WORD;
 /// In the first block of a list on a shared stack: the next list, and the list's length.
-const NEXT_LIST: usize = 3;
-const LIST_LENGTH: usize = 4;
+/// They lie in the block's first user bytes, after the free stack (`record_free_stack`): the
+/// header's words 3 and 4 (site, stack, size) must survive for a second `delete` to name them.
+/// Every block has 16 user bytes at least (its class holds the header, the guard and one byte).
+const NEXT_LIST: usize = (HEADER_SIZE + 8) / size_of::<usize>();
+/// The list's length, a `u32` in the block's user bytes 4..8.
+#[inline]
+fn list_length(block: *mut u8) -> *mut u32 {
+    block.wrapping_add(HEADER_SIZE + 4).cast()
+}
+const _: () = assert!((HEADER_SIZE + GUARD_SIZE).next_multiple_of(16) >= HEADER_SIZE + 16);
 
 /// One list of free blocks, linked through [`NEXT_BLOCK`].
 #[derive(Clone, Copy)]
@@ -409,7 +417,7 @@ fn refill(class: usize, mine: &mut HeldShard<'_>) -> Option<(*mut u8, u32)> {
                 shared.lists = *word(head, NEXT_LIST) as *mut u8;
                 let list = List {
                     head,
-                    count: (*word(head, LIST_LENGTH) as u32).min(batch_blocks(class)),
+                    count: (*list_length(head)).min(batch_blocks(class)),
                 }
                 .checked();
                 if list.count > 0 {
@@ -438,7 +446,7 @@ fn carve(shared: &mut SharedClass, class: usize) -> Option<List> {
             }
             let span = span_bytes(class);
             let start = map_span(span, class)?;
-            shared.carve_next = start;
+            shared.carve_next = start.wrapping_add(first_block_offset(class));
             shared.carve_end = start.wrapping_add(span);
             continue;
         }
@@ -454,12 +462,23 @@ fn carve(shared: &mut SharedClass, class: usize) -> Option<List> {
     Some(list)
 }
 
+/// Where a span's first block starts: at the span's start, but in classes that serve aligned
+/// blocks (those whose size is a multiple of [`LARGEST_ALIGN`]) so far on that every user
+/// pointer, `HEADER_SIZE` after its block, is aligned to it.
+const fn first_block_offset(class: usize) -> usize {
+    if size_of_class(class).is_multiple_of(LARGEST_ALIGN) {
+        (LARGEST_ALIGN - HEADER_SIZE % LARGEST_ALIGN) % LARGEST_ALIGN
+    } else {
+        0
+    }
+}
+
 /// Whether `carve` leaves out the block it would cut at `block`: a page-aligned user pointer
 /// would cost each of its frees a page probe (`header`). Shifting the rest of the span by
 /// LARGEST_ALIGN bytes keeps the next ones off page starts too, and the blocks of the classes
 /// that serve aligned blocks aligned.
 fn carve_skips(block: usize) -> bool {
-    (block + super::header::HEADER_SIZE).is_multiple_of(PAGE_SIZE)
+    (block + HEADER_SIZE).is_multiple_of(PAGE_SIZE)
 }
 
 /// Each class carves spans of at least 256 KiB, and of at least four batches.
@@ -483,7 +502,7 @@ fn give_back(class: usize, list: List) {
     // SAFETY: the list's first block is free and ours until it is on the shared stack.
     unsafe {
         *word(list.head, NEXT_LIST) = shared.lists as usize;
-        *word(list.head, LIST_LENGTH) = list.count as usize;
+        *list_length(list.head) = list.count;
     }
     shared.lists = list.head;
 }
@@ -501,19 +520,15 @@ pub unsafe fn give_back_block(block: *mut u8, class: u8) {
     // SAFETY: `top` is the first block of a list on the stack, held under the class lock, and
     // `block` is free and ours (guaranteed by the caller).
     unsafe {
-        let top_length = if top.is_null() {
-            0
-        } else {
-            *word(top, LIST_LENGTH) as u32
-        };
+        let top_length = if top.is_null() { 0 } else { *list_length(top) };
         if top_length == 0 || top_length == batch_blocks(class) {
             BlockHeader::set_free_link(block.cast(), null_mut());
             *word(block, NEXT_LIST) = top as usize;
-            *word(block, LIST_LENGTH) = 1;
+            *list_length(block) = 1;
         } else {
             BlockHeader::set_free_link(block.cast(), top);
             *word(block, NEXT_LIST) = *word(top, NEXT_LIST);
-            *word(block, LIST_LENGTH) = top_length as usize + 1;
+            *list_length(block) = top_length + 1;
         }
     }
     shared.lists = block;
@@ -640,7 +655,7 @@ pub fn block_containing(addr: usize) -> Option<HeapBlock> {
     let span_start = base + (page - (entry & 0xff) as usize) * PAGE_SIZE;
     let size = class_size(class);
     let span_end = span_start + span_bytes(class);
-    let mut block = span_start;
+    let mut block = span_start + first_block_offset(class);
     while block + size <= span_end {
         if carve_skips(block) {
             block += LARGEST_ALIGN;
@@ -727,7 +742,6 @@ mod tests {
 
     #[test]
     fn classes_for_aligned_requests_hand_out_aligned_user_pointers() {
-        use super::super::header::HEADER_SIZE;
         for total in (HEADER_SIZE + 1..=LARGEST_BLOCK).step_by(7) {
             for align in [32, 64] {
                 let class = class_for(total - HEADER_SIZE, HEADER_SIZE, align).unwrap() as usize;

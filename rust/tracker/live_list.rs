@@ -654,7 +654,7 @@ impl StoppedWorld {
                 // SAFETY: the world is stopped; entries below `len` were written by the owner.
                 let header = unsafe { (*queue.pending.get())[at] };
                 // SAFETY: a claimed block is ours, not yet given back, and on its shard's list.
-                let shard = unsafe { (*header).shard } as usize;
+                let shard = unsafe { (*header).shard() } as usize;
                 if self.unsettled.contains(shard) {
                     // SAFETY: as above; `kept <= at`.
                     unsafe { (*queue.pending.get())[kept] = header };

@@ -18,6 +18,7 @@ pub mod live_list;
 pub mod malloc;
 mod quarantine;
 pub mod raw;
+mod site;
 
 pub use kind::BlockKind;
 
@@ -265,7 +266,7 @@ fn free_live(
     }
     // SAFETY: lookup saw a LIVE cookie; the fields read before holding the shard are only used
     // to find it, and everything is checked again once it is held.
-    let shard = unsafe { (*header).shard };
+    let shard = unsafe { (*header).shard() };
     // SAFETY: as above; only this thread frees the block it was given.
     if unsafe { !(*header).guard_intact() } {
         integrity::report_at_delete(header, kind, start());
@@ -325,7 +326,7 @@ fn free_live_as_asked<const OPTIONS: bool>(
     // SAFETY: with the shard held, a LIVE cookie and this shard mean the block is on this
     // list; a racing second free of the same pointer sees FREED or CLAIMED here instead.
     unsafe {
-        if !(*header).cookie_is(cookie) || (*header).shard != shard {
+        if !(*header).cookie_is(cookie) || (*header).shard() != shard {
             drop(held);
             return deallocate_raced(header, kind, start());
         }
@@ -360,7 +361,7 @@ fn free_on_other_list(
     };
     // SAFETY: as in free_live: checked again with the shard held.
     unsafe {
-        if !(*header).cookie_is(cookie) || (*header).shard != shard {
+        if !(*header).cookie_is(cookie) || (*header).shard() != shard {
             drop(held);
             return deallocate_raced(header, kind, start());
         }
@@ -438,10 +439,10 @@ unsafe fn free_on_own_list(
 ) {
     // SAFETY: guaranteed by the caller.
     let h = unsafe { &mut *header };
-    held.count_free(h.size);
-    if h.placement == Placement::Heap && !quarantine {
+    held.count_free(h.size());
+    if h.placement() == Placement::Heap && !quarantine {
         // SAFETY: a heap block of class `h.class` on the list of `held`, which park marks freed.
-        unsafe { heap::park(header as *mut u8, h.class, &mut held) };
+        unsafe { heap::park(header as *mut u8, h.class(), &mut held) };
         return;
     }
     // SAFETY: guaranteed by the caller.
@@ -476,8 +477,8 @@ unsafe fn release_freed(header: *mut BlockHeader, hot: init::Hot, settling: Sett
         if hot.quarantine() {
             let _inside = Inside::enter(); // the quarantine's list is the tracker's own memory
             quarantine::hold(header, settling == Settling::No);
-        } else if h.placement == Placement::Heap {
-            heap::give_back_block(header as *mut u8, h.class);
+        } else if h.placement() == Placement::Heap {
+            heap::give_back_block(header as *mut u8, h.class());
         } else {
             // Inside the tracker: the budget and the record of unmapped blocks take locks.
             let _inside = Inside::enter();
@@ -502,7 +503,7 @@ unsafe fn free_off_list(
     let h = unsafe { &mut *header };
     // SAFETY: guaranteed by the caller.
     unsafe { held.unlink(header) };
-    held.count_free(h.size);
+    held.count_free(h.size());
     h.mark_freed();
     drop(held);
     // SAFETY: the block is off every list and marked freed; this thread owns its memory now.
@@ -556,8 +557,12 @@ pub(crate) unsafe fn settle_claimed_block(header: *mut BlockHeader, world: &Stop
         if !(*header).is_claimed() {
             return;
         }
-        if world.can_settle((*header).shard) {
-            free_off_list(world.shard((*header).shard), header, Settling::WorldStopped);
+        if world.can_settle((*header).shard()) {
+            free_off_list(
+                world.shard((*header).shard()),
+                header,
+                Settling::WorldStopped,
+            );
         } else if !live_list::settling_stopped() {
             UNRECORDED_FREES.fetch_add(1, Ordering::Relaxed);
         }
@@ -572,7 +577,7 @@ pub(crate) unsafe fn settle_claimed_block(header: *mut BlockHeader, world: &Stop
 fn record_free_stack(header: *mut BlockHeader, start: StartFrame) {
     let user = BlockHeader::user_ptr(header);
     // SAFETY: the block is live and being freed by this thread.
-    let placement = unsafe { (*header).placement };
+    let placement = unsafe { (*header).placement() };
     if matches!(placement, Placement::Heap | Placement::Mapped) {
         let _inside = Inside::enter();
         let stack = capture_stack_of(start);

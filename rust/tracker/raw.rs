@@ -3,7 +3,7 @@
 //! for more strongly aligned blocks, and a record of recently unmapped blocks so that a second
 //! `delete` of one is recognised without touching unmapped memory.
 
-use super::header::{BlockHeader, Placement, GUARD_SIZE, HEADER_SIZE};
+use super::header::{BlockHeader, Placement, FAR_PREFIX, GUARD_SIZE, HEADER_SIZE, SIZE_LIMIT};
 use super::heap;
 use super::live_list::HeldShard;
 use crate::stack::StackId;
@@ -13,6 +13,10 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 /// Requests this large are mapped by us: glibc would `mmap` them itself (its threshold starts at
 /// 128 KiB) and unmap them on free, and a double free would then read unmapped memory.
 const MAPPED_THRESHOLD: usize = 120 * 1024;
+
+/// The least offset of a user pointer from the start of a block from glibc or the budget: the
+/// header and the bytes in front of it that keep the offset (`header`).
+const FAR_OFFSET: usize = HEADER_SIZE + FAR_PREFIX;
 
 /// Memory for one block: `raw` is what gets released, `user` is what the program sees.
 pub struct RawBlock {
@@ -44,6 +48,9 @@ pub fn acquire_from_heap(size: usize, align: usize, mine: &mut HeldShard<'_>) ->
 /// set up (`budgeted`: it then serves every block), else from our mappings or glibc. `None`
 /// when exhausted or beyond what the address space can hold.
 pub fn acquire_elsewhere(size: usize, align: usize, budgeted: bool) -> Option<RawBlock> {
+    if size >= SIZE_LIMIT {
+        return None;
+    }
     if budgeted {
         let size = size.checked_add(GUARD_SIZE)?;
         return super::budget::active().and_then(|budget| acquire_budgeted(budget, size, align));
@@ -56,6 +63,9 @@ pub fn acquire_elsewhere(size: usize, align: usize, budgeted: bool) -> Option<Ra
 /// serve. As [`acquire`], with the guard.
 #[inline]
 pub fn acquire_system(size: usize, align: usize) -> Option<RawBlock> {
+    if size >= SIZE_LIMIT {
+        return None;
+    }
     acquire_from_system(size.checked_add(GUARD_SIZE)?, align)
 }
 
@@ -64,12 +74,12 @@ pub fn acquire_system(size: usize, align: usize) -> Option<RawBlock> {
 fn acquire_from_system(size: usize, align: usize) -> Option<RawBlock> {
     // The common case, kept short: default alignment, malloc'd, not page-aligned.
     if align <= 16 && size < MAPPED_THRESHOLD {
-        let raw = sys::raw_alloc(HEADER_SIZE + size, 16);
-        let user = raw.wrapping_add(HEADER_SIZE);
+        let raw = sys::raw_alloc(FAR_OFFSET + size, 16);
+        let user = raw.wrapping_add(FAR_OFFSET);
         if !raw.is_null() && !(user as usize).is_multiple_of(PAGE_SIZE) {
             return Some(RawBlock {
                 user,
-                raw_offset: HEADER_SIZE,
+                raw_offset: FAR_OFFSET,
                 placement: Placement::Malloc,
                 class: 0,
             });
@@ -83,7 +93,7 @@ fn acquire_from_system(size: usize, align: usize) -> Option<RawBlock> {
 #[inline(never)]
 fn acquire_budgeted(budget: &super::budget::Budget, size: usize, align: usize) -> Option<RawBlock> {
     let align = align.max(16);
-    let raw_offset = HEADER_SIZE.next_multiple_of(align);
+    let raw_offset = FAR_OFFSET.next_multiple_of(align);
     let raw = budget.acquire(raw_offset.checked_add(size)?, align)?;
     let user = raw.wrapping_add(raw_offset);
     if !(user as usize).is_multiple_of(PAGE_SIZE) || align >= PAGE_SIZE {
@@ -115,7 +125,7 @@ fn acquire_any(size: usize, align: usize) -> Option<RawBlock> {
     // pointer move off a page start. (Retrying the same size is no way out: chunks of a whole
     // number of pages carved one after another from the top of glibc's heap all start at the
     // same offset in their page, and such a retry recurred until the stack overflowed.)
-    let total = HEADER_SIZE
+    let total = FAR_OFFSET
         .next_multiple_of(align)
         .checked_add(size)?
         .checked_add(align)?;
@@ -135,7 +145,7 @@ fn acquire_any(size: usize, align: usize) -> Option<RawBlock> {
 /// Where the user pointer goes in a chunk at `raw` (aligned to `align`, below a page) with
 /// `align` bytes to spare: right after the header, or `align` further on if that is a page start.
 fn malloc_user_offset(raw: usize, align: usize) -> usize {
-    let offset = HEADER_SIZE.next_multiple_of(align);
+    let offset = FAR_OFFSET.next_multiple_of(align);
     if (raw + offset).is_multiple_of(PAGE_SIZE) {
         offset + align
     } else {
@@ -187,7 +197,7 @@ pub unsafe fn release(header: *mut BlockHeader, raw_offset: usize) {
     // SAFETY: guaranteed by the caller; the header stays readable until the memory goes.
     let (placement, size, alloc_stack) = unsafe {
         let h = &*header;
-        (h.placement, h.size, h.alloc_stack)
+        (h.placement(), h.size(), h.alloc_stack)
     };
     match placement {
         // SAFETY: raw is the pointer raw_alloc returned for this block.
@@ -273,7 +283,7 @@ mod tests {
     #[test]
     fn a_malloc_user_pointer_is_moved_off_a_page_start() {
         for align in [16, 64, 128, 2048] {
-            let header = HEADER_SIZE.next_multiple_of(align);
+            let header = FAR_OFFSET.next_multiple_of(align);
             let at_page = 7 * PAGE_SIZE - header;
             assert_eq!(malloc_user_offset(at_page, align), header + align);
             assert!(!(at_page + header + align).is_multiple_of(PAGE_SIZE));
@@ -283,7 +293,7 @@ mod tests {
 
     #[test]
     fn system_blocks_are_never_page_aligned_malloc_pointers() {
-        let size = 5 * PAGE_SIZE - HEADER_SIZE - 16; // a chunk of exactly 5 pages
+        let size = 5 * PAGE_SIZE - FAR_OFFSET - 16; // a chunk of exactly 5 pages
         let blocks: Vec<RawBlock> = (0..512)
             .map(|_| acquire_system(size, 16).expect("memory"))
             .collect();
