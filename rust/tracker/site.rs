@@ -75,3 +75,30 @@ pub fn resolve(id: u32) -> (*const c_char, u32) {
 pub fn is_known(id: u32) -> bool {
     id == 0 || (id as usize <= CAPACITY && SITES[id as usize - 1].load(Ordering::Relaxed) != 0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_site_keeps_its_id_and_gives_back_its_file_and_line() {
+        let file = c"site_test.cpp".as_ptr();
+        let other = c"other_site_test.cpp".as_ptr();
+        let id = intern(file, 42);
+        assert_ne!(id, 0);
+        assert_eq!(intern(file, 42), id, "the same site, interned again");
+        assert_ne!(intern(file, 43), id);
+        assert_ne!(intern(other, 42), id);
+        assert_eq!(resolve(id), (file, 42));
+        assert!(is_known(id));
+    }
+
+    #[test]
+    fn no_file_and_lines_beyond_the_limit_have_no_line() {
+        assert_eq!(intern(core::ptr::null(), 7), 0);
+        assert_eq!(resolve(0), (core::ptr::null(), 0));
+        let file = c"far_lines.cpp".as_ptr();
+        assert_eq!(resolve(intern(file, LINE_LIMIT + 5)), (file, 0));
+        assert!(!is_known(CAPACITY as u32 + 1));
+    }
+}
