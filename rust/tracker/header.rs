@@ -8,7 +8,7 @@
 //! | 0, 8 | `prev`, `next` | shard-list links; glibc's free lists reuse these bytes once a block of its is freed |
 //! | 16 | `seq`, `thread` | the heap's free-list link reuses these bytes in a free heap block |
 //! | 24 | `site`, `alloc_stack` | `site`: `K15_NEW`'s file and line (or an allocator's name) as an id (`site`) |
-//! | 32 | `packed` | the size (bytes 32..37), `shard` (37), `kind` (38), `class` and `placement` (39: 6 and 2 bits) |
+//! | 32 | `packed` | `shard` (32), `kind` (33), `class` and `placement` (34: 6 and 2 bits), the size (bytes 35..40) |
 //! | 40 | `cookie` | `LIVE`, `UNTRACKED`, `CLAIMED` or `FREED`, each `^ addr`; all but `FREED` also `^` the words at 24 and 32; `FREED` of a heap block `^` its free-list link (word 2) |
 //!
 //! 48 bytes where there were 64: the file pointer and line became a 4-byte site id, the size
@@ -96,20 +96,22 @@ pub struct BlockHeader {
     cookie: AtomicUsize,
 }
 
-/// The bytes of [`BlockHeader::packed`] past the size, each read with one load on the free path.
-const SHARD_BYTE: usize = 5;
-const KIND_BYTE: usize = 6;
+/// The bytes of [`BlockHeader::packed`] below the size, each read with one load on the free
+/// path; the size above them is one shift away.
+const SHARD_BYTE: usize = 0;
+const KIND_BYTE: usize = 1;
 /// The class (6 bits) and, above it, the placement (2 bits).
-const CLASS_BYTE: usize = 7;
+const CLASS_BYTE: usize = 2;
 const CLASS_BITS: u32 = 6;
-const _: () = assert!(SIZE_BITS as usize == 8 * SHARD_BYTE);
+const SIZE_SHIFT: u32 = 64 - SIZE_BITS;
+const _: () = assert!(SIZE_SHIFT as usize == 8 * (CLASS_BYTE + 1));
 
 /// The word [`BlockHeader::packed`] of a block (`class` below `1 << CLASS_BITS`: the heap has
 /// 64 classes).
 #[inline(always)]
 fn pack(size: usize, shard: u8, class: u8, kind: BlockKind, placement: Placement) -> u64 {
     let class_and_placement = class as u64 | (placement as u64) << CLASS_BITS;
-    size as u64
+    (size as u64) << SIZE_SHIFT
         | (shard as u64) << (8 * SHARD_BYTE)
         | (kind as u64) << (8 * KIND_BYTE)
         | class_and_placement << (8 * CLASS_BYTE)
@@ -199,7 +201,7 @@ impl BlockHeader {
     /// The size the program asked for.
     #[inline(always)]
     pub fn size(&self) -> usize {
-        (self.packed & (SIZE_LIMIT as u64 - 1)) as usize
+        (self.packed >> SIZE_SHIFT) as usize
     }
 
     /// Byte `index` of [`BlockHeader::packed`].
