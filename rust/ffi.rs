@@ -244,7 +244,9 @@ pub unsafe extern "C" fn k15_memory_allocate(
     // SAFETY: `kind` and `file` are as the caller guarantees.
     unsafe {
         let kind = core_kind(kind);
-        tracker::allocate(size, align, kind, file, line.max(0) as u32, start)
+        // A negative line (never a `__LINE__`) becomes one past the site table's lines: kept
+        // without it, and checked only where a file is given.
+        tracker::allocate(size, align, kind, file, line as u32, start)
     }
 }
 

@@ -484,7 +484,7 @@ impl BlockHeader {
     pub fn lookup(user: *mut u8) -> Lookup {
         let addr = user as usize;
         if addr > crate::sys::PAGE_SIZE
-            && addr % crate::sys::PAGE_SIZE >= HEADER_SIZE
+            && addr % crate::sys::PAGE_SIZE >= HEADER_SIZE.next_power_of_two()
             && addr.is_multiple_of(16)
         {
             // SAFETY: the header lies in the same (mapped) page as `user`.

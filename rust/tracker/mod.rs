@@ -80,7 +80,7 @@ unsafe fn allocate_inside(
     let Some(mut held) = SHARDS[me.shard.index as usize].hold(me.number, me.shard.owned) else {
         return allocate_untracked(size, align, kind);
     };
-    let from_heap = if hot.budget() {
+    let from_heap = if hot.rare_allocation_options() {
         None
     } else {
         raw::acquire_from_heap(size, align, &mut held)
@@ -92,7 +92,7 @@ unsafe fn allocate_inside(
     // SAFETY: `block` is fresh from the heap and parked on this shard's list already; `file` is
     // as the caller guarantees.
     unsafe { BlockHeader::write(&block, new_block, Some(owner)) };
-    count_allocation(held, size, hot, owner);
+    held.count_allocation(size);
     block.user
 }
 
@@ -106,9 +106,10 @@ fn owner(me: guard::Me, seq: u32, alloc_stack: StackId) -> Owner {
     }
 }
 
-/// The rest of [`allocate_inside`] for a block the heap does not serve (large, over-aligned, the
-/// budget's, or the heap out of memory): it is linked on `held` here. Takes the new block by
-/// value, so that the common path never stores it in memory for this call.
+/// The rest of [`allocate_inside`] off its common path: with `budget` or `break_on` set, or for
+/// a block the heap does not serve (large, over-aligned, or the heap out of memory), which is
+/// linked on `held` here. Takes the new block by value, so that the common path never stores
+/// it in memory for this call.
 ///
 /// # Safety
 /// As [`allocate_inside`].
@@ -122,30 +123,32 @@ unsafe fn allocate_elsewhere(
     owner: Owner,
 ) -> *mut u8 {
     let size = new_block.size;
-    let Some(block) = raw::acquire_elsewhere(size, align, hot.budget()) else {
+    let from_heap = if hot.budget() {
+        None
+    } else {
+        raw::acquire_from_heap(size, align, &mut held)
+    };
+    let Some(block) = from_heap.or_else(|| raw::acquire_elsewhere(size, align, hot.budget()))
+    else {
         drop(held);
         if hot.budget() {
             report_budget_exceeded(size, new_block.file, new_block.line, owner.alloc_stack);
         }
         return core::ptr::null_mut();
     };
-    // SAFETY: `block` is fresh from acquire and on no list; `file` is as the caller guarantees.
+    // SAFETY: `block` is fresh: a heap block is parked on this shard's list already, others are
+    // on no list; `file` is as the caller guarantees.
     unsafe {
         let header = BlockHeader::write(&block, &new_block, Some(owner));
-        held.link(header);
+        if block.placement != Placement::Heap {
+            held.link(header);
+        }
     }
-    count_allocation(held, size, hot, owner);
-    block.user
-}
-
-/// Counts a new block on the shard that holds it, and stops in the debugger when `break_on`
-/// names it.
-#[inline(always)]
-fn count_allocation(mut held: live_list::HeldShard<'_>, size: usize, hot: init::Hot, owner: Owner) {
     held.count_allocation(size);
     if hot.break_on() {
         integrity::break_if_asked(owner.thread, owner.seq, size);
     }
+    block.user
 }
 
 /// The tracker's own memory (nested calls while it is busy): headered, so any free function
@@ -323,10 +326,11 @@ fn free_live_as_asked<const OPTIONS: bool>(
         // A signal handler freeing while its thread changes this shard.
         return defer_free(BlockHeader::user_ptr(header), kind, Some(header));
     };
-    // SAFETY: with the shard held, a LIVE cookie and this shard mean the block is on this
-    // list; a racing second free of the same pointer sees FREED or CLAIMED here instead.
+    // SAFETY: with the shard held, the LIVE cookie seen at the lookup (which covers the shard)
+    // means the block is on this list; a racing second free of the same pointer sees FREED or
+    // CLAIMED here instead.
     unsafe {
-        if !(*header).cookie_is(cookie) || (*header).shard() != shard {
+        if !(*header).cookie_is(cookie) {
             drop(held);
             return deallocate_raced(header, kind, start());
         }
@@ -361,7 +365,7 @@ fn free_on_other_list(
     };
     // SAFETY: as in free_live: checked again with the shard held.
     unsafe {
-        if !(*header).cookie_is(cookie) || (*header).shard() != shard {
+        if !(*header).cookie_is(cookie) {
             drop(held);
             return deallocate_raced(header, kind, start());
         }
