@@ -240,11 +240,13 @@ pub unsafe extern "C" fn k15_memory_allocate(
     frame_address: usize,
 ) -> *mut u8 {
     // SAFETY: forwarded from the caller's guarantee.
-    let start = || unsafe { StartFrame::caller_of(frame_address) };
+    let start = move || unsafe { StartFrame::caller_of(frame_address) };
     // SAFETY: `kind` and `file` are as the caller guarantees.
     unsafe {
         let kind = core_kind(kind);
-        tracker::allocate(size, align, kind, file, line.max(0) as u32, start)
+        // A negative line (never a `__LINE__`) becomes one past the site table's lines: kept
+        // without it, and checked only where a file is given.
+        tracker::allocate(size, align, kind, file, line as u32, start)
     }
 }
 
@@ -261,7 +263,7 @@ pub unsafe extern "C" fn k15_memory_deallocate(
     frame_address: usize,
 ) {
     // SAFETY: forwarded from the caller's guarantee.
-    let start = || unsafe { StartFrame::caller_of(frame_address) };
+    let start = move || unsafe { StartFrame::caller_of(frame_address) };
     // SAFETY: as the caller guarantees.
     let kind = unsafe { core_kind(kind) };
     tracker::deallocate(ptr, kind, start)

@@ -393,12 +393,12 @@ fn live_blocks(symbolizer: &Symbolizer) -> (Vec<Leak>, Vec<u32>) {
         integrity::check_list(&held, FoundBy::Report, &mut problems, |header| {
             // SAFETY: headers on a held list are live and stay so while the world is stopped.
             let h = unsafe { &*header };
-            let file = *file_names.entry(h.file as usize).or_insert_with(|| {
+            let file = *file_names.entry(h.file() as usize).or_insert_with(|| {
                 // SAFETY: the `file` of a live block is null or a `__FILE__` literal, here of
                 // a module still mapped.
                 symbolizer
-                    .is_mapped(h.file as usize)
-                    .then(|| unsafe { crate::sys::c_str(h.file) })
+                    .is_mapped(h.file() as usize)
+                    .then(|| unsafe { crate::sys::c_str(h.file()) })
                     .flatten()
             });
             // A `k15::memory::allocate` block keeps its allocator's name where others keep
@@ -406,10 +406,10 @@ fn live_blocks(symbolizer: &Symbolizer) -> (Vec<Leak>, Vec<u32>) {
             let named = h.kind() == BlockKind::Named;
             leaks.push(Leak {
                 address: BlockHeader::user_ptr(header) as usize,
-                size: h.size,
+                size: h.size(),
                 kind: h.kind(),
                 file: file.filter(|_| !named),
-                line: h.line,
+                line: h.line(),
                 seq: h.seq,
                 thread: h.thread,
                 stack: h.alloc_stack,

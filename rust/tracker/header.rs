@@ -1,28 +1,36 @@
 //! The block header in front of every tracked block, and how a pointer handed to `delete` is
 //! recognised as ours, already freed, or foreign.
 //!
-//! Layout (64 bytes, the user pointer follows it):
+//! Layout (48 bytes, the user pointer follows it):
 //!
 //! | offset | field | note |
 //! | --- | --- | --- |
 //! | 0, 8 | `prev`, `next` | shard-list links; glibc's free lists reuse these bytes once a block of its is freed |
-//! | 16 | `seq`, `thread` | the heap's free-list links reuse 16..40 in a free heap block |
-//! | 24 | `line`, `shard`, `class`, `kind`, `placement` | |
-//! | 32 | `file` | `__FILE__` of `K15_NEW`, or null |
-//! | 40 | `size` | user-requested size |
-//! | 48 | `alloc_stack` | stack depot id |
-//! | 52 | `raw_offset` | user pointer − raw allocation |
-//! | 56 | `cookie` | `LIVE`, `UNTRACKED`, `CLAIMED` or `FREED`, each `^ addr`; all but `FREED` also `^` the words at 24 and 40 |
+//! | 16 | `seq`, `thread` | the heap's free-list link reuses these bytes in a free heap block |
+//! | 24 | `site`, `alloc_stack` | `site`: `K15_NEW`'s file and line (or an allocator's name) as an id (`site`) |
+//! | 32 | `packed` | `shard` (32), `kind` (33), `class` and `placement` (34: 6 and 2 bits), the size (bytes 35..40) |
+//! | 40 | `cookie` | `LIVE`, `UNTRACKED`, `CLAIMED` or `FREED`, each `^ addr`; all but `FREED` also `^` the words at 24 and 32; `FREED` of a heap block `^` its free-list link (word 2) |
 //!
-//! The size, stack and cookie sit in the last 24 bytes, so they survive a free list's links in a
-//! freed block (the heap's use 16..40, glibc's at most 0..32): a second `delete` still finds
-//! `FREED`. A free heap block also keeps its shard-list links (`heap`).
+//! 48 bytes where there were 64: the file pointer and line became a 4-byte site id, the size
+//! shares its word with the bytes that were beside the line, and the offset of the block's memory
+//! moved out (a heap block's is the header size, a mapped block's a page, and a block from glibc
+//! keeps it in the [`FAR_PREFIX`] bytes in front of its header). The list links
+//! stay full pointers, so the live lists and their repair are as they were.
 //!
-//! A live cookie covers the words at 24 (`shard`, `class`, `kind`, `placement`) and 40 (`size`)
-//! too: an overrun of the block in front reaches them only after the links (which are checked
-//! against the neighbours), and a block whose kind, class, placement or size changed (or, past
-//! them, its file or offset) is then no longer taken for a live block, instead of being freed
-//! into the wrong place.
+//! The size, stack, site and cookie sit in the last 24 bytes, so they survive a free list's links
+//! in a freed block (the heap's use bytes 16..24 and the first user bytes; glibc's, at most the
+//! chunk's first 32 bytes, fall on the [`FAR_PREFIX`] and the list links): a second `delete`
+//! still finds `FREED`. A free heap block also keeps its shard-list links (`heap`).
+//!
+//! A free heap block's cookie covers the word that links it to the next free block, so the heap
+//! follows a link only when the block holding it vouches for it ([`BlockHeader::free_link`]):
+//! one load and compare where a bounds check of the link and the cookie of the block it led to
+//! were two (an overrun of the block in front reaches the link before the cookie).
+//!
+//! A live cookie covers the words at 24 (`site`, `alloc_stack`) and 32 (size, `shard`, `class`,
+//! `kind`, `placement`) too: an overrun of the block in front reaches them only after the links
+//! (which are checked against the neighbours), and a block whose kind, class, placement or size
+//! changed is then no longer taken for a live block, instead of being freed into the wrong place.
 //!
 //! The cookie is also the check in front of the user's bytes: an underrun changes its top bytes
 //! first (they lie next to the user pointer), so a cookie whose low bytes still match names the
@@ -35,7 +43,14 @@ use crate::stack::StackId;
 use core::ffi::c_char;
 use core::sync::atomic::{AtomicUsize, Ordering};
 
-pub const HEADER_SIZE: usize = 64;
+pub const HEADER_SIZE: usize = 48;
+/// Bytes kept in front of the header of a block from glibc: its last word holds
+/// the offset of the block's memory from its user pointer.
+pub const FAR_PREFIX: usize = 16;
+/// Sizes from this one on cannot be tracked (the header keeps 40 bits of size): refused like
+/// any allocation the address space cannot hold.
+pub const SIZE_LIMIT: usize = 1 << SIZE_BITS;
+const SIZE_BITS: u32 = 40;
 /// The guard behind every block's user bytes (MSVC's debug heap has 4 such bytes, ASan a redzone).
 pub const GUARD_SIZE: usize = 8;
 /// The guard's fill, the CRT debug heap's "no man's land".
@@ -50,6 +65,8 @@ const UNTRACKED: usize = LIVE ^ 0x00ff_00ff_00ff_00ff;
 const FREED: usize = !LIVE;
 /// Freed by a thread other than the block's shard owner, queued until settled (`live_list`).
 const CLAIMED: usize = LIVE ^ 0x0f0f_0f0f_0f0f_0f0f;
+/// The word of a free heap block that links it to the next block of its free list (`heap`).
+pub const FREE_LINK_WORD: usize = 2;
 
 /// Where the block's memory came from.
 #[repr(u8)]
@@ -57,8 +74,6 @@ const CLAIMED: usize = LIVE ^ 0x0f0f_0f0f_0f0f_0f0f;
 pub enum Placement {
     Malloc = 0,
     Mapped = 1,
-    /// Carved from the budget (`budget=` option).
-    Budget = 2,
     /// From the small-block heap (`heap`).
     Heap = 3,
 }
@@ -69,25 +84,41 @@ pub struct BlockHeader {
     pub next: *mut BlockHeader,
     pub seq: u32,
     pub thread: u32,
-    pub line: u32,
-    pub shard: u8,
-    /// The heap's size class of a [`Placement::Heap`] block.
-    pub class: u8,
-    /// A [`BlockKind`] as a byte, read through [`BlockHeader::kind`]: a stray write may leave
-    /// any value in a freed block's header, which the cookie no longer covers.
-    kind: u8,
-    pub placement: Placement,
-    pub file: *const c_char,
-    pub size: usize,
+    /// The allocation site's id (`site`), read through [`BlockHeader::file`] and `line`.
+    site: u32,
     pub alloc_stack: StackId,
-    raw_offset: u32,
+    /// The size and four small fields in one word, read through their accessors: a stray write
+    /// may leave any value in a freed block's header, which the cookie no longer covers.
+    packed: u64,
     /// Atomic only for [`BlockHeader::claim`]; everything else uses plain loads and stores.
     cookie: AtomicUsize,
+}
+
+/// The bytes of [`BlockHeader::packed`] below the size, each read with one load on the free
+/// path; the size above them is one shift away.
+const SHARD_BYTE: usize = 0;
+const KIND_BYTE: usize = 1;
+/// The class (6 bits) and, above it, the placement (2 bits).
+const CLASS_BYTE: usize = 2;
+const CLASS_BITS: u32 = 6;
+const SIZE_SHIFT: u32 = 64 - SIZE_BITS;
+const _: () = assert!(SIZE_SHIFT as usize == 8 * (CLASS_BYTE + 1));
+
+/// The word [`BlockHeader::packed`] of a block (`class` below `1 << CLASS_BITS`: the heap has
+/// 64 classes).
+#[inline(always)]
+fn pack(size: usize, shard: u8, class: u8, kind: BlockKind, placement: Placement) -> u64 {
+    let class_and_placement = class as u64 | (placement as u64) << CLASS_BITS;
+    (size as u64) << SIZE_SHIFT
+        | (shard as u64) << (8 * SHARD_BYTE)
+        | (kind as u64) << (8 * KIND_BYTE)
+        | class_and_placement << (8 * CLASS_BYTE)
 }
 
 const _: () = assert!(core::mem::size_of::<BlockHeader>() == HEADER_SIZE);
 
 /// What the allocation call says about a new block.
+#[derive(Clone, Copy)]
 pub struct NewBlock {
     pub size: usize,
     pub kind: BlockKind,
@@ -128,17 +159,17 @@ pub enum Lookup {
     Foreign,
 }
 
-/// The header's word 3 (`line`, `shard`, `class`, `kind`, `placement`) and word 5 (`size`), folded
-/// into one (rotated by an odd amount, so that equal words do not cancel out). An overrun from
-/// the block in front that reaches `file` or `raw_offset` has gone through word 3 first.
+/// The header's word 3 (`site`, `alloc_stack`) and word 4 (size, `shard`, `class`, `kind`,
+/// `placement`), folded into one (rotated by an odd amount, so that equal words do not cancel
+/// out).
 ///
 /// # Safety
-/// The header's 64 bytes are readable.
+/// The header's 48 bytes are readable.
 #[inline(always)]
 unsafe fn covered(header: *const BlockHeader) -> usize {
     let words = header as *const usize;
     // SAFETY: guaranteed by the caller; plain reads of words the header holds.
-    unsafe { words.add(3).read() ^ words.add(5).read().rotate_left(23) }
+    unsafe { words.add(3).read() ^ words.add(4).read().rotate_left(23) }
 }
 
 impl BlockHeader {
@@ -151,27 +182,84 @@ impl BlockHeader {
         (header as *mut u8).wrapping_add(HEADER_SIZE)
     }
 
+    /// How far the block's memory starts in front of its user pointer: the header for a heap
+    /// block, a page for a mapped one, and what a block from glibc keeps in front
+    /// of its header ([`FAR_PREFIX`]).
     pub fn raw_offset(&self) -> usize {
-        self.raw_offset as usize
+        match self.placement() {
+            Placement::Heap => HEADER_SIZE,
+            Placement::Mapped => crate::sys::PAGE_SIZE,
+            // SAFETY: such a block was written with its offset in the word before its header.
+            Placement::Malloc => unsafe { (self as *const Self).cast::<usize>().sub(1).read() },
+        }
+    }
+
+    /// The size the program asked for.
+    #[inline(always)]
+    pub fn size(&self) -> usize {
+        (self.packed >> SIZE_SHIFT) as usize
+    }
+
+    /// Byte `index` of [`BlockHeader::packed`].
+    #[inline(always)]
+    fn packed_byte(&self, index: usize) -> u8 {
+        // SAFETY: a plain read of one of the word's bytes (x86-64 is little-endian).
+        unsafe { (&raw const self.packed).cast::<u8>().add(index).read() }
+    }
+
+    /// The shard whose list holds the block.
+    #[inline(always)]
+    pub fn shard(&self) -> u8 {
+        self.packed_byte(SHARD_BYTE)
+    }
+
+    /// The heap's size class of a [`Placement::Heap`] block.
+    #[inline(always)]
+    pub fn class(&self) -> u8 {
+        self.packed_byte(CLASS_BYTE) & ((1 << CLASS_BITS) - 1)
+    }
+
+    /// Where the block's memory came from.
+    #[inline(always)]
+    pub fn placement(&self) -> Placement {
+        match self.packed_byte(CLASS_BYTE) >> CLASS_BITS {
+            0 => Placement::Malloc,
+            1 => Placement::Mapped,
+            _ => Placement::Heap,
+        }
+    }
+
+    fn kind_byte(&self) -> u8 {
+        self.packed_byte(KIND_BYTE)
     }
 
     /// How the block was allocated.
     #[inline]
     pub fn kind(&self) -> BlockKind {
-        BlockKind::from_byte(self.kind)
+        BlockKind::from_byte(self.kind_byte())
     }
 
     /// Whether a free through `kind` suits the block: its own kind, or one of its family.
     /// Compared as stored first, so that the free path decodes nothing.
     #[inline]
     pub fn freed_by_its_family(&self, kind: BlockKind) -> bool {
-        self.kind == kind as u8 || super::malloc::same_family(self.kind(), kind)
+        self.kind_byte() == kind as u8 || super::malloc::same_family(self.kind(), kind)
     }
 
-    /// The `placement` byte as stored, which an overrun may have set to any value.
-    pub fn placement_byte(&self) -> u8 {
-        // SAFETY: a plain read of a byte of the header.
-        unsafe { (&raw const self.placement).cast::<u8>().read() }
+    /// `K15_NEW`'s `__FILE__` (an engine allocator's name for [`BlockKind::Named`]), or null.
+    pub fn file(&self) -> *const c_char {
+        super::site::resolve(self.site).0
+    }
+
+    /// `K15_NEW`'s `__LINE__`, or 0.
+    pub fn line(&self) -> u32 {
+        super::site::resolve(self.site).1
+    }
+
+    /// Whether the site id is one the table gave out (a check of a header that may have been
+    /// overwritten).
+    pub fn site_is_known(&self) -> bool {
+        super::site::is_known(self.site)
     }
 
     /// Writes the header of the new block in `raw`, all but its list links (a heap block is on
@@ -192,20 +280,25 @@ impl BlockHeader {
         let user = raw.user as usize;
         let state = if owner.is_some() { LIVE } else { UNTRACKED };
         let owner = owner.unwrap_or_default();
+        let site = super::site::intern(block.file, block.line);
+        let packed = pack(
+            block.size,
+            owner.shard,
+            raw.class,
+            block.kind,
+            raw.placement,
+        );
         // SAFETY: guaranteed by the caller. Written field by field through raw places: the
         // links (and, for a fresh block, everything else) are not to be read or overwritten.
         unsafe {
             (&raw mut (*header).seq).write(owner.seq);
             (&raw mut (*header).thread).write(owner.thread);
-            (&raw mut (*header).line).write(block.line);
-            (&raw mut (*header).shard).write(owner.shard);
-            (&raw mut (*header).class).write(raw.class);
-            (&raw mut (*header).kind).write(block.kind as u8);
-            (&raw mut (*header).placement).write(raw.placement);
-            (&raw mut (*header).file).write(block.file);
-            (&raw mut (*header).size).write(block.size);
+            (&raw mut (*header).site).write(site);
             (&raw mut (*header).alloc_stack).write(owner.alloc_stack);
-            (&raw mut (*header).raw_offset).write(raw.raw_offset as u32);
+            (&raw mut (*header).packed).write(packed);
+            if raw.placement == Placement::Malloc {
+                header.cast::<usize>().sub(1).write(raw.raw_offset);
+            }
             let cookie = state ^ user ^ covered(header);
             (&raw mut (*header).cookie).write(AtomicUsize::new(cookie));
             raw.user
@@ -219,7 +312,7 @@ impl BlockHeader {
     /// The user's bytes of a live block: `size` of them, then the guard.
     fn guard(&self) -> *mut u64 {
         Self::user_ptr(self as *const _ as *mut _)
-            .wrapping_add(self.size)
+            .wrapping_add(self.size())
             .cast()
     }
 
@@ -270,29 +363,62 @@ impl BlockHeader {
     /// untracked): the check a header must pass before its links are followed.
     pub fn cookie_valid(&self) -> bool {
         let cookie = self.cookie.load(Ordering::Relaxed);
-        cookie == FREED ^ self.address()
+        // SAFETY: the header is readable (we are reading it).
+        cookie == unsafe { Self::freed_cookie_at(self) }
             || [LIVE, CLAIMED, UNTRACKED].contains(&(cookie ^ self.expected(0)))
     }
 
-    /// Marks a fresh heap block free (`heap` checks every block it hands out for this mark).
+    /// The cookie a freed block at `header` carries: a heap block's covers its free-list link
+    /// (word [`FREE_LINK_WORD`]), other blocks' only their address.
     ///
     /// # Safety
-    /// `header` is a fresh block of the heap that nobody uses.
-    pub unsafe fn mark_fresh_freed(header: *mut BlockHeader) {
-        let address = Self::user_ptr(header) as usize;
-        // SAFETY: guaranteed by the caller.
-        unsafe { (&raw mut (*header).cookie).write(AtomicUsize::new(FREED ^ address)) };
+    /// The 48 bytes at `header` are readable.
+    unsafe fn freed_cookie_at(header: *const BlockHeader) -> usize {
+        let address = Self::user_ptr(header as *mut _) as usize;
+        let link = if super::heap::contains(header as usize) {
+            // SAFETY: guaranteed by the caller.
+            unsafe { header.cast::<usize>().add(FREE_LINK_WORD).read() }
+        } else {
+            0
+        };
+        FREED ^ address ^ link
     }
 
-    /// Whether the block at `header` (readable memory) carries a freed cookie.
+    /// Sets a free heap block's free-list link to `next` and its cookie to the freed one that
+    /// covers it: every change of a free heap block's link goes through here.
     ///
     /// # Safety
-    /// The 64 bytes at `header` are readable.
-    #[inline]
-    pub unsafe fn is_freed_at(header: *const BlockHeader) -> bool {
+    /// `header` is a block of the heap that is free and held by the caller.
+    #[inline(always)]
+    pub unsafe fn set_free_link(header: *mut BlockHeader, next: *mut u8) {
+        let address = Self::user_ptr(header) as usize;
+        // SAFETY: guaranteed by the caller.
+        unsafe {
+            header
+                .cast::<usize>()
+                .add(FREE_LINK_WORD)
+                .write(next as usize);
+            (&raw mut (*header).cookie).write(AtomicUsize::new(FREED ^ address ^ next as usize));
+        }
+    }
+
+    /// The free-list link of the free heap block at `header`, when its freed cookie vouches for
+    /// it; `None` when the block is no free block or its link was changed behind the cookie's
+    /// back (an overrun of the block in front reaches the link before the cookie).
+    ///
+    /// # Safety
+    /// `header` is a block of the heap (readable).
+    #[inline(always)]
+    pub unsafe fn free_link(header: *const BlockHeader) -> Option<*mut u8> {
         let address = Self::user_ptr(header as *mut _) as usize;
         // SAFETY: guaranteed by the caller.
-        unsafe { (*header).cookie.load(Ordering::Relaxed) == FREED ^ address }
+        let (link, cookie) = unsafe {
+            (
+                header.cast::<usize>().add(FREE_LINK_WORD).read(),
+                (*header).cookie.load(Ordering::Relaxed),
+            )
+        };
+        (cookie ^ link == FREED ^ address).then_some(link as *mut u8)
     }
 
     fn address(&self) -> usize {
@@ -323,7 +449,9 @@ impl BlockHeader {
 
     /// Marks the block freed: a later free of the same pointer finds `FREED`.
     pub fn mark_freed(&mut self) {
-        self.cookie.store(FREED ^ self.address(), Ordering::Relaxed);
+        // SAFETY: the header is readable (we are writing it).
+        let freed = unsafe { Self::freed_cookie_at(self) };
+        self.cookie.store(freed, Ordering::Relaxed);
     }
 
     /// Claims a live block for a free by a thread that does not own its shard; false when
@@ -351,7 +479,7 @@ impl BlockHeader {
     pub fn lookup(user: *mut u8) -> Lookup {
         let addr = user as usize;
         if addr > crate::sys::PAGE_SIZE
-            && addr % crate::sys::PAGE_SIZE >= HEADER_SIZE
+            && addr % crate::sys::PAGE_SIZE >= HEADER_SIZE.next_power_of_two()
             && addr.is_multiple_of(16)
         {
             // SAFETY: the header lies in the same (mapped) page as `user`.
@@ -403,12 +531,16 @@ impl BlockHeader {
             unsafe { &*header }.underrun_bytes()
         } {
             Lookup::Underrun { header, damaged }
-        } else if cookie == FREED ^ addr || cookie == h.expected(CLAIMED) {
-            // SAFETY: a FREED (or CLAIMED) cookie means bytes 40..64 are still our header (free
-            // lists use at most the bytes before them; see the layout above).
+        } else if cookie == {
+            // SAFETY: as above.
+            unsafe { Self::freed_cookie_at(header) }
+        } || cookie == h.expected(CLAIMED)
+        {
+            // SAFETY: a FREED (or CLAIMED) cookie means bytes 24..48 are still our header (the
+            // heap's free lists use the bytes before them; see the layout above).
             let h = unsafe { &*header };
             Lookup::Freed {
-                size: h.size,
+                size: h.size(),
                 alloc_stack: h.alloc_stack,
                 previous_free_stack: if super::heap::contains(addr) {
                     // SAFETY: a freed block of the heap.

@@ -21,13 +21,14 @@
 //! `spare`. A span whose blocks have all come back serves any class next, and its pages go back
 //! to the OS (see `spans`).
 //!
-//! An overrun of the block in front may reach a free block's links, so every block handed out is
-//! checked first (in the heap's range, `FREED` cookie): a damaged list is given up, never
-//! followed. The heap's spans lie in one reserved range with a table of which class each serves,
-//! which also finds the block any address falls into (bad frees of pointers inside a block,
-//! smashed headers).
+//! An overrun of the block in front may reach a free block's links, so a free block's `FREED`
+//! cookie covers its link to the next (`BlockHeader::set_free_link`), and a link is followed
+//! only when the cookie of the block holding it vouches for it: a damaged list is given up,
+//! never followed. The heap's spans lie in one reserved range with a table of which class each
+//! serves, which also finds the block any address falls into (bad frees of pointers inside a
+//! block, smashed headers).
 
-use super::header::BlockHeader;
+use super::header::{BlockHeader, HEADER_SIZE};
 use super::live_list::HeldShard;
 use super::spans::{self, SPAN_BYTES};
 use crate::sys::PAGE_SIZE;
@@ -53,15 +54,21 @@ pub(super) const LARGEST_ALIGN: usize = 64;
 /// aligned to `align`, `None` when the heap does not serve that size or alignment.
 #[inline]
 pub fn class_for(size: usize, overhead: usize, align: usize) -> Option<u8> {
-    if size > LARGEST_BLOCK || align > LARGEST_ALIGN {
-        return None; // checked first: adding to a size near usize::MAX would wrap
+    if align > 16 {
+        return aligned_class_for(size, overhead, align);
     }
-    let total = size + overhead;
-    let total = if align <= 16 {
-        total
-    } else {
-        total.next_multiple_of(LARGEST_ALIGN)
-    };
+    // Compared before adding: a size near usize::MAX would wrap.
+    (size <= LARGEST_BLOCK - overhead).then(|| class_of(size + overhead) as u8)
+}
+
+/// [`class_for`] a user pointer aligned to more than 16 bytes: a class whose blocks are
+/// aligned to [`LARGEST_ALIGN`].
+#[inline(never)]
+fn aligned_class_for(size: usize, overhead: usize, align: usize) -> Option<u8> {
+    if size > LARGEST_BLOCK || align > LARGEST_ALIGN {
+        return None;
+    }
+    let total = (size + overhead).next_multiple_of(LARGEST_ALIGN);
     (total <= LARGEST_BLOCK).then(|| class_of(total) as u8)
 }
 
@@ -122,8 +129,9 @@ const fn blocks_per_batch(class: usize) -> u32 {
     }
 }
 
-/// The word of a free block that links it to the next block of its list.
-const NEXT_BLOCK: usize = 2;
+/// The word of a free block that links it to the next block of its list (its freed cookie
+/// covers it: `BlockHeader::set_free_link`).
+const NEXT_BLOCK: usize = super::header::FREE_LINK_WORD;
 
 /// One list of free blocks, linked through [`NEXT_BLOCK`].
 #[derive(Clone, Copy)]
@@ -152,16 +160,18 @@ impl List {
     #[inline]
     pub(super) unsafe fn push(&mut self, block: *mut u8) {
         // SAFETY: guaranteed by the caller.
-        unsafe { *word(block, NEXT_BLOCK) = self.head as usize };
+        unsafe { BlockHeader::set_free_link(block.cast(), self.head) };
         self.head = block;
         self.count += 1;
     }
 
-    /// The list up to its first link that does not lead to a free block of the heap (an
-    /// overrun may have reached it), reported; the blocks behind it stay unused.
+    /// The list up to its first block whose freed cookie does not vouch for its link (an
+    /// overrun of the block in front may have reached it), reported; that block and those
+    /// behind it stay unused.
     ///
     /// # Safety
-    /// The list's head is a free block held by the caller, and so is each block it links to.
+    /// The list's head is a free block held by the caller, and so is each block whose cookie
+    /// vouches for a link to it.
     unsafe fn checked(self) -> List {
         let mut good = List {
             head: self.head,
@@ -170,8 +180,8 @@ impl List {
         let mut last: *mut u8 = null_mut();
         let mut block = self.head;
         while good.count < self.count {
-            // SAFETY: in the heap, so readable.
-            if !contains(block as usize) || unsafe { !BlockHeader::is_freed_at(block.cast()) } {
+            // SAFETY: the head, or a block a vouched-for link led to: a block of the heap.
+            let Some(next) = (unsafe { BlockHeader::free_link(block.cast()) }) else {
                 super::integrity::found_corruption(
                     block as usize,
                     super::integrity::Corrupted::FreeList,
@@ -180,41 +190,43 @@ impl List {
                     return EMPTY;
                 }
                 // SAFETY: `last` is a free block of the list, checked just before.
-                unsafe { *word(last, NEXT_BLOCK) = 0 };
+                unsafe { BlockHeader::set_free_link(last.cast(), null_mut()) };
                 break;
-            }
+            };
             last = block;
             good.count += 1;
-            // SAFETY: checked just above.
-            block = unsafe { *word(block, NEXT_BLOCK) } as *mut u8;
+            block = next;
         }
         good
     }
 
-    /// The list's first block, taken off it, once it is known to be a free block of the heap
-    /// in `bounds`; a list whose head is not (an overrun may have reached the link that led
-    /// there) is given up, reported, and its blocks stay unused.
+    /// The list's first block, taken off it, once it lies in `bounds` and its freed cookie
+    /// vouches for its link; a list whose head is not so (an overrun may have reached the link
+    /// that led there) is given up, reported, and its blocks stay unused.
     ///
     /// # Safety
-    /// The list's head is a free block held by the caller, and so is each block it links to;
-    /// the list is not empty.
+    /// The list's head is a free block held by the caller, and so is each block whose cookie
+    /// vouches for a link to it; the list is not empty.
     pub(super) unsafe fn pop_checked(
         &mut self,
         bounds: core::ops::Range<usize>,
     ) -> Option<*mut u8> {
         let block = self.head;
-        // SAFETY: in the heap, so readable.
-        if !bounds.contains(&(block as usize)) || unsafe { !BlockHeader::is_freed_at(block.cast()) }
-        {
+        let next = if bounds.contains(&(block as usize)) {
+            // SAFETY: in the heap, so readable.
+            unsafe { BlockHeader::free_link(block.cast()) }
+        } else {
+            None
+        };
+        let Some(next) = next else {
             super::integrity::found_corruption(
                 block as usize,
                 super::integrity::Corrupted::FreeList,
             );
             *self = EMPTY;
             return None;
-        }
-        // SAFETY: checked just above: a free block of the heap.
-        self.head = unsafe { *word(block, NEXT_BLOCK) } as *mut u8;
+        };
+        self.head = next;
         self.count -= 1;
         Some(block)
     }
@@ -299,16 +311,14 @@ pub fn take(class: u8, mine: &mut HeldShard<'_>) -> Option<*mut u8> {
             _ => refill(class, mine)?,
         };
     }
-    // The link that led here lies in a free block, where an overrun of the block in front of
-    // it may have reached: checked before it is followed.
-    // SAFETY: in the heap, so readable.
-    if !contains(head as usize) || unsafe { !BlockHeader::is_freed_at(head.cast()) } {
+    // The link to the next block lies in this free block, where an overrun of the block in
+    // front may have reached: followed only when the block's freed cookie vouches for it. The
+    // head itself came from such a link, or from a list checked when it came to the thread.
+    // SAFETY: `head` is the first of `count > 0` free blocks of the heap this thread holds.
+    let Some(next) = (unsafe { BlockHeader::free_link(head.cast()) }) else {
         return take_after_damage(class, mine, head);
-    }
-    // SAFETY: `head` is the first of `count > 0` free blocks this thread holds.
-    lists
-        .active
-        .set(unsafe { *word(head, NEXT_BLOCK) } as *mut u8);
+    };
+    lists.active.set(next);
     lists.active_count.set(count - 1);
     Some(head)
 }
@@ -325,12 +335,12 @@ fn take_after_damage(class: usize, mine: &mut HeldShard<'_>, bad: *mut u8) -> Op
     take(class as u8, mine)
 }
 
-/// Takes back a freed block of class `class` that is on `mine` (the calling thread's shard,
-/// held); it stays there, parked.
+/// Takes back a block of class `class` that is on `mine` (the calling thread's shard, held) and
+/// marks it freed; it stays there, parked.
 ///
 /// # Safety
-/// `block` is a block from [`take`] of this class, marked freed, on the list of `mine`, and
-/// nobody uses it any more.
+/// `block` is a block from [`take`] of this class, on the list of `mine`, and nobody uses it
+/// any more.
 #[inline]
 pub unsafe fn park(block: *mut u8, class: u8, mine: &mut HeldShard<'_>) {
     let class = class as usize;
@@ -342,7 +352,7 @@ pub unsafe fn park(block: *mut u8, class: u8, mine: &mut HeldShard<'_>) {
         (head, count) = (null_mut(), 0);
     }
     // SAFETY: guaranteed by the caller: the block is free and now this thread's.
-    unsafe { *word(block, NEXT_BLOCK) = head as usize };
+    unsafe { BlockHeader::set_free_link(block.cast(), head) };
     lists.active.set(block);
     lists.active_count.set(count + 1);
 }
@@ -403,12 +413,23 @@ fn refill(class: usize, mine: &mut HeldShard<'_>) -> Option<(*mut u8, u32)> {
     Some((list.head, list.count))
 }
 
+/// Where a span's first block starts: at the span's start, but in classes that serve aligned
+/// blocks (those whose size is a multiple of [`LARGEST_ALIGN`]) so far on that every user
+/// pointer, `HEADER_SIZE` after its block, is aligned to it.
+pub(super) const fn first_block_offset(class: usize) -> usize {
+    if size_of_class(class).is_multiple_of(LARGEST_ALIGN) {
+        (LARGEST_ALIGN - HEADER_SIZE % LARGEST_ALIGN) % LARGEST_ALIGN
+    } else {
+        0
+    }
+}
+
 /// Whether carving leaves out the block it would cut at `block`: a page-aligned user pointer
 /// would cost each of its frees a page probe (`header`). Shifting the rest of the span by
 /// LARGEST_ALIGN bytes keeps the next ones off page starts too, and the blocks of the classes
 /// that serve aligned blocks aligned.
 pub(super) fn carve_skips(block: usize) -> bool {
-    (block + super::header::HEADER_SIZE).is_multiple_of(PAGE_SIZE)
+    (block + HEADER_SIZE).is_multiple_of(PAGE_SIZE)
 }
 
 /// Gives a list of blocks on no shard list back to its class's spans.
@@ -464,7 +485,7 @@ pub fn block_of_free_span(user: usize) -> Option<HeapBlock> {
 fn carved_block_containing(addr: usize, span_start: usize, class: usize) -> Option<HeapBlock> {
     let size = class_size(class);
     let span_end = span_start + SPAN_BYTES;
-    let mut block = span_start;
+    let mut block = span_start + first_block_offset(class);
     while block + size <= span_end {
         if carve_skips(block) {
             block += LARGEST_ALIGN;
@@ -541,7 +562,6 @@ mod tests {
 
     #[test]
     fn classes_for_aligned_requests_hand_out_aligned_user_pointers() {
-        use super::super::header::HEADER_SIZE;
         for total in (HEADER_SIZE + 1..=LARGEST_BLOCK).step_by(7) {
             for align in [32, 64] {
                 let class = class_for(total - HEADER_SIZE, HEADER_SIZE, align).unwrap() as usize;
@@ -586,6 +606,31 @@ mod tests {
             unsafe {
                 park(a, class, mine);
                 park(b, class, mine);
+            }
+        });
+    }
+
+    #[test]
+    fn a_free_block_whose_link_changed_is_never_handed_out_again() {
+        let class = class_for(10 * 1024, 0, 16).unwrap(); // a class no other test uses
+        with_my_shard(|mine| {
+            let blocks: [*mut u8; 3] = core::array::from_fn(|_| take(class, mine).unwrap());
+            for &block in blocks.iter().rev() {
+                // SAFETY: each came from take(class) just above and is used by nobody.
+                unsafe { park(block, class, mine) };
+            }
+            // An overrun of the block in front of blocks[0] rewrites its link, to another free
+            // block (blocks[1] would be lost) that lies in the heap and carries a freed cookie.
+            // SAFETY: blocks[0] is a free block of the heap this thread holds.
+            unsafe { *word(blocks[0], NEXT_BLOCK) = blocks[2] as usize };
+            let taken: [*mut u8; 12] = core::array::from_fn(|_| take(class, mine).unwrap());
+            assert!(
+                taken.iter().all(|block| !blocks.contains(block)),
+                "a block of the damaged list was handed out"
+            );
+            for block in taken {
+                // SAFETY: each came from take(class) just above and is used by nobody.
+                unsafe { park(block, class, mine) };
             }
         });
     }

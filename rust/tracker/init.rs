@@ -41,6 +41,12 @@ impl Hot {
         self.0 & HOT_BREAK_ON != 0
     }
 
+    /// `budget` or `break_on`: an allocation leaves the common path (one test for both).
+    #[inline(always)]
+    pub fn rare_allocation_options(self) -> bool {
+        self.0 & (HOT_BUDGET | HOT_BREAK_ON) != 0
+    }
+
     /// Whether each `delete` records its call stack in the freed block (`free_stacks=1`).
     #[inline]
     pub fn free_stacks(self) -> bool {

@@ -49,9 +49,9 @@ pub fn block_error(
     // live and being freed by this thread, or the world is stopped).
     let h = unsafe { &*header };
     MemoryError {
-        size: h.size,
+        size: h.size(),
         file: file_of(h),
-        line: h.line,
+        line: h.line(),
         thread: h.thread,
         allocated_with: Some(h.kind()),
         alloc_stack: h.alloc_stack,
@@ -78,7 +78,11 @@ fn inspect(header: *mut BlockHeader, found_by: FoundBy, problems: &mut Vec<Memor
         });
     }
     if !h.guard_intact() {
-        let damage = Damage::between(h.size as isize, &h.guard_bytes(), &[GUARD_BYTE; GUARD_SIZE]);
+        let damage = Damage::between(
+            h.size() as isize,
+            &h.guard_bytes(),
+            &[GUARD_BYTE; GUARD_SIZE],
+        );
         h.restore_guard();
         problems.push(MemoryError {
             damage,
@@ -481,7 +485,7 @@ fn large_block_start(addr: usize) -> Option<*mut BlockHeader> {
         // SAFETY: the header lies at the end of the page before `page`, mapped (checked above).
         let h = unsafe { &*header };
         if h.is_live() {
-            return (addr < page + h.size).then_some(header);
+            return (addr < page + h.size()).then_some(header);
         }
         page -= PAGE_SIZE;
     }
@@ -522,33 +526,35 @@ pub fn check_quarantine(found_by: FoundBy) {
 }
 
 /// Whether the fields a live block's cookie covers are plausible one by one, for a block whose
-/// cookie is damaged (an underrun) and so no longer vouches for them: a known placement, an
-/// offset and size that fit where the block lies, its guard intact, its file readable.
+/// cookie is damaged (an underrun) and so no longer vouches for them: an offset and size that
+/// fit where the block lies, its guard intact, a site the table gave out.
 pub fn fields_hold_together(h: &BlockHeader) -> bool {
     use super::header::{Placement, GUARD_SIZE, HEADER_SIZE};
     use crate::sys::{page_is_mapped, PAGE_SIZE};
     let header = h as *const BlockHeader as usize;
     let user = header + HEADER_SIZE;
-    let placement = h.placement_byte();
-    let fits = if placement == Placement::Heap as u8 {
-        super::heap::block_containing(header).is_some_and(|block| {
+    let fits = match h.placement() {
+        Placement::Heap => super::heap::block_containing(header).is_some_and(|block| {
             block.start == header
-                && block.class == h.class
-                && h.raw_offset() == HEADER_SIZE
-                && h.size <= block.size - HEADER_SIZE - GUARD_SIZE
-        })
-    } else if placement <= Placement::Budget as u8 {
-        let offset = h.raw_offset();
-        offset >= HEADER_SIZE
-            && offset.is_multiple_of(16)
-            && (placement != Placement::Mapped as u8 || offset == PAGE_SIZE)
-            && h.size < 1 << 47
-            && page_is_mapped(user + h.size)
-            && page_is_mapped(user + h.size + GUARD_SIZE - 1)
-    } else {
-        false
+                && block.class == h.class()
+                && h.size() <= block.size - HEADER_SIZE - GUARD_SIZE
+        }),
+        // The offset of a block from glibc lies in front of its header.
+        placement => {
+            (placement == Placement::Mapped
+                || header % PAGE_SIZE >= size_of::<usize>()
+                || page_is_mapped(header - size_of::<usize>()))
+                && {
+                    let offset = h.raw_offset();
+                    offset >= HEADER_SIZE
+                        && offset.is_multiple_of(16)
+                        && h.size() < 1 << 47
+                        && page_is_mapped(user + h.size())
+                        && page_is_mapped(user + h.size() + GUARD_SIZE - 1)
+                }
+        }
     };
-    fits && h.guard_intact() && (h.file.is_null() || page_is_mapped(h.file as usize))
+    fits && h.guard_intact() && h.site_is_known()
 }
 
 /// The `K15_NEW` file of a block, read only where its pointer leads to mapped memory (a stray
@@ -556,11 +562,11 @@ pub fn fields_hold_together(h: &BlockHeader) -> bool {
 pub fn file_of(h: &BlockHeader) -> Option<String> {
     // A `k15::memory::allocate` block keeps its allocator's name there instead.
     if h.kind() == BlockKind::Named
-        || h.file.is_null()
-        || !crate::sys::page_is_mapped(h.file as usize)
+        || h.file().is_null()
+        || !crate::sys::page_is_mapped(h.file() as usize)
     {
         return None;
     }
     // SAFETY: the `file` of a live block is null or a `__FILE__` literal, here in mapped memory.
-    unsafe { crate::sys::c_str(h.file) }.map(str::to_owned)
+    unsafe { crate::sys::c_str(h.file()) }.map(str::to_owned)
 }

@@ -500,12 +500,24 @@ impl HeldShard<'_> {
 }
 
 impl Drop for HeldShard<'_> {
+    /// The owner's store inline (every `new` and `delete` ends here); the rest out of line.
     #[inline]
     fn drop(&mut self) {
+        if self.how == Held::ByOwner {
+            self.shard.busy.store(0, Ordering::Release);
+        } else {
+            self.let_go_otherwise();
+        }
+    }
+}
+
+impl HeldShard<'_> {
+    #[cold]
+    #[inline(never)]
+    fn let_go_otherwise(&self) {
         match self.how {
-            Held::ByOwner => self.shard.busy.store(0, Ordering::Release),
             Held::ByLock => self.shard.lock.unlock(),
-            Held::InStoppedWorld | Held::Unsettled => {}
+            Held::ByOwner | Held::InStoppedWorld | Held::Unsettled => {}
         }
     }
 }
@@ -642,7 +654,7 @@ impl StoppedWorld {
                 // SAFETY: the world is stopped; entries below `len` were written by the owner.
                 let header = unsafe { (*queue.pending.get())[at] };
                 // SAFETY: a claimed block is ours, not yet given back, and on its shard's list.
-                let shard = unsafe { (*header).shard } as usize;
+                let shard = unsafe { (*header).shard() } as usize;
                 if self.unsettled.contains(shard) {
                     // SAFETY: as above; `kept <= at`.
                     unsafe { (*queue.pending.get())[kept] = header };

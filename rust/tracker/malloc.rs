@@ -169,7 +169,7 @@ pub unsafe extern "C" fn k15_memory_c_calloc(
     if let Lookup::Live(header, _) | Lookup::Untracked(header) = BlockHeader::lookup(ptr) {
         // SAFETY: a fresh block of ours of `total` bytes; fresh mappings are zero already.
         unsafe {
-            if (*header).placement != Placement::Mapped {
+            if (*header).placement() != Placement::Mapped {
                 ptr.write_bytes(0, total);
             }
         }
@@ -198,7 +198,7 @@ pub unsafe extern "C" fn k15_memory_c_realloc(
     let old_size = match BlockHeader::lookup(ptr) {
         // SAFETY: a live block of ours; the program owns it for this call.
         Lookup::Live(header, _) | Lookup::Untracked(header) | Lookup::Underrun { header, .. } => unsafe {
-            (*header).size
+            (*header).size()
         },
         Lookup::Foreign if is_glibc_block(ptr) => {
             // SAFETY: a glibc block, resized by glibc.
@@ -232,7 +232,7 @@ pub extern "C" fn k15_memory_c_usable_size(ptr: *mut u8) -> usize {
     match BlockHeader::lookup(ptr) {
         // SAFETY: a live block of ours.
         Lookup::Live(header, _) | Lookup::Untracked(header) | Lookup::Underrun { header, .. } => unsafe {
-            (*header).size
+            (*header).size()
         },
         Lookup::Foreign if is_glibc_block(ptr) => glibc_usable_size(ptr),
         Lookup::Freed { .. } | Lookup::Foreign => 0,

@@ -18,6 +18,7 @@ pub mod live_list;
 pub mod malloc;
 mod quarantine;
 pub mod raw;
+mod site;
 mod spans;
 
 pub use kind::BlockKind;
@@ -80,30 +81,73 @@ unsafe fn allocate_inside(
     let Some(mut held) = SHARDS[me.shard.index as usize].hold(me.number, me.shard.owned) else {
         return allocate_untracked(size, align, kind);
     };
-    let Some(block) = raw::acquire(size, align, hot.budget(), &mut held) else {
-        drop(held);
-        if hot.budget() {
-            report_budget_exceeded(size, new_block.file, new_block.line, alloc_stack);
-        }
-        return core::ptr::null_mut();
+    let from_heap = if hot.rare_allocation_options() {
+        None
+    } else {
+        raw::acquire_from_heap(size, align, &mut held)
     };
-    let owner = Owner {
+    let Some(block) = from_heap else {
+        return allocate_elsewhere(held, *new_block, align, hot, owner(me, seq, alloc_stack));
+    };
+    let owner = owner(me, seq, alloc_stack);
+    // SAFETY: `block` is fresh from the heap and parked on this shard's list already; `file` is
+    // as the caller guarantees.
+    unsafe { BlockHeader::write(&block, new_block, Some(owner)) };
+    held.count_allocation(size);
+    block.user
+}
+
+#[inline(always)]
+fn owner(me: guard::Me, seq: u32, alloc_stack: StackId) -> Owner {
+    Owner {
         thread: me.number,
         seq,
         shard: me.shard.index,
         alloc_stack,
+    }
+}
+
+/// The rest of [`allocate_inside`] off its common path: with `budget` or `break_on` set, or for
+/// a block the heap does not serve (large, over-aligned, or the heap out of memory), which is
+/// linked on `held` here. Takes the new block by value, so that the common path never stores
+/// it in memory for this call.
+///
+/// # Safety
+/// As [`allocate_inside`].
+#[cold]
+#[inline(never)]
+unsafe fn allocate_elsewhere(
+    mut held: live_list::HeldShard<'_>,
+    new_block: NewBlock,
+    align: usize,
+    hot: init::Hot,
+    owner: Owner,
+) -> *mut u8 {
+    let size = new_block.size;
+    let block = if hot.budget() {
+        raw::acquire_budgeted(size, align, &mut held)
+    } else {
+        raw::acquire_from_heap(size, align, &mut held)
+            .or_else(|| raw::acquire_elsewhere(size, align))
     };
-    // SAFETY: `block` is fresh from acquire; `file` is as the caller guarantees. A heap block
-    // is parked on this shard's list already; others are on no list until linked here.
+    let Some(block) = block else {
+        drop(held);
+        if hot.budget() {
+            report_budget_exceeded(size, new_block.file, new_block.line, owner.alloc_stack);
+        }
+        return core::ptr::null_mut();
+    };
+    // SAFETY: `block` is fresh: a heap block is parked on this shard's list already, others are
+    // on no list; `file` is as the caller guarantees.
     unsafe {
-        let header = BlockHeader::write(&block, new_block, Some(owner));
+        let header = BlockHeader::write(&block, &new_block, Some(owner));
         if block.placement != Placement::Heap {
             held.link(header);
         }
     }
     held.count_allocation(size);
     if hot.break_on() {
-        integrity::break_if_asked(me.number, seq, size);
+        integrity::break_if_asked(owner.thread, owner.seq, size);
     }
     block.user
 }
@@ -232,7 +276,7 @@ fn free_live(
     }
     // SAFETY: lookup saw a LIVE cookie; the fields read before holding the shard are only used
     // to find it, and everything is checked again once it is held.
-    let shard = unsafe { (*header).shard };
+    let shard = unsafe { (*header).shard() };
     // SAFETY: as above; only this thread frees the block it was given.
     if unsafe { !(*header).guard_intact() } {
         integrity::report_at_delete(header, kind, start());
@@ -289,15 +333,16 @@ fn free_live_as_asked<const OPTIONS: bool>(
         // A signal handler freeing while its thread changes this shard.
         return defer_free(BlockHeader::user_ptr(header), kind, Some(header));
     };
-    // SAFETY: with the shard held, a LIVE cookie and this shard mean the block is on this
-    // list; a racing second free of the same pointer sees FREED or CLAIMED here instead.
+    // SAFETY: with the shard held, the LIVE cookie seen at the lookup (which covers the shard)
+    // means the block is on this list; a racing second free of the same pointer sees FREED or
+    // CLAIMED here instead.
     unsafe {
-        if !(*header).cookie_is(cookie) || (*header).shard != shard {
+        if !(*header).cookie_is(cookie) {
             drop(held);
             return deallocate_raced(header, kind, start());
         }
         if OPTIONS && hot.budget() {
-            budget::credit_block((*header).size);
+            budget::credit_block((*header).size());
         }
         free_on_own_list(held, header, OPTIONS && hot.quarantine());
     }
@@ -330,7 +375,7 @@ fn free_on_other_list(
     };
     // SAFETY: as in free_live: checked again with the shard held.
     unsafe {
-        if !(*header).cookie_is(cookie) || (*header).shard != shard {
+        if !(*header).cookie_is(cookie) {
             drop(held);
             return deallocate_raced(header, kind, start());
         }
@@ -408,11 +453,10 @@ unsafe fn free_on_own_list(
 ) {
     // SAFETY: guaranteed by the caller.
     let h = unsafe { &mut *header };
-    held.count_free(h.size);
-    if h.placement == Placement::Heap && !quarantine {
-        h.mark_freed();
-        // SAFETY: a heap block of class `h.class`, freed, on the list of `held`.
-        unsafe { heap::park(header as *mut u8, h.class, &mut held) };
+    held.count_free(h.size());
+    if h.placement() == Placement::Heap && !quarantine {
+        // SAFETY: a heap block of class `h.class` on the list of `held`, which park marks freed.
+        unsafe { heap::park(header as *mut u8, h.class(), &mut held) };
         return;
     }
     // SAFETY: guaranteed by the caller.
@@ -447,8 +491,8 @@ unsafe fn release_freed(header: *mut BlockHeader, hot: init::Hot, settling: Sett
         if hot.quarantine() {
             let _inside = Inside::enter(); // the quarantine's list is the tracker's own memory
             quarantine::hold(header, settling == Settling::No);
-        } else if h.placement == Placement::Heap {
-            heap::give_back_block(header as *mut u8, h.class);
+        } else if h.placement() == Placement::Heap {
+            heap::give_back_block(header as *mut u8, h.class());
         } else {
             // Inside the tracker: the budget and the record of unmapped blocks take locks.
             let _inside = Inside::enter();
@@ -473,9 +517,9 @@ unsafe fn free_off_list(
     let h = unsafe { &mut *header };
     // SAFETY: guaranteed by the caller.
     unsafe { held.unlink(header) };
-    held.count_free(h.size);
+    held.count_free(h.size());
     if !h.is_claimed() {
-        budget::credit_block(h.size); // a claimed block's bytes went back when it was claimed
+        budget::credit_block(h.size()); // a claimed block's bytes went back when it was claimed
     }
     h.mark_freed();
     drop(held);
@@ -511,7 +555,7 @@ unsafe fn claim(header: *mut BlockHeader) -> bool {
     let h = unsafe { &*header };
     let claimed = h.claim();
     if claimed {
-        budget::credit_block(h.size);
+        budget::credit_block(h.size());
     }
     claimed
 }
@@ -545,8 +589,12 @@ pub(crate) unsafe fn settle_claimed_block(header: *mut BlockHeader, world: &Stop
         if !(*header).is_claimed() {
             return;
         }
-        if world.can_settle((*header).shard) {
-            free_off_list(world.shard((*header).shard), header, Settling::WorldStopped);
+        if world.can_settle((*header).shard()) {
+            free_off_list(
+                world.shard((*header).shard()),
+                header,
+                Settling::WorldStopped,
+            );
         } else if !live_list::settling_stopped() {
             UNRECORDED_FREES.fetch_add(1, Ordering::Relaxed);
         }
@@ -561,7 +609,7 @@ pub(crate) unsafe fn settle_claimed_block(header: *mut BlockHeader, world: &Stop
 fn record_free_stack(header: *mut BlockHeader, start: StartFrame) {
     let user = BlockHeader::user_ptr(header);
     // SAFETY: the block is live and being freed by this thread.
-    let placement = unsafe { (*header).placement };
+    let placement = unsafe { (*header).placement() };
     if matches!(placement, Placement::Heap | Placement::Mapped) {
         let _inside = Inside::enter();
         let stack = capture_stack_of(start);

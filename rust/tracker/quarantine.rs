@@ -57,7 +57,7 @@ pub fn set_limit(bytes: usize) {
 
 /// What a block costs the quarantine: its bytes and its header.
 fn footprint(h: &BlockHeader) -> usize {
-    h.size + super::header::HEADER_SIZE
+    h.size() + super::header::HEADER_SIZE
 }
 
 /// Takes a freed block (marked freed, on no list, its free stack in its first bytes when it
@@ -74,7 +74,7 @@ pub unsafe fn hold(header: *mut BlockHeader, evict: bool) {
     // SAFETY: the free path recorded the stack in the block's first bytes (`record_free_stack`).
     let free_stack = unsafe { super::recorded_free_stack(user) };
     // SAFETY: the block's user bytes are ours again.
-    unsafe { core::ptr::write_bytes(user, FILL, h.size) };
+    unsafe { core::ptr::write_bytes(user, FILL, h.size()) };
     let leaving = {
         let mut q = quarantine();
         q.bytes += footprint(h);
@@ -133,7 +133,7 @@ fn inspect(block: Held, found_by: FoundBy, problems: &mut Vec<MemoryError>) {
     let h = unsafe { &*block.header };
     let user = BlockHeader::user_ptr(block.header);
     // SAFETY: as above.
-    let bytes = unsafe { core::slice::from_raw_parts_mut(user, h.size) };
+    let bytes = unsafe { core::slice::from_raw_parts_mut(user, h.size()) };
     if bytes.iter().all(|&b| b == FILL) {
         return; // the common case, in one vectorised pass
     }
@@ -173,8 +173,8 @@ unsafe fn give_back(header: *mut BlockHeader, free_stack: StackId) {
         BlockHeader::user_ptr(header)
             .cast::<StackId>()
             .write_unaligned(free_stack);
-        if h.placement == Placement::Heap {
-            super::heap::give_back_block(header.cast(), h.class);
+        if h.placement() == Placement::Heap {
+            super::heap::give_back_block(header.cast(), h.class());
         } else {
             super::raw::release(header, h.raw_offset());
         }

@@ -3,7 +3,7 @@
 //! for more strongly aligned blocks, and a record of recently unmapped blocks so that a second
 //! `delete` of one is recognised without touching unmapped memory.
 
-use super::header::{BlockHeader, Placement, GUARD_SIZE, HEADER_SIZE};
+use super::header::{BlockHeader, Placement, FAR_PREFIX, GUARD_SIZE, HEADER_SIZE, SIZE_LIMIT};
 use super::heap;
 use super::live_list::HeldShard;
 use crate::stack::StackId;
@@ -14,6 +14,10 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 /// 128 KiB) and unmap them on free, and a double free would then read unmapped memory.
 const MAPPED_THRESHOLD: usize = 120 * 1024;
 
+/// The least offset of a user pointer from the start of a block from glibc: the
+/// header and the bytes in front of it that keep the offset (`header`).
+const FAR_OFFSET: usize = HEADER_SIZE + FAR_PREFIX;
+
 /// Memory for one block: `raw` is what gets released, `user` is what the program sees.
 pub struct RawBlock {
     pub user: *mut u8,
@@ -23,31 +27,28 @@ pub struct RawBlock {
     pub class: u8,
 }
 
-/// Memory for `size` bytes aligned to `align` with a header in front and a guard behind, or
-/// `None` when exhausted or beyond what the address space can hold.
-/// `budgeted`: the budget (`budget=`) is set up and counts every block. The heap serves what it
-/// can (up to 128 KiB, aligned up to 64), parked on `mine`, the calling thread's
-/// shard (see `heap`); the rest comes from our mappings or glibc, on no list.
+/// A block of the heap for `size` bytes aligned to `align`, with a header in front and a guard
+/// behind, parked on `mine`, the calling thread's shard (see `heap`): `None` when the heap does
+/// not serve that size or alignment (over 128 KiB, or aligned over 64) or has no memory left.
+/// Apart from [`acquire_elsewhere`], so that the common path keeps the block in registers.
 #[inline(always)]
-pub fn acquire(
-    size: usize,
-    align: usize,
-    budgeted: bool,
-    mine: &mut HeldShard<'_>,
-) -> Option<RawBlock> {
-    if budgeted {
-        return acquire_budgeted(size, align, mine);
-    }
+pub fn acquire_from_heap(size: usize, align: usize, mine: &mut HeldShard<'_>) -> Option<RawBlock> {
     // No overflow: the heap's sizes are far below usize::MAX, and larger ones are refused first.
-    if let Some(class) = heap::class_for(size, HEADER_SIZE + GUARD_SIZE, align) {
-        if let Some(raw) = heap::take(class, mine) {
-            return Some(RawBlock {
-                user: raw.wrapping_add(HEADER_SIZE),
-                raw_offset: HEADER_SIZE,
-                placement: Placement::Heap,
-                class,
-            });
-        }
+    let class = heap::class_for(size, HEADER_SIZE + GUARD_SIZE, align)?;
+    let raw = heap::take(class, mine)?;
+    Some(RawBlock {
+        user: raw.wrapping_add(HEADER_SIZE),
+        raw_offset: HEADER_SIZE,
+        placement: Placement::Heap,
+        class,
+    })
+}
+
+/// Memory for what [`acquire_from_heap`] did not serve, on no list: from our mappings or glibc.
+/// `None` when exhausted or beyond what the address space can hold.
+pub fn acquire_elsewhere(size: usize, align: usize) -> Option<RawBlock> {
+    if size >= SIZE_LIMIT {
+        return None;
     }
     acquire_from_system(size.checked_add(GUARD_SIZE)?, align)
 }
@@ -57,6 +58,9 @@ pub fn acquire(
 /// serve. As [`acquire`], with the guard.
 #[inline]
 pub fn acquire_system(size: usize, align: usize) -> Option<RawBlock> {
+    if size >= SIZE_LIMIT {
+        return None;
+    }
     acquire_from_system(size.checked_add(GUARD_SIZE)?, align)
 }
 
@@ -65,12 +69,12 @@ pub fn acquire_system(size: usize, align: usize) -> Option<RawBlock> {
 fn acquire_from_system(size: usize, align: usize) -> Option<RawBlock> {
     // The common case, kept short: default alignment, malloc'd, not page-aligned.
     if align <= 16 && size < MAPPED_THRESHOLD {
-        let raw = sys::raw_alloc(HEADER_SIZE + size, 16);
-        let user = raw.wrapping_add(HEADER_SIZE);
+        let raw = sys::raw_alloc(FAR_OFFSET + size, 16);
+        let user = raw.wrapping_add(FAR_OFFSET);
         if !raw.is_null() && !(user as usize).is_multiple_of(PAGE_SIZE) {
             return Some(RawBlock {
                 user,
-                raw_offset: HEADER_SIZE,
+                raw_offset: FAR_OFFSET,
                 placement: Placement::Malloc,
                 class: 0,
             });
@@ -81,15 +85,16 @@ fn acquire_from_system(size: usize, align: usize) -> Option<RawBlock> {
     acquire_any(size, align)
 }
 
-/// [`acquire`] for a block counted against the budget (`budget`): `None` when it does not fit.
+/// A block counted against the budget (`budget=`), from wherever an unbudgeted one would come:
+/// `None` when it does not fit.
 #[cold]
 #[inline(never)]
-fn acquire_budgeted(size: usize, align: usize, mine: &mut HeldShard<'_>) -> Option<RawBlock> {
+pub fn acquire_budgeted(size: usize, align: usize, mine: &mut HeldShard<'_>) -> Option<RawBlock> {
     let budget = super::budget::active()?;
     if !budget.charge(size) {
         return None;
     }
-    let block = acquire(size, align, false, mine);
+    let block = acquire_from_heap(size, align, mine).or_else(|| acquire_elsewhere(size, align));
     if block.is_none() {
         budget.credit(size);
     }
@@ -111,7 +116,7 @@ fn acquire_any(size: usize, align: usize) -> Option<RawBlock> {
     // pointer move off a page start. (Retrying the same size is no way out: chunks of a whole
     // number of pages carved one after another from the top of glibc's heap all start at the
     // same offset in their page, and such a retry recurred until the stack overflowed.)
-    let total = HEADER_SIZE
+    let total = FAR_OFFSET
         .next_multiple_of(align)
         .checked_add(size)?
         .checked_add(align)?;
@@ -131,7 +136,7 @@ fn acquire_any(size: usize, align: usize) -> Option<RawBlock> {
 /// Where the user pointer goes in a chunk at `raw` (aligned to `align`, below a page) with
 /// `align` bytes to spare: right after the header, or `align` further on if that is a page start.
 fn malloc_user_offset(raw: usize, align: usize) -> usize {
-    let offset = HEADER_SIZE.next_multiple_of(align);
+    let offset = FAR_OFFSET.next_multiple_of(align);
     if (raw + offset).is_multiple_of(PAGE_SIZE) {
         offset + align
     } else {
@@ -183,14 +188,13 @@ pub unsafe fn release(header: *mut BlockHeader, raw_offset: usize) {
     // SAFETY: guaranteed by the caller; the header stays readable until the memory goes.
     let (placement, size, alloc_stack) = unsafe {
         let h = &*header;
-        (h.placement, h.size, h.alloc_stack)
+        (h.placement(), h.size(), h.alloc_stack)
     };
     match placement {
         // SAFETY: raw is the pointer raw_alloc returned for this block.
         Placement::Malloc => unsafe { sys::raw_free(raw) },
-        // Never here: the free path parks heap blocks or gives them back; and no block is
-        // placed in a budget of its own any more (the budget counts bytes, see `budget`).
-        Placement::Heap | Placement::Budget => {}
+        // Never here: the free path parks heap blocks or gives them back.
+        Placement::Heap => {}
         Placement::Mapped => {
             remember_unmapped(UnmappedBlock {
                 user: user as usize,
@@ -266,7 +270,7 @@ mod tests {
     #[test]
     fn a_malloc_user_pointer_is_moved_off_a_page_start() {
         for align in [16, 64, 128, 2048] {
-            let header = HEADER_SIZE.next_multiple_of(align);
+            let header = FAR_OFFSET.next_multiple_of(align);
             let at_page = 7 * PAGE_SIZE - header;
             assert_eq!(malloc_user_offset(at_page, align), header + align);
             assert!(!(at_page + header + align).is_multiple_of(PAGE_SIZE));
@@ -276,7 +280,7 @@ mod tests {
 
     #[test]
     fn system_blocks_are_never_page_aligned_malloc_pointers() {
-        let size = 5 * PAGE_SIZE - HEADER_SIZE - 16; // a chunk of exactly 5 pages
+        let size = 5 * PAGE_SIZE - FAR_OFFSET - 16; // a chunk of exactly 5 pages
         let blocks: Vec<RawBlock> = (0..512)
             .map(|_| acquire_system(size, 16).expect("memory"))
             .collect();

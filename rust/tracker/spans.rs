@@ -8,7 +8,6 @@
 //! thread's list, quarantined); when that count falls to 0 every block it ever carved is on its
 //! free list, and the span leaves its class.
 
-use super::header::BlockHeader;
 use super::heap::{self, List};
 use crate::sys;
 use core::ptr::null_mut;
@@ -218,11 +217,8 @@ pub fn take_blocks(class: usize, wanted: u32) -> List {
             }
             s.carved += size as u32;
             // SAFETY: a block of this class inside the span, never handed to anyone (or handed
-            // out before the span was freed, all of them back since).
-            unsafe {
-                BlockHeader::mark_fresh_freed(block as *mut BlockHeader);
-                list.push(block as *mut u8);
-            }
+            // out before the span was freed, all of them back since); pushing marks it freed.
+            unsafe { list.push(block as *mut u8) };
             s.handed_out += 1;
         }
         if s.free.count == 0 && s.carved as usize + size > SPAN_BYTES {
@@ -322,7 +318,7 @@ fn new_span(class: usize) -> Option<u32> {
         *span(index) = Span {
             free: heap::EMPTY,
             handed_out: 0,
-            carved: 0,
+            carved: heap::first_block_offset(class) as u32,
             prev: NO_SPAN,
             next: NO_SPAN,
         };
