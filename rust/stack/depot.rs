@@ -152,11 +152,14 @@ pub fn intern(frames: &[usize]) -> StackId {
     id
 }
 
-/// A thread's last interned stack and the node of each of its suffixes, so that the next
-/// capture interns only the frames in front of the outer part the two stacks share.
+/// A thread's last interned stack and the node of each of its outer parts, so that the next
+/// capture interns only the frames in front of the outer part the two stacks share. Kept
+/// outermost first, so that the shared part stays where it is and only the new frames are
+/// written.
 pub(super) struct Interned {
-    frames: [usize; MAX_DEPTH],
-    /// `nodes[i]`: the node of `frames[i..len]`.
+    /// The last stack's return addresses, outermost first.
+    outer_first: [usize; MAX_DEPTH],
+    /// `nodes[i]`: the node of the stack whose frames are `outer_first[..=i]`.
     nodes: [u32; MAX_DEPTH],
     len: usize,
     /// The root the nodes hang from (a generation's; see [`new_generation`]).
@@ -165,7 +168,7 @@ pub(super) struct Interned {
 
 impl Interned {
     pub(super) const EMPTY: Interned = Interned {
-        frames: [0; MAX_DEPTH],
+        outer_first: [0; MAX_DEPTH],
         nodes: [0; MAX_DEPTH],
         len: 0,
         root: 0,
@@ -174,35 +177,34 @@ impl Interned {
     /// The id of `frames` (innermost first, at most [`MAX_DEPTH`]), which become the last stack.
     pub(super) fn intern(&mut self, frames: &[usize]) -> StackId {
         let n = frames.len().min(MAX_DEPTH);
-        let frames = &frames[..n];
+        if n == 0 {
+            return StackId(0);
+        }
         let root = generation_root();
         if root.0 != self.root {
             self.len = 0; // the module set changed: nothing of the last stack is shared
             self.root = root.0;
         }
         // Equal outer frames are equal paths from the root: their nodes are the same.
-        let shared = frames
-            .iter()
-            .rev()
-            .zip(self.frames[..self.len].iter().rev())
+        let outer = frames[..n].iter().rev();
+        let shared = outer
+            .clone()
+            .zip(&self.outer_first[..self.len])
             .take_while(|(a, b)| a == b)
             .count();
         let mut id = match shared {
             0 => root,
-            k => StackId(self.nodes[self.len - k]),
+            k => StackId(self.nodes[k - 1]),
         };
-        let mut nodes = [0u32; MAX_DEPTH];
-        nodes[n - shared..n].copy_from_slice(&self.nodes[self.len - shared..self.len]);
-        for i in (0..n - shared).rev() {
-            id = child(id, frames[i]);
+        for (i, &ra) in outer.enumerate().skip(shared) {
+            id = child(id, ra);
             if id.0 == 0 {
                 self.len = 0; // the depot is full: remember nothing
                 return id;
             }
-            nodes[i] = id.0;
+            self.outer_first[i] = ra;
+            self.nodes[i] = id.0;
         }
-        self.frames[..n].copy_from_slice(frames);
-        self.nodes = nodes;
         self.len = n;
         id
     }

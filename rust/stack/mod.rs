@@ -14,7 +14,6 @@
 
 pub mod capture;
 pub mod depot;
-mod memo;
 mod modules;
 pub(crate) mod rules;
 
@@ -140,8 +139,8 @@ pub fn warm_up() {
     let _ = capture(StartFrame::here(), MAX_DEPTH);
 }
 
-/// Where the calling thread's capture state lies: its memo keeps copies of stack words, which
-/// a leak scan must not take for pointers the program holds.
+/// Where the calling thread's capture state lies: its last stack keeps copies of return
+/// addresses, which a leak scan must not take for pointers the program holds.
 pub fn tracker_thread_state() -> core::ops::Range<usize> {
     capture::thread_state_range()
 }
