@@ -254,24 +254,63 @@ fn unwind_checked(
     hint: usize,
     out: &mut [MaybeUninit<usize>],
 ) -> usize {
+    unwind_as(super::unwind_mode(), start, stack, hint, out)
+}
+
+/// [`unwind_checked`] with the unwinder `mode`. A cache slot is taken only for a DWARF walk,
+/// and given back right after it.
+fn unwind_as(
+    mode: UnwindMode,
+    start: StartFrame,
+    stack: Stack,
+    hint: usize,
+    out: &mut [MaybeUninit<usize>],
+) -> usize {
     if out.is_empty() {
         return 0;
     }
-    let snap = match super::unwind_mode() {
+    let snap = match mode {
         UnwindMode::FramePointer => None,
         UnwindMode::Dwarf => modules::current_or_scan(),
     };
-    match snap.zip(acquire(hint)) {
+    match snap.and_then(|snap| Some((snap, acquire(hint)?))) {
         Some((snap, slot)) => {
             // SAFETY: the slot's try-lock is held, so this thread has exclusive use of its
             // cache, which was fully built before READY published it and is never freed.
             let cache = unsafe { &mut *SLOTS[slot].cache.load(Ordering::Acquire) };
             let n = dwarf_walk(start, stack, snap, cache, Steps::Rules, out);
-            SLOTS[slot].busy.store(false, Ordering::Release);
+            release(slot);
             n
         }
         None => fp_walk(start, stack, out),
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Cache slots the calling thread holds (tests only): none once a walk is over.
+    pub(super) static SLOTS_HELD: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Both unwinders from `start` through [`unwind_as`], each checked to give its cache slot back
+/// (tests only): the frame counts, DWARF first.
+#[cfg(test)]
+pub(super) fn unwind_both_ways(start: StartFrame, depth: usize) -> (usize, usize) {
+    let hi = THREAD.with(|t| stack_bounds(t).map_or(0, |b| b.1));
+    let stack = Stack::new(start.sp, hi);
+    let mut out = [MaybeUninit::uninit(); super::MAX_DEPTH];
+    let mut walk = |mode| {
+        let n = unwind_as(mode, start, stack, 0, &mut out[..depth]);
+        assert_eq!(SLOTS_HELD.with(Cell::get), 0, "{mode:?} kept a cache slot");
+        n
+    };
+    (walk(UnwindMode::Dwarf), walk(UnwindMode::FramePointer))
+}
+
+fn release(slot: usize) {
+    #[cfg(test)]
+    SLOTS_HELD.with(|h| h.set(h.get() - 1));
+    SLOTS[slot].busy.store(false, Ordering::Release);
 }
 
 /// Takes a free cache slot, starting at the thread's hint; creates a cache if all are busy.
@@ -286,6 +325,8 @@ fn acquire(hint: usize) -> Option<usize> {
                 .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok()
             {
+                #[cfg(test)]
+                SLOTS_HELD.with(|h| h.set(h.get() + 1));
                 return Some(i);
             }
         }

@@ -878,3 +878,13 @@ fn a_threads_outermost_frame_ends_the_walk_by_its_compiled_rule() {
     .join()
     .unwrap();
 }
+
+#[test]
+fn each_unwinder_gives_its_cache_slot_back() {
+    // A frame-pointer walk needs no unwinder cache: taking a slot for it would keep the slot
+    // busy for good, and every later capture would grow the pool until it is full.
+    for _ in 0..2 * capture::POOL {
+        let (dwarf, fp) = capture::unwind_both_ways(StartFrame::here(), 16);
+        assert!(dwarf > 1 && fp >= 1, "{dwarf} {fp}");
+    }
+}
