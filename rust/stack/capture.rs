@@ -13,13 +13,15 @@
 //! off), since checking a remembered step reads the same words a compiled step reads.
 //!
 //! Unwinder caches (a framehop rule cache plus gimli's fixed-size CFI evaluation context, tens of KiB each)
-//! live in a static pool of [`POOL`] slots, each behind a try-lock. A thread starts at its own
+//! live in a static pool of [`POOL`] slots, each behind a try-lock. Only slow steps need one: a
+//! walk takes its slot at its first slow step (most walks have none, and taking a slot is a
+//! locked compare-and-swap, which waits for every store the allocation made before it). A thread starts at its own
 //! slot (by a per-thread hint) and takes the first free one; it never waits. Rules are keyed
 //! by address, so threads running the same code share warm caches, and the number of caches
 //! follows the number of *simultaneous* captures, not the number of threads ever created
 //! (a per-thread cache would need a destructor to be given back at thread exit). A cache is
 //! created only when every existing one is busy (cold path); if the pool is exhausted the
-//! capture falls back to the frame-pointer walk.
+//! walk ends at its first slow step.
 
 use core::cell::{Cell, UnsafeCell};
 use core::mem::MaybeUninit;
@@ -81,7 +83,9 @@ struct ThreadState {
     lo: Cell<usize>,
     hi: Cell<usize>,
     bounds: Cell<u8>,
-    /// Preferred cache slot.
+    /// Preferred cache slot: the one the thread took last, so that threads settle on slots of
+    /// their own and a capture's one compare-and-swap finds its slot free (a slot another
+    /// thread holds costs a failed one and the cache line's trip between cores).
     hint: Cell<usize>,
     /// Set while this thread is inside `unwind_into`: a nested capture (an allocation made by a
     /// slow path, a signal handler) returns an empty stack instead of deadlocking on a rescan.
@@ -121,7 +125,7 @@ pub(super) fn unwind_uncached(start: StartFrame, out: &mut [MaybeUninit<usize>])
     let snap = modules::current_or_scan().expect("modules");
     let mut cache = Box::new(Cache::new());
     let stack = Stack::new(start.sp, hi);
-    dwarf_walk(start, stack, snap, &mut cache, Steps::FramehopOnly, out)
+    dwarf_walk(start, stack, snap, &mut *cache, Steps::FramehopOnly, out)
 }
 
 extern "C" {
@@ -226,7 +230,7 @@ fn walk(start: StartFrame, out: &mut [MaybeUninit<usize>], intern: bool) -> (usi
                     // SAFETY: `busy` is set, so nothing else on this thread (a nested capture
                     // returns above) uses the last stack until it is cleared below.
                     let interned = intern.then(|| unsafe { &mut *t.interned.get() });
-                    let n = unwind_checked(start, Stack::new(start.sp, hi), t.hint.get(), out);
+                    let n = unwind_checked(start, Stack::new(start.sp, hi), &t.hint, out);
                     match interned {
                         Some(interned) => (n, intern_frames(interned, out, n)),
                         None => (n, StackId(0)),
@@ -251,7 +255,7 @@ fn intern_frames(interned: &mut Interned, out: &[MaybeUninit<usize>], n: usize) 
 fn unwind_checked(
     start: StartFrame,
     stack: Stack,
-    hint: usize,
+    hint: &Cell<usize>,
     out: &mut [MaybeUninit<usize>],
 ) -> usize {
     unwind_as(super::unwind_mode(), start, stack, hint, out)
@@ -263,7 +267,7 @@ fn unwind_as(
     mode: UnwindMode,
     start: StartFrame,
     stack: Stack,
-    hint: usize,
+    hint: &Cell<usize>,
     out: &mut [MaybeUninit<usize>],
 ) -> usize {
     if out.is_empty() {
@@ -273,16 +277,58 @@ fn unwind_as(
         UnwindMode::FramePointer => None,
         UnwindMode::Dwarf => modules::current_or_scan(),
     };
-    match snap.and_then(|snap| Some((snap, acquire(hint)?))) {
-        Some((snap, slot)) => {
-            // SAFETY: the slot's try-lock is held, so this thread has exclusive use of its
-            // cache, which was fully built before READY published it and is never freed.
-            let cache = unsafe { &mut *SLOTS[slot].cache.load(Ordering::Acquire) };
-            let n = dwarf_walk(start, stack, snap, cache, Steps::Rules, out);
-            release(slot);
-            n
+    match snap {
+        Some(snap) => {
+            let mut pool = PoolCache { hint, held: None };
+            dwarf_walk(start, stack, snap, &mut pool, Steps::Rules, out)
         }
         None => fp_walk(start, stack, out),
+    }
+}
+
+/// Where a walk's slow steps find an unwinder cache.
+trait CacheSource {
+    /// The cache, or `None` when there is none to be had.
+    fn cache(&mut self) -> Option<&mut Cache>;
+}
+
+/// A slot of the pool, taken at the walk's first slow step and given back when the walk ends.
+struct PoolCache<'a> {
+    /// The thread's preferred slot, then the one it took: threads settle on slots of their own.
+    hint: &'a Cell<usize>,
+    held: Option<usize>,
+}
+
+impl CacheSource for PoolCache<'_> {
+    fn cache(&mut self) -> Option<&mut Cache> {
+        let slot = match self.held {
+            Some(slot) => slot,
+            None => {
+                let slot = acquire(self.hint.get())?;
+                self.hint.set(slot);
+                self.held = Some(slot);
+                slot
+            }
+        };
+        // SAFETY: the slot's try-lock is held, so this thread has exclusive use of its cache,
+        // which was fully built before READY published it and is never freed.
+        Some(unsafe { &mut *SLOTS[slot].cache.load(Ordering::Acquire) })
+    }
+}
+
+impl Drop for PoolCache<'_> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.held {
+            release(slot);
+        }
+    }
+}
+
+/// The referee's own cache (tests only).
+#[cfg(test)]
+impl CacheSource for Cache {
+    fn cache(&mut self) -> Option<&mut Cache> {
+        Some(self)
     }
 }
 
@@ -300,7 +346,7 @@ pub(super) fn unwind_both_ways(start: StartFrame, depth: usize) -> (usize, usize
     let stack = Stack::new(start.sp, hi);
     let mut out = [MaybeUninit::uninit(); super::MAX_DEPTH];
     let mut walk = |mode| {
-        let n = unwind_as(mode, start, stack, 0, &mut out[..depth]);
+        let n = unwind_as(mode, start, stack, &Cell::new(0), &mut out[..depth]);
         assert_eq!(SLOTS_HELD.with(Cell::get), 0, "{mode:?} kept a cache slot");
         n
     };
@@ -419,15 +465,16 @@ struct Regs {
 
 /// The slow step from `regs` (its pc not in the rule table yet, or a rule left to framehop):
 /// checks that the pc lies in a known module (rescanning for one loaded since the snapshot,
-/// which then replaces `snap`), compiles its rule and steps. `None` where the walk ends; with
-/// `pc_known == false` the frame itself is not in any module and must not be recorded.
+/// which then replaces `snap`), compiles its rule and steps. `None` where the walk ends (also
+/// when no unwinder cache can be had); with `pc_known == false` the frame itself is not in any
+/// module and must not be recorded.
 #[cold]
 #[inline(never)]
 fn slow_step(
     snap: &mut &'static Snapshot,
     steps: Steps,
     regs: Regs,
-    cache: &mut Cache,
+    caches: &mut impl CacheSource,
     stack: Stack,
 ) -> (bool, Option<Regs>) {
     if snap.module_of(regs.pc).is_none() {
@@ -437,6 +484,9 @@ fn slow_step(
             None => return (false, None), // JIT code or garbage: stop rather than guess
         }
     }
+    let Some(cache) = caches.cache() else {
+        return (true, None);
+    };
     let mut read = |a: u64| stack.read(a);
     if steps == Steps::Rules {
         let s = *snap;
@@ -480,7 +530,7 @@ fn dwarf_walk(
     start: StartFrame,
     stack: Stack,
     mut snap: &'static Snapshot,
-    cache: &mut Cache,
+    caches: &mut impl CacheSource,
     steps: Steps,
     out: &mut [MaybeUninit<usize>],
 ) -> usize {
@@ -508,7 +558,7 @@ fn dwarf_walk(
                 caller_by_rule(rule, regs, stack)
             }
             _ => {
-                let (pc_known, caller) = slow_step(&mut snap, steps, regs, cache, stack);
+                let (pc_known, caller) = slow_step(&mut snap, steps, regs, caches, stack);
                 if !pc_known {
                     break;
                 }
