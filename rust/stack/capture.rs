@@ -33,6 +33,7 @@ use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64};
 use framehop::{FrameAddress, MustNotAllocateDuringUnwind, Unwinder};
 
 use super::depot::Interned;
+use super::last_walk::LastWalk;
 use super::modules::{self, Snapshot};
 use super::rules::{CfiContext, Rule};
 use super::{StackId, StartFrame, UnwindMode};
@@ -92,6 +93,8 @@ struct ThreadState {
     busy: Cell<bool>,
     /// The thread's last interned stack; only touched while `busy` is set.
     interned: UnsafeCell<Interned>,
+    /// The thread's last DWARF walk; only touched while `busy` is set.
+    last: UnsafeCell<LastWalk>,
 }
 
 thread_local! {
@@ -104,6 +107,7 @@ thread_local! {
             hint: Cell::new(0),
             busy: Cell::new(false),
             interned: UnsafeCell::new(Interned::EMPTY),
+            last: UnsafeCell::new(LastWalk::EMPTY),
         }
     };
 }
@@ -125,7 +129,15 @@ pub(super) fn unwind_uncached(start: StartFrame, out: &mut [MaybeUninit<usize>])
     let snap = modules::current_or_scan().expect("modules");
     let mut cache = Box::new(Cache::new());
     let stack = Stack::new(start.sp, hi);
-    dwarf_walk(start, stack, snap, &mut *cache, Steps::FramehopOnly, out)
+    dwarf_walk(
+        start,
+        stack,
+        snap,
+        &mut *cache,
+        Steps::FramehopOnly,
+        None,
+        out,
+    )
 }
 
 extern "C" {
@@ -230,7 +242,9 @@ fn walk(start: StartFrame, out: &mut [MaybeUninit<usize>], intern: bool) -> (usi
                     // SAFETY: `busy` is set, so nothing else on this thread (a nested capture
                     // returns above) uses the last stack until it is cleared below.
                     let interned = intern.then(|| unsafe { &mut *t.interned.get() });
-                    let n = unwind_checked(start, Stack::new(start.sp, hi), &t.hint, out);
+                    // SAFETY: as for the last stack.
+                    let last = unsafe { &mut *t.last.get() };
+                    let n = unwind_checked(start, Stack::new(start.sp, hi), &t.hint, last, out);
                     match interned {
                         Some(interned) => (n, intern_frames(interned, out, n)),
                         None => (n, StackId(0)),
@@ -256,9 +270,10 @@ fn unwind_checked(
     start: StartFrame,
     stack: Stack,
     hint: &Cell<usize>,
+    last: &mut LastWalk,
     out: &mut [MaybeUninit<usize>],
 ) -> usize {
-    unwind_as(super::unwind_mode(), start, stack, hint, out)
+    unwind_as(super::unwind_mode(), start, stack, hint, Some(last), out)
 }
 
 /// [`unwind_checked`] with the unwinder `mode`. A cache slot is taken only for a DWARF walk,
@@ -268,6 +283,7 @@ fn unwind_as(
     start: StartFrame,
     stack: Stack,
     hint: &Cell<usize>,
+    last: Option<&mut LastWalk>,
     out: &mut [MaybeUninit<usize>],
 ) -> usize {
     if out.is_empty() {
@@ -279,8 +295,17 @@ fn unwind_as(
     };
     match snap {
         Some(snap) => {
+            let again = last
+                .as_deref()
+                .and_then(|l| l.repeat(snap_id(snap), start, |a| stack.read(a), out));
+            if let Some(n) = again {
+                #[cfg(test)]
+                REPEATED.with(|r| r.set(r.get() + 1));
+                return n;
+            }
+            let last = last.and_then(|l| l.worth_keeping(start).then_some(l));
             let mut pool = PoolCache { hint, held: None };
-            dwarf_walk(start, stack, snap, &mut pool, Steps::Rules, out)
+            dwarf_walk(start, stack, snap, &mut pool, Steps::Rules, last, out)
         }
         None => fp_walk(start, stack, out),
     }
@@ -336,6 +361,8 @@ impl CacheSource for Cache {
 thread_local! {
     /// Cache slots the calling thread holds (tests only): none once a walk is over.
     pub(super) static SLOTS_HELD: Cell<usize> = const { Cell::new(0) };
+    /// Captures of the calling thread answered by repeating its last walk (tests only).
+    pub(super) static REPEATED: Cell<usize> = const { Cell::new(0) };
 }
 
 /// Both unwinders from `start` through [`unwind_as`], each checked to give its cache slot back
@@ -346,7 +373,7 @@ pub(super) fn unwind_both_ways(start: StartFrame, depth: usize) -> (usize, usize
     let stack = Stack::new(start.sp, hi);
     let mut out = [MaybeUninit::uninit(); super::MAX_DEPTH];
     let mut walk = |mode| {
-        let n = unwind_as(mode, start, stack, &Cell::new(0), &mut out[..depth]);
+        let n = unwind_as(mode, start, stack, &Cell::new(0), None, &mut out[..depth]);
         assert_eq!(SLOTS_HELD.with(Cell::get), 0, "{mode:?} kept a cache slot");
         n
     };
@@ -494,7 +521,7 @@ fn slow_step(
             .rules
             .get(regs.pc, || s.sections_of(regs.pc), &mut cache.cfi);
         if rule != Rule::FRAMEHOP_STEP {
-            return (true, caller_by_rule(rule, regs, stack));
+            return (true, caller_by_rule(rule, regs, &mut read));
         }
     }
     let mut fh = UnwindRegsX86_64::new(regs.pc as u64, regs.sp, regs.bp);
@@ -513,10 +540,14 @@ fn slow_step(
     (true, caller)
 }
 
-/// The caller of the frame `regs` by a compiled rule.
+/// The caller of the frame `regs` by a compiled rule, reading the stack through `read`.
 #[inline(always)]
-fn caller_by_rule(rule: Rule, regs: Regs, stack: Stack) -> Option<Regs> {
-    let (ra, sp, bp) = rule.step(regs.sp, regs.bp, &mut |a| stack.read(a))?;
+fn caller_by_rule(
+    rule: Rule,
+    regs: Regs,
+    read: &mut impl FnMut(u64) -> Result<u64, ()>,
+) -> Option<Regs> {
+    let (ra, sp, bp) = rule.step(regs.sp, regs.bp, read)?;
     Some(Regs {
         pc: ra as usize,
         sp,
@@ -532,6 +563,7 @@ fn dwarf_walk(
     mut snap: &'static Snapshot,
     caches: &mut impl CacheSource,
     steps: Steps,
+    mut last: Option<&mut LastWalk>,
     out: &mut [MaybeUninit<usize>],
 ) -> usize {
     let mut regs = Regs {
@@ -539,6 +571,9 @@ fn dwarf_walk(
         sp: start.sp as u64,
         bp: start.fp as u64,
     };
+    if let Some(l) = last.as_deref_mut() {
+        l.begin(snap_id(snap), start, out.len());
+    }
     let mut n = 0;
     loop {
         // A pc with a compiled rule was found in a module of this snapshot when the rule was
@@ -555,9 +590,28 @@ fn dwarf_walk(
                 if n == out.len() {
                     break;
                 }
-                caller_by_rule(rule, regs, stack)
+                match last.as_deref_mut() {
+                    Some(l) => {
+                        if rule.uses_bp() {
+                            l.note_bp_used();
+                        }
+                        let caller = caller_by_rule(rule, regs, &mut |a| {
+                            let got = stack.read(a);
+                            l.note_read(a, got);
+                            got
+                        });
+                        if caller.is_some() && rule.restores_bp() {
+                            l.note_bp_restored();
+                        }
+                        caller
+                    }
+                    None => caller_by_rule(rule, regs, &mut |a| stack.read(a)),
+                }
             }
             _ => {
+                if let Some(l) = last.as_deref_mut() {
+                    l.drop_walk();
+                }
                 let (pc_known, caller) = slow_step(&mut snap, steps, regs, caches, stack);
                 if !pc_known {
                     break;
@@ -576,7 +630,15 @@ fn dwarf_walk(
             _ => break,
         }
     }
+    if let Some(l) = last {
+        l.end(out, n);
+    }
     n
+}
+
+/// Snapshots are never freed, so their addresses name them.
+fn snap_id(snap: &'static Snapshot) -> usize {
+    ptr::from_ref(snap) as usize
 }
 
 /// The opt-in walk along saved rbp values; loses frames in code without frame pointers.

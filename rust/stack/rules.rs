@@ -80,6 +80,18 @@ impl Rule {
         Some(Rule(bits))
     }
 
+    /// Whether the step reads rbp (its CFA is rbp-based).
+    #[inline(always)]
+    pub(crate) fn uses_bp(self) -> bool {
+        self.0 & Self::CFA_RBP != 0
+    }
+
+    /// Whether the step gives the caller an rbp read from the stack (else rbp passes through).
+    #[inline(always)]
+    pub(crate) fn restores_bp(self) -> bool {
+        self.0 & Self::BP_SAVED != 0
+    }
+
     /// One step from a frame with registers `(sp, bp)`: the caller's `(return address, sp,
     /// bp)`, reading the stack through `read` (return address first, then the saved rbp).
     /// `None` for a [`Rule::FRAMEHOP_STEP`] or a failed read.
