@@ -1,7 +1,5 @@
 //! Stack-capture cost: ns per capture of 10 and 30 frames, warm, on 1 and 2 threads, for the
-//! DWARF unwinder (with and without the depot, with and without the memo of the previous walk:
-//! every capture here repeats the same site, the memo's best case), the frame-pointer walk and
-//! `_Unwind_Backtrace`.
+//! DWARF unwinder (with and without the depot), the frame-pointer walk and `_Unwind_Backtrace`.
 //! Prints numbers; asserts only that the warm DWARF path makes no heap allocation.
 //!
 //! Run: `nice -n 10 cargo bench --bench stack_capture`
@@ -38,9 +36,7 @@ const ITERS: u32 = 200_000;
 #[derive(Clone, Copy, PartialEq)]
 enum Method {
     DwarfDepot,
-    DwarfDepotNoMemo,
     Dwarf,
-    DwarfNoMemo,
     FramePointer,
     UnwindBacktrace,
 }
@@ -53,10 +49,8 @@ fn measure(method: Method, depth: usize) -> (f64, usize, u64) {
     // The depot methods give the stack's id (its frames are read once, after the timed loop:
     // reading them walks the depot's tree, which only reports do).
     let mut once = || match method {
-        Method::DwarfDepot | Method::DwarfDepotNoMemo => {
-            stack::capture(StartFrame::here(), depth).0 as usize
-        }
-        Method::Dwarf | Method::DwarfNoMemo | Method::FramePointer => {
+        Method::DwarfDepot => stack::capture(StartFrame::here(), depth).0 as usize,
+        Method::Dwarf | Method::FramePointer => {
             capture::unwind_into(StartFrame::here(), &mut buf[..depth])
         }
         Method::UnwindBacktrace => {
@@ -72,10 +66,6 @@ fn measure(method: Method, depth: usize) -> (f64, usize, u64) {
             n
         }
     };
-    capture::set_thread_memo(!matches!(
-        method,
-        Method::DwarfDepotNoMemo | Method::DwarfNoMemo
-    ));
     for _ in 0..1000 {
         last = once(); // warm caches and the depot entry
     }
@@ -86,9 +76,7 @@ fn measure(method: Method, depth: usize) -> (f64, usize, u64) {
     }
     let ns = t.elapsed().as_nanos() as f64 / f64::from(ITERS);
     let frames = match method {
-        Method::DwarfDepot | Method::DwarfDepotNoMemo => {
-            stack::frames(stack::StackId(last as u32)).len()
-        }
+        Method::DwarfDepot => stack::frames(stack::StackId(last as u32)).len(),
         _ => last,
     };
     (ns, frames, ALLOCS.with(Cell::get) - allocs_before)
@@ -129,10 +117,8 @@ fn frames_through_qsort(levels: usize) -> usize {
 
 fn name(m: Method) -> &'static str {
     match m {
-        Method::DwarfDepot => "dwarf + depot, memo",
-        Method::DwarfDepotNoMemo => "dwarf + depot, no memo",
-        Method::Dwarf => "dwarf unwind only, memo",
-        Method::DwarfNoMemo => "dwarf unwind only, no memo",
+        Method::DwarfDepot => "dwarf + depot",
+        Method::Dwarf => "dwarf unwind only",
         Method::FramePointer => "frame-pointer walk",
         Method::UnwindBacktrace => "_Unwind_Backtrace",
     }
@@ -147,9 +133,7 @@ fn main() {
     );
     for method in [
         Method::DwarfDepot,
-        Method::DwarfDepotNoMemo,
         Method::Dwarf,
-        Method::DwarfNoMemo,
         Method::FramePointer,
         Method::UnwindBacktrace,
     ] {

@@ -1,18 +1,27 @@
 //! Unwinding into a fixed buffer: DWARF CFI through a pool of rule caches, or the opt-in rbp walk.
 //!
 //! Per-thread state is one `const`-initialised, `Drop`-free thread-local (stack bounds, a
-//! cache-slot hint, a reentrancy flag, and the 4 KiB [`Memo`] of the thread's last walk, so
-//! that a capture repeating it takes no slot at all): C++ `thread_local` destructors run
-//! `delete` after Rust TLS destructors would have run, so nothing here may need one.
+//! cache-slot hint, a reentrancy flag, and the thread's last interned stack): C++
+//! `thread_local` destructors run `delete` after Rust TLS destructors would have run, so
+//! nothing here may need one.
+//!
+//! A step is one probe of the module's compiled rules ([`super::rules`]) and one or two reads
+//! of the stack; only a return address met for the first time, one outside the modules known
+//! so far, or a rule the table leaves to framehop takes the slow path. There is no incremental
+//! walk: a memo of the previous walk (verifying the stack words each remembered step read)
+//! cost more on yaml-cpp's test suite than it saved (3.46 G against 3.22 G instructions with it
+//! off), since checking a remembered step reads the same words a compiled step reads.
 //!
 //! Unwinder caches (a framehop rule cache plus gimli's fixed-size CFI evaluation context, tens of KiB each)
-//! live in a static pool of [`POOL`] slots, each behind a try-lock. A thread starts at its own
+//! live in a static pool of [`POOL`] slots, each behind a try-lock. Only slow steps need one: a
+//! walk takes its slot at its first slow step (most walks have none, and taking a slot is a
+//! locked compare-and-swap, which waits for every store the allocation made before it). A thread starts at its own
 //! slot (by a per-thread hint) and takes the first free one; it never waits. Rules are keyed
 //! by address, so threads running the same code share warm caches, and the number of caches
 //! follows the number of *simultaneous* captures, not the number of threads ever created
 //! (a per-thread cache would need a destructor to be given back at thread exit). A cache is
 //! created only when every existing one is busy (cold path); if the pool is exhausted the
-//! capture falls back to the frame-pointer walk.
+//! walk ends at its first slow step.
 
 use core::cell::{Cell, UnsafeCell};
 use core::mem::MaybeUninit;
@@ -24,7 +33,7 @@ use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64};
 use framehop::{FrameAddress, MustNotAllocateDuringUnwind, Unwinder};
 
 use super::depot::Interned;
-use super::memo::{Memo, Splice};
+use super::last_walk::LastWalk;
 use super::modules::{self, Snapshot};
 use super::rules::{CfiContext, Rule};
 use super::{StackId, StartFrame, UnwindMode};
@@ -75,17 +84,17 @@ struct ThreadState {
     lo: Cell<usize>,
     hi: Cell<usize>,
     bounds: Cell<u8>,
-    /// Preferred cache slot.
+    /// Preferred cache slot: the one the thread took last, so that threads settle on slots of
+    /// their own and a capture's one compare-and-swap finds its slot free (a slot another
+    /// thread holds costs a failed one and the cache line's trip between cores).
     hint: Cell<usize>,
     /// Set while this thread is inside `unwind_into`: a nested capture (an allocation made by a
     /// slow path, a signal handler) returns an empty stack instead of deadlocking on a rescan.
     busy: Cell<bool>,
-    /// Set by [`set_thread_memo`]`(false)`: walks neither use nor update the memo.
-    memo_off: Cell<bool>,
-    /// The thread's last DWARF walk; only touched while `busy` is set.
-    memo: UnsafeCell<Memo>,
     /// The thread's last interned stack; only touched while `busy` is set.
     interned: UnsafeCell<Interned>,
+    /// The thread's last DWARF walk; only touched while `busy` is set.
+    last: UnsafeCell<LastWalk>,
 }
 
 thread_local! {
@@ -97,9 +106,8 @@ thread_local! {
             bounds: Cell::new(BOUNDS_UNKNOWN),
             hint: Cell::new(0),
             busy: Cell::new(false),
-            memo_off: Cell::new(false),
-            memo: UnsafeCell::new(Memo::EMPTY),
             interned: UnsafeCell::new(Interned::EMPTY),
+            last: UnsafeCell::new(LastWalk::EMPTY),
         }
     };
 }
@@ -112,16 +120,7 @@ pub(super) fn thread_state_range() -> core::ops::Range<usize> {
     })
 }
 
-#[cfg(test)]
-thread_local! {
-    /// Frames this thread's walks took over from a memo instead of unwinding (tests only).
-    pub(super) static REUSED: Cell<usize> = const { Cell::new(0) };
-    /// Steps this thread's DWARF walks asked the unwinder for (tests only).
-    pub(super) static STEPPED: Cell<usize> = const { Cell::new(0) };
-}
-
-/// A DWARF walk by framehop alone, with a brand-new rule cache, no rule table and no memo
-/// (tests only): framehop's cache is not quite transparent (a failed DWARF evaluation caches
+/// A DWARF walk by framehop alone, with a brand-new rule cache and no rule table (tests only): framehop's cache is not quite transparent (a failed DWARF evaluation caches
 /// the frame-pointer rule for that address), so this is the reference that depends on nothing
 /// but the stack, and it shares no code with the compiled rules it referees.
 #[cfg(test)]
@@ -129,30 +128,16 @@ pub(super) fn unwind_uncached(start: StartFrame, out: &mut [MaybeUninit<usize>])
     let hi = THREAD.with(|t| stack_bounds(t).map_or(0, |b| b.1));
     let snap = modules::current_or_scan().expect("modules");
     let mut cache = Box::new(Cache::new());
+    let stack = Stack::new(start.sp, hi);
     dwarf_walk(
         start,
-        start.sp,
-        hi,
+        stack,
         snap,
-        &mut cache,
-        None,
+        &mut *cache,
         Steps::FramehopOnly,
+        None,
         out,
     )
-}
-
-/// Counts frames taken from a memo, so tests can tell that the memo path really ran.
-#[inline(always)]
-fn note_reused(_frames: usize) {
-    #[cfg(test)]
-    REUSED.with(|r| r.set(r.get() + _frames));
-}
-
-/// Counts steps the unwinder made, so tests can tell that the memo spared them.
-#[inline(always)]
-fn note_stepped() {
-    #[cfg(test)]
-    STEPPED.with(|r| r.set(r.get() + 1));
 }
 
 extern "C" {
@@ -230,16 +215,10 @@ pub fn unwind_into(start: StartFrame, out: &mut [MaybeUninit<usize>]) -> usize {
     walk(start, out, false).0
 }
 
-/// Unwinds like [`unwind_into`] and interns the frames; a walk that provably repeats the
-/// previous one of its cache slot returns the remembered id without unwinding or hashing.
+/// Unwinds like [`unwind_into`] and interns the frames (only those in front of the outer part
+/// shared with the thread's previous stack are looked up in the depot).
 pub(super) fn capture_interned(start: StartFrame, out: &mut [MaybeUninit<usize>]) -> StackId {
     walk(start, out, true).1
-}
-
-/// Whether captures on the calling thread may reuse earlier walks (default: yes). Results are
-/// the same either way; turning it off is for measuring and for testing that claim.
-pub fn set_thread_memo(enabled: bool) {
-    let _ = THREAD.try_with(|t| t.memo_off.set(!enabled));
 }
 
 /// Convenience over [`unwind_into`] for callers holding an initialised buffer.
@@ -261,11 +240,15 @@ fn walk(start: StartFrame, out: &mut [MaybeUninit<usize>], intern: bool) -> (usi
                 // Caller frames all lie above the start sp, so reads below it are refused too.
                 Some((lo, hi)) if start.pc != 0 && start.sp >= lo && start.sp < hi => {
                     // SAFETY: `busy` is set, so nothing else on this thread (a nested capture
-                    // returns above) uses the memo until it is cleared below.
-                    let memo = (!t.memo_off.get()).then(|| unsafe { &mut *t.memo.get() });
-                    // SAFETY: as for the memo: `busy` keeps every other use of it out.
+                    // returns above) uses the last stack until it is cleared below.
                     let interned = intern.then(|| unsafe { &mut *t.interned.get() });
-                    unwind_checked(start, start.sp, hi, t.hint.get(), memo, interned, out)
+                    // SAFETY: as for the last stack.
+                    let last = unsafe { &mut *t.last.get() };
+                    let n = unwind_checked(start, Stack::new(start.sp, hi), &t.hint, last, out);
+                    match interned {
+                        Some(interned) => (n, intern_frames(interned, out, n)),
+                        None => (n, StackId(0)),
+                    }
                 }
                 _ => (0, StackId(0)),
             };
@@ -281,82 +264,126 @@ fn intern_frames(interned: &mut Interned, out: &[MaybeUninit<usize>], n: usize) 
     interned.intern(unsafe { core::slice::from_raw_parts(out.as_ptr().cast::<usize>(), n) })
 }
 
+/// The frames of one walk from `start`: DWARF through a cache slot, or the rbp walk when
+/// frame pointers were asked for, the modules cannot be read or every slot is busy.
 fn unwind_checked(
     start: StartFrame,
-    lo: usize,
-    hi: usize,
-    hint: usize,
-    mut memo: Option<&mut Memo>,
-    interned: Option<&mut Interned>,
+    stack: Stack,
+    hint: &Cell<usize>,
+    last: &mut LastWalk,
     out: &mut [MaybeUninit<usize>],
-) -> (usize, StackId) {
+) -> usize {
+    unwind_as(super::unwind_mode(), start, stack, hint, Some(last), out)
+}
+
+/// [`unwind_checked`] with the unwinder `mode`. A cache slot is taken only for a DWARF walk,
+/// and given back right after it.
+fn unwind_as(
+    mode: UnwindMode,
+    start: StartFrame,
+    stack: Stack,
+    hint: &Cell<usize>,
+    last: Option<&mut LastWalk>,
+    out: &mut [MaybeUninit<usize>],
+) -> usize {
     if out.is_empty() {
-        return (0, StackId(0));
+        return 0;
     }
-    let snap = match super::unwind_mode() {
+    let snap = match mode {
         UnwindMode::FramePointer => None,
         UnwindMode::Dwarf => modules::current_or_scan(),
     };
-    let n = match snap {
-        None => {
-            memo = None;
-            fp_walk(start, lo, hi, out)
-        }
+    match snap {
         Some(snap) => {
-            let read = |a: u64| read_word(a, lo, hi);
-            // A walk that repeats the last one in full needs no unwinder cache: no slot to take.
-            let again = memo
-                .as_deref_mut()
-                .and_then(|m| Splice::new(m, snap_id(snap)).repeat_all(start, &read, out));
-            match (again, again.is_none().then(|| acquire(hint)).flatten()) {
-                (Some(n), _) => {
-                    note_reused(n);
-                    n
-                }
-                (None, Some(slot)) => {
-                    // SAFETY: the slot's try-lock is held, so this thread has exclusive use of
-                    // its cache, which was fully built before READY published it and is never
-                    // freed.
-                    let cache = unsafe { &mut *SLOTS[slot].cache.load(Ordering::Acquire) };
-                    let n = dwarf_walk(
-                        start,
-                        lo,
-                        hi,
-                        snap,
-                        cache,
-                        memo.as_deref_mut(),
-                        Steps::Rules,
-                        out,
-                    );
-                    SLOTS[slot].busy.store(false, Ordering::Release);
-                    n
-                }
-                (None, None) => {
-                    memo = None;
-                    fp_walk(start, lo, hi, out)
-                }
+            let again = last
+                .as_deref()
+                .and_then(|l| l.repeat(snap_id(snap), start, |a| stack.read(a), out));
+            if let Some(n) = again {
+                #[cfg(test)]
+                REPEATED.with(|r| r.set(r.get() + 1));
+                return n;
             }
+            let last = last.and_then(|l| l.worth_keeping(start).then_some(l));
+            let mut pool = PoolCache { hint, held: None };
+            dwarf_walk(start, stack, snap, &mut pool, Steps::Rules, last, out)
         }
-    };
-    let Some(interned) = interned else {
-        return (n, StackId(0));
-    };
-    let id = match memo {
-        // The walk ended with the memo's frames (verified or unwound): same id.
-        Some(m) if m.describes(n) && m.id != 0 => StackId(m.id),
-        Some(m) if m.describes(n) => {
-            let id = intern_frames(interned, out, n);
-            m.id = id.0;
-            id
-        }
-        _ => intern_frames(interned, out, n),
-    };
-    (n, id)
+        None => fp_walk(start, stack, out),
+    }
 }
 
-/// Snapshots are never freed, so their addresses name them.
-fn snap_id(s: &'static Snapshot) -> usize {
-    ptr::from_ref(s) as usize
+/// Where a walk's slow steps find an unwinder cache.
+trait CacheSource {
+    /// The cache, or `None` when there is none to be had.
+    fn cache(&mut self) -> Option<&mut Cache>;
+}
+
+/// A slot of the pool, taken at the walk's first slow step and given back when the walk ends.
+struct PoolCache<'a> {
+    /// The thread's preferred slot, then the one it took: threads settle on slots of their own.
+    hint: &'a Cell<usize>,
+    held: Option<usize>,
+}
+
+impl CacheSource for PoolCache<'_> {
+    fn cache(&mut self) -> Option<&mut Cache> {
+        let slot = match self.held {
+            Some(slot) => slot,
+            None => {
+                let slot = acquire(self.hint.get())?;
+                self.hint.set(slot);
+                self.held = Some(slot);
+                slot
+            }
+        };
+        // SAFETY: the slot's try-lock is held, so this thread has exclusive use of its cache,
+        // which was fully built before READY published it and is never freed.
+        Some(unsafe { &mut *SLOTS[slot].cache.load(Ordering::Acquire) })
+    }
+}
+
+impl Drop for PoolCache<'_> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.held {
+            release(slot);
+        }
+    }
+}
+
+/// The referee's own cache (tests only).
+#[cfg(test)]
+impl CacheSource for Cache {
+    fn cache(&mut self) -> Option<&mut Cache> {
+        Some(self)
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Cache slots the calling thread holds (tests only): none once a walk is over.
+    pub(super) static SLOTS_HELD: Cell<usize> = const { Cell::new(0) };
+    /// Captures of the calling thread answered by repeating its last walk (tests only).
+    pub(super) static REPEATED: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Both unwinders from `start` through [`unwind_as`], each checked to give its cache slot back
+/// (tests only): the frame counts, DWARF first.
+#[cfg(test)]
+pub(super) fn unwind_both_ways(start: StartFrame, depth: usize) -> (usize, usize) {
+    let hi = THREAD.with(|t| stack_bounds(t).map_or(0, |b| b.1));
+    let stack = Stack::new(start.sp, hi);
+    let mut out = [MaybeUninit::uninit(); super::MAX_DEPTH];
+    let mut walk = |mode| {
+        let n = unwind_as(mode, start, stack, &Cell::new(0), None, &mut out[..depth]);
+        assert_eq!(SLOTS_HELD.with(Cell::get), 0, "{mode:?} kept a cache slot");
+        n
+    };
+    (walk(UnwindMode::Dwarf), walk(UnwindMode::FramePointer))
+}
+
+fn release(slot: usize) {
+    #[cfg(test)]
+    SLOTS_HELD.with(|h| h.set(h.get() - 1));
+    SLOTS[slot].busy.store(false, Ordering::Release);
 }
 
 /// Takes a free cache slot, starting at the thread's hint; creates a cache if all are busy.
@@ -371,6 +398,8 @@ fn acquire(hint: usize) -> Option<usize> {
                 .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok()
             {
+                #[cfg(test)]
+                SLOTS_HELD.with(|h| h.set(h.get() + 1));
                 return Some(i);
             }
         }
@@ -411,16 +440,35 @@ pub(super) fn warm_up_caches() {
     }
 }
 
-/// Reads one aligned word of the current thread's stack inside `[lo, hi)`, or fails.
-#[inline(always)]
-fn read_word(addr: u64, lo: usize, hi: usize) -> Result<u64, ()> {
-    let a = addr as usize;
-    if a.is_multiple_of(8) && a >= lo && a < hi && hi - a >= 8 {
-        // SAFETY: `[a, a+8)` is aligned and inside this thread's mapped stack, above the start
-        // sp, so it is readable (contents are whatever is there; unwinding only interprets it).
-        Ok(unsafe { ptr::read_volatile(a as *const u64) })
-    } else {
-        Err(())
+/// The part of the current thread's stack a walk may read: `[lo, hi)`, from the start frame's
+/// sp (caller frames all lie above it) to the top.
+#[derive(Clone, Copy)]
+pub(super) struct Stack {
+    lo: usize,
+    /// `hi - lo - 8`: an aligned word at `a` is inside when `a - lo <= last` (one compare).
+    last: usize,
+}
+
+impl Stack {
+    fn new(lo: usize, hi: usize) -> Stack {
+        Stack {
+            lo,
+            last: (hi - lo).saturating_sub(8),
+        }
+    }
+
+    /// One aligned word of the stack inside the range, or `Err` (also for an empty range).
+    #[inline(always)]
+    fn read(self, addr: u64) -> Result<u64, ()> {
+        let a = addr as usize;
+        if a.is_multiple_of(8) && a.wrapping_sub(self.lo) <= self.last && self.last != 0 {
+            // SAFETY: `[a, a+8)` is aligned and inside this thread's mapped stack, above the
+            // start sp, so it is readable (contents are whatever is there; unwinding only
+            // interprets them).
+            Ok(unsafe { ptr::read_volatile(a as *const u64) })
+        } else {
+            Err(())
+        }
     }
 }
 
@@ -434,159 +482,177 @@ enum Steps {
     FramehopOnly,
 }
 
-/// One step from the frame at `pc` (registers in `regs`), updating `regs` to the caller's;
-/// the caller's return address, or `None` where the walk ends.
-#[inline]
-fn step(
-    snap: &Snapshot,
-    steps: Steps,
+/// A frame's registers, as far as a step reads them.
+#[derive(Clone, Copy)]
+struct Regs {
     pc: usize,
-    regs: &mut UnwindRegsX86_64,
-    cache: &mut Cache,
-    read: &mut impl FnMut(u64) -> Result<u64, ()>,
-) -> Option<u64> {
-    if steps == Steps::Rules {
-        let rule = snap.rules.get(pc, || snap.sections_of(pc), &mut cache.cfi);
-        if rule != Rule::FRAMEHOP_STEP {
-            let (ra, sp, bp) = rule.step(regs.sp(), regs.bp(), read)?;
-            regs.set_ip(ra);
-            regs.set_sp(sp);
-            regs.set_bp(bp);
-            return Some(ra);
-        }
-    }
-    let addr = FrameAddress::from_return_address(pc as u64)?;
-    snap.unwinder
-        .unwind_frame(addr, regs, &mut cache.framehop, read)
-        .ok()
-        .flatten()
+    sp: u64,
+    bp: u64,
 }
 
-/// The DWARF walk. With `memo`, it takes over the frames of the slot's previous walk that
-/// provably repeat (see memo.rs) and leaves a memo of this walk.
-#[allow(clippy::too_many_arguments)] // the walk's whole state, passed down once
-fn dwarf_walk(
-    start: StartFrame,
-    lo: usize,
-    hi: usize,
-    mut snap: &'static Snapshot,
-    cache: &mut Cache,
-    memo: Option<&mut Memo>,
+/// The slow step from `regs` (its pc not in the rule table yet, or a rule left to framehop):
+/// checks that the pc lies in a known module (rescanning for one loaded since the snapshot,
+/// which then replaces `snap`), compiles its rule and steps. `None` where the walk ends (also
+/// when no unwinder cache can be had); with `pc_known == false` the frame itself is not in any
+/// module and must not be recorded.
+#[cold]
+#[inline(never)]
+fn slow_step(
+    snap: &mut &'static Snapshot,
     steps: Steps,
-    out: &mut [MaybeUninit<usize>],
-) -> usize {
-    let read = |a: u64| read_word(a, lo, hi);
-    let depth = out.len();
-    let mut regs = UnwindRegsX86_64::new(start.pc as u64, start.sp as u64, start.fp as u64);
-    let mut pc = start.pc;
-    let mut n = 0;
-    let mut ended = false;
-    let mut splice = memo.map(|m| Splice::new(m, snap_id(snap)));
-    // Consecutive frames are mostly in the same module: check its range before searching.
-    let mut known = 0..0;
-    loop {
-        if !known.contains(&pc) {
-            known = match snap.module_of(pc) {
-                Some(r) => r,
-                // Not in any known module: maybe a library loaded since the scan (slow path).
-                None => match modules::refresh().and_then(|s| Some((s, s.module_of(pc)?))) {
-                    Some((s, r)) => {
-                        if let Some(sp) = splice.as_mut().filter(|_| !ptr::eq(s, snap)) {
-                            sp.invalidate();
-                        }
-                        snap = s;
-                        r
-                    }
-                    None => break, // JIT code or garbage: stop rather than guess
-                },
-            };
-        }
-        let here = (pc, regs.sp() as usize, regs.bp() as usize);
-        match splice
-            .as_mut()
-            .and_then(|s| s.take_over(n, here, depth, &read, out))
-        {
-            Some((g, end)) => {
-                // The last walk had this frame: its frames that provably repeat are in `out`.
-                note_reused(g);
-                n += g;
-                if n == depth || end {
-                    ended = end;
-                    break;
-                }
-                // A step failed to verify (a saved register changed, say): step afresh from
-                // the last frame that repeated; later frames may match again.
-                // Other registers framehop keeps are never read by its x86-64 steps.
-                let (p, s, f) = splice.as_ref().map_or(here, |s| s.frame(n - 1));
-                regs.set_ip(p as u64);
-                regs.set_sp(s as u64);
-                regs.set_bp(f as u64);
-                pc = p;
-            }
-            None => {
-                if let Some(s) = splice.as_mut() {
-                    s.push_frame(n, here.0, here.1, here.2);
-                }
-                out[n].write(pc);
-                n += 1;
-                if n == depth {
-                    break;
-                }
-            }
-        }
-        if let Some(s) = splice.as_mut() {
-            s.begin_step(n - 1);
-        }
-        let prev_sp = regs.sp();
-        note_stepped();
-        let mut logged = |a: u64| {
-            let r = read(a);
-            if let Some(s) = splice.as_mut() {
-                s.log(n - 1, a, r);
-            }
-            r
-        };
-        let stepped = step(snap, steps, pc, &mut regs, cache, &mut logged);
-        match stepped {
-            // The stack grows down: a caller's sp must be above its callee's, or we would loop.
-            Some(ra) if ra != 0 && regs.sp() > prev_sp => {
-                if let Some(s) = splice.as_mut() {
-                    s.end_step(n - 1, (ra as usize, regs.sp() as usize, regs.bp() as usize));
-                }
-                pc = ra as usize;
-            }
-            _ => {
-                ended = true;
-                break;
-            }
+    regs: Regs,
+    caches: &mut impl CacheSource,
+    stack: Stack,
+) -> (bool, Option<Regs>) {
+    if snap.module_of(regs.pc).is_none() {
+        // Not in any known module: maybe a library loaded since the scan.
+        match modules::refresh().filter(|s| s.module_of(regs.pc).is_some()) {
+            Some(s) => *snap = s,
+            None => return (false, None), // JIT code or garbage: stop rather than guess
         }
     }
-    if let Some(s) = splice {
-        s.finish(n, ended);
+    let Some(cache) = caches.cache() else {
+        return (true, None);
+    };
+    let mut read = |a: u64| stack.read(a);
+    if steps == Steps::Rules {
+        let s = *snap;
+        let rule = s
+            .rules
+            .get(regs.pc, || s.sections_of(regs.pc), &mut cache.cfi);
+        if rule != Rule::FRAMEHOP_STEP {
+            return (true, caller_by_rule(rule, regs, &mut read));
+        }
+    }
+    let mut fh = UnwindRegsX86_64::new(regs.pc as u64, regs.sp, regs.bp);
+    let caller = FrameAddress::from_return_address(regs.pc as u64)
+        .and_then(|addr| {
+            snap.unwinder
+                .unwind_frame(addr, &mut fh, &mut cache.framehop, &mut read)
+                .ok()
+                .flatten()
+        })
+        .map(|ra| Regs {
+            pc: ra as usize,
+            sp: fh.sp(),
+            bp: fh.bp(),
+        });
+    (true, caller)
+}
+
+/// The caller of the frame `regs` by a compiled rule, reading the stack through `read`.
+#[inline(always)]
+fn caller_by_rule(
+    rule: Rule,
+    regs: Regs,
+    read: &mut impl FnMut(u64) -> Result<u64, ()>,
+) -> Option<Regs> {
+    let (ra, sp, bp) = rule.step(regs.sp, regs.bp, read)?;
+    Some(Regs {
+        pc: ra as usize,
+        sp,
+        bp,
+    })
+}
+
+/// The DWARF walk: frames from `start` while their pcs lie in known modules and each step
+/// reaches a caller further up the stack.
+fn dwarf_walk(
+    start: StartFrame,
+    stack: Stack,
+    mut snap: &'static Snapshot,
+    caches: &mut impl CacheSource,
+    steps: Steps,
+    mut last: Option<&mut LastWalk>,
+    out: &mut [MaybeUninit<usize>],
+) -> usize {
+    let mut regs = Regs {
+        pc: start.pc,
+        sp: start.sp as u64,
+        bp: start.fp as u64,
+    };
+    if let Some(l) = last.as_deref_mut() {
+        l.begin(snap_id(snap), start, out.len());
+    }
+    let mut n = 0;
+    loop {
+        // A pc with a compiled rule was found in a module of this snapshot when the rule was
+        // made: the common step checks nothing else.
+        let rule = match steps {
+            Steps::Rules => snap.rules.cached(regs.pc),
+            #[cfg(test)]
+            Steps::FramehopOnly => None,
+        };
+        let caller = match rule {
+            Some(rule) if rule != Rule::FRAMEHOP_STEP => {
+                out[n].write(regs.pc);
+                n += 1;
+                if n == out.len() {
+                    break;
+                }
+                match last.as_deref_mut() {
+                    Some(l) => {
+                        if rule.uses_bp() {
+                            l.note_bp_used();
+                        }
+                        let caller = caller_by_rule(rule, regs, &mut |a| {
+                            let got = stack.read(a);
+                            l.note_read(a, got);
+                            got
+                        });
+                        if caller.is_some() && rule.restores_bp() {
+                            l.note_bp_restored();
+                        }
+                        caller
+                    }
+                    None => caller_by_rule(rule, regs, &mut |a| stack.read(a)),
+                }
+            }
+            _ => {
+                if let Some(l) = last.as_deref_mut() {
+                    l.drop_walk();
+                }
+                let (pc_known, caller) = slow_step(&mut snap, steps, regs, caches, stack);
+                if !pc_known {
+                    break;
+                }
+                out[n].write(regs.pc);
+                n += 1;
+                if n == out.len() {
+                    break;
+                }
+                caller
+            }
+        };
+        match caller {
+            // The stack grows down: a caller's sp must be above its callee's, or we would loop.
+            Some(c) if c.pc != 0 && c.sp > regs.sp => regs = c,
+            _ => break,
+        }
+    }
+    if let Some(l) = last {
+        l.end(out, n);
     }
     n
 }
 
+/// Snapshots are never freed, so their addresses name them.
+fn snap_id(snap: &'static Snapshot) -> usize {
+    ptr::from_ref(snap) as usize
+}
+
 /// The opt-in walk along saved rbp values; loses frames in code without frame pointers.
-pub(super) fn fp_walk(
-    start: StartFrame,
-    lo: usize,
-    hi: usize,
-    out: &mut [MaybeUninit<usize>],
-) -> usize {
+fn fp_walk(start: StartFrame, stack: Stack, out: &mut [MaybeUninit<usize>]) -> usize {
     out[0].write(start.pc);
     let mut n = 1;
     let mut fp = start.fp;
-    let mut floor = lo;
+    let mut floor = stack.lo;
     while n < out.len() {
         // Each saved frame must be inside the stack and above the previous one.
         if fp < floor {
             break;
         }
-        let (Ok(next), Ok(ra)) = (
-            read_word(fp as u64, lo, hi),
-            read_word(fp as u64 + 8, lo, hi),
-        ) else {
+        let (Ok(next), Ok(ra)) = (stack.read(fp as u64), stack.read(fp as u64 + 8)) else {
             break;
         };
         if ra == 0 {

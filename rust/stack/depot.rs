@@ -10,8 +10,9 @@
 //! Storage is two `MAP_NORESERVE` mappings made once (only touched pages cost memory):
 //! - an append-only arena of 16-byte nodes `[return address, parent | next << 32]`, claimed with
 //!   an atomic bump and never reused or changed once published, so ids stay valid forever;
-//! - a bucket array of `AtomicU32` chain heads indexed by a hash of (parent, return address);
-//!   `next` links a node to the rest of its bucket's chain. A new node is written first and then
+//! - a bucket array of `AtomicU32` chain heads indexed by a hash of (parent, return address),
+//!   each with a 6-bit filter of what its chain holds; `next` links a node to the rest of its
+//!   bucket's chain. A new node is written first and then
 //!   pushed with a CAS of the bucket head (Release), so a reader that sees the head (Acquire)
 //!   sees the node. A CAS that fails rescans only the nodes pushed since, so no child is ever
 //!   added twice: each (parent, return address) has one node, and each stack one id.
@@ -51,9 +52,28 @@ pub(super) fn init() -> bool {
     !map_once(&ARENA, ARENA_NODES * 16).is_null() && !map_once(&BUCKETS_PTR, BUCKETS * 4).is_null()
 }
 
+/// Bits of a bucket word that hold the chain's first node (`ARENA_NODES` is `1 << 26`); the six
+/// above are a filter of the chain: the OR of each node's [`chain_mark`].
+const HEAD_BITS: u32 = 26;
+const HEAD: u32 = (1 << HEAD_BITS) - 1;
+const _: () = assert!(
+    ARENA_NODES <= 1 << HEAD_BITS,
+    "node ids must fit below the marks"
+);
+
+fn hash_of(parent: u32, ra: usize) -> u64 {
+    (ra as u64 ^ u64::from(parent).rotate_left(40)).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
 fn bucket_of(parent: u32, ra: usize) -> usize {
-    let h = (ra as u64 ^ u64::from(parent).rotate_left(40)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    (h >> (64 - BUCKET_BITS)) as usize
+    (hash_of(parent, ra) >> (64 - BUCKET_BITS)) as usize
+}
+
+/// The bit a node of (parent, return address) sets in its bucket word: a lookup whose bit is
+/// not set there knows the chain lacks its node without reading any (each read is a cache miss
+/// in a tree of hundreds of thousands of nodes, and most lookups are of new nodes).
+fn chain_mark(parent: u32, ra: usize) -> u32 {
+    1 << (HEAD_BITS + (hash_of(parent, ra) % 6) as u32)
 }
 
 /// A published node; the arena must be mapped and `id` published or checked against `BUMP`.
@@ -78,11 +98,14 @@ pub(super) fn child(parent: StackId, ra: usize) -> StackId {
     let arena = ARENA.load(Ordering::Acquire);
     // SAFETY: the index is below BUCKETS and the array is mapped for the process lifetime.
     let head = unsafe { &*buckets.add(bucket_of(parent.0, ra)) };
-    let mut first = head.load(Ordering::Acquire);
+    let mark = chain_mark(parent.0, ra);
+    let mut word = head.load(Ordering::Acquire);
     let mut scanned = 0; // the head of the chain already searched
     let mut mine = 0u32;
     loop {
-        let mut at = first;
+        let first = word & HEAD;
+        // Marks are only ever added, so a missing one rules out the whole chain.
+        let mut at = if word & mark != 0 { first } else { scanned };
         while at != scanned {
             let (node_ra, node_parent, next) = node(arena, at);
             if node_ra == ra && node_parent == parent.0 {
@@ -103,10 +126,11 @@ pub(super) fn child(parent: StackId, ra: usize) -> StackId {
                 .add(mine as usize)
                 .write([ra as u64, u64::from(parent.0) | u64::from(first) << 32]);
         }
-        match head.compare_exchange(first, mine, Ordering::AcqRel, Ordering::Acquire) {
+        let pushed = mine | (word & !HEAD) | mark;
+        match head.compare_exchange(word, pushed, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => return StackId(mine),
             // Someone pushed meanwhile, maybe this very node: search what they pushed.
-            Err(now) => (scanned, first) = (first, now),
+            Err(now) => (scanned, word) = (first, now),
         }
     }
 }
@@ -152,57 +176,95 @@ pub fn intern(frames: &[usize]) -> StackId {
     id
 }
 
-/// A thread's last interned stack and the node of each of its suffixes, so that the next
-/// capture interns only the frames in front of the outer part the two stacks share.
+/// Children a thread looked up lately, by a hash of (parent, return address): 256 of them, 4
+/// KiB of its thread-local state.
+const RECENT: usize = 256;
+
+/// One child a thread looked up: nodes never change, so the answer stays true.
+#[derive(Clone, Copy)]
+struct Recent {
+    ra: usize,
+    parent: u32,
+    node: u32,
+}
+
+/// A thread's last interned stack and the node of each of its outer parts, so that the next
+/// capture interns only the frames in front of the outer part the two stacks share. Kept
+/// outermost first, so that the shared part stays where it is and only the new frames are
+/// written. The frames in front are looked up in the thread's recent children first: the
+/// depot's buckets and nodes are spread over megabytes, and a lookup there is two cache misses
+/// (40% of the tracker's time on yaml-cpp's test suite before this cache).
 pub(super) struct Interned {
-    frames: [usize; MAX_DEPTH],
-    /// `nodes[i]`: the node of `frames[i..len]`.
+    /// The last stack's return addresses, outermost first.
+    outer_first: [usize; MAX_DEPTH],
+    /// `nodes[i]`: the node of the stack whose frames are `outer_first[..=i]`.
     nodes: [u32; MAX_DEPTH],
     len: usize,
     /// The root the nodes hang from (a generation's; see [`new_generation`]).
     root: u32,
+    recent: [Recent; RECENT],
 }
 
 impl Interned {
     pub(super) const EMPTY: Interned = Interned {
-        frames: [0; MAX_DEPTH],
+        outer_first: [0; MAX_DEPTH],
         nodes: [0; MAX_DEPTH],
         len: 0,
         root: 0,
+        recent: [Recent {
+            ra: 0,
+            parent: 0,
+            node: 0,
+        }; RECENT],
     };
+
+    /// [`child`], answered from the recent children when it can be.
+    #[inline]
+    fn child(&mut self, parent: StackId, ra: usize) -> StackId {
+        let slot = &mut self.recent[bucket_of(parent.0, ra) % RECENT];
+        if slot.ra == ra && slot.parent == parent.0 && slot.node != 0 {
+            return StackId(slot.node);
+        }
+        let id = child(parent, ra);
+        *slot = Recent {
+            ra,
+            parent: parent.0,
+            node: id.0,
+        };
+        id
+    }
 
     /// The id of `frames` (innermost first, at most [`MAX_DEPTH`]), which become the last stack.
     pub(super) fn intern(&mut self, frames: &[usize]) -> StackId {
         let n = frames.len().min(MAX_DEPTH);
-        let frames = &frames[..n];
+        if n == 0 {
+            return StackId(0);
+        }
         let root = generation_root();
         if root.0 != self.root {
             self.len = 0; // the module set changed: nothing of the last stack is shared
             self.root = root.0;
         }
         // Equal outer frames are equal paths from the root: their nodes are the same.
-        let shared = frames
-            .iter()
-            .rev()
-            .zip(self.frames[..self.len].iter().rev())
+        let outer = frames[..n].iter().rev();
+        let shared = outer
+            .clone()
+            .zip(&self.outer_first[..self.len])
             .take_while(|(a, b)| a == b)
             .count();
         let mut id = match shared {
             0 => root,
-            k => StackId(self.nodes[self.len - k]),
+            k => StackId(self.nodes[k - 1]),
         };
-        let mut nodes = [0u32; MAX_DEPTH];
-        nodes[n - shared..n].copy_from_slice(&self.nodes[self.len - shared..self.len]);
-        for i in (0..n - shared).rev() {
-            id = child(id, frames[i]);
+        for (i, &ra) in outer.enumerate().skip(shared) {
+            id = self.child(id, ra);
             if id.0 == 0 {
                 self.len = 0; // the depot is full: remember nothing
                 return id;
             }
-            nodes[i] = id.0;
+            self.outer_first[i] = ra;
+            self.nodes[i] = id.0;
         }
-        self.frames[..n].copy_from_slice(frames);
-        self.nodes = nodes;
         self.len = n;
         id
     }

@@ -14,7 +14,7 @@
 
 pub mod capture;
 pub mod depot;
-mod memo;
+mod last_walk;
 mod modules;
 pub(crate) mod rules;
 
@@ -140,8 +140,8 @@ pub fn warm_up() {
     let _ = capture(StartFrame::here(), MAX_DEPTH);
 }
 
-/// Where the calling thread's capture state lies: its memo keeps copies of stack words, which
-/// a leak scan must not take for pointers the program holds.
+/// Where the calling thread's capture state lies: its last walk keeps copies of stack words,
+/// which a leak scan must not take for pointers the program holds.
 pub fn tracker_thread_state() -> core::ops::Range<usize> {
     capture::thread_state_range()
 }

@@ -36,7 +36,8 @@ const MAX_PROBES: usize = 32;
 /// gimli's CFI evaluation context, one per unwinder slot (created outside the hot path).
 pub(crate) type CfiContext = UnwindContext<usize>;
 
-/// A packed rule (0 = none yet): bit 0 set; bit 1: step with framehop instead; bit 2: the CFA
+/// A packed rule (0 = none yet): bit 0 set; bit 1: step with framehop instead; bit 4: no caller
+/// (the end of the stack); bit 2: the CFA
 /// is rbp-based (else rsp-based); bit 3: the caller's rbp is saved at `cfa + bp_off` (else rbp
 /// is unchanged); bits 8..16 `ra_off / 8` and 16..24 `bp_off / 8` as `i8`; bits 32..64 the CFA
 /// offset as `i32`.
@@ -49,8 +50,12 @@ impl Rule {
     const CFA_RBP: u64 = 4;
     const BP_SAVED: u64 = 8;
 
+    const END: u64 = 16;
+
     /// Step this address with framehop (its own DWARF evaluation and frame-pointer guesses).
     pub(crate) const FRAMEHOP_STEP: Rule = Rule(Self::PRESENT | Self::FRAMEHOP);
+    /// The outermost frame (`_start`, `clone`): its CFI leaves the return address undefined.
+    pub(crate) const END_OF_STACK: Rule = Rule(Self::PRESENT | Self::END);
 
     pub(crate) fn new(
         cfa_rbp: bool,
@@ -75,8 +80,16 @@ impl Rule {
         Some(Rule(bits))
     }
 
-    fn framehop(self) -> bool {
-        self.0 & Self::FRAMEHOP != 0
+    /// Whether the step reads rbp (its CFA is rbp-based).
+    #[inline(always)]
+    pub(crate) fn uses_bp(self) -> bool {
+        self.0 & Self::CFA_RBP != 0
+    }
+
+    /// Whether the step gives the caller an rbp read from the stack (else rbp passes through).
+    #[inline(always)]
+    pub(crate) fn restores_bp(self) -> bool {
+        self.0 & Self::BP_SAVED != 0
     }
 
     /// One step from a frame with registers `(sp, bp)`: the caller's `(return address, sp,
@@ -89,7 +102,7 @@ impl Rule {
         bp: u64,
         read: &mut impl FnMut(u64) -> Result<u64, ()>,
     ) -> Option<(u64, u64, u64)> {
-        if self.framehop() {
+        if self.0 & (Self::FRAMEHOP | Self::END) != 0 {
             return None;
         }
         let base = if self.0 & Self::CFA_RBP != 0 { bp } else { sp };
@@ -172,6 +185,12 @@ impl Rules {
                 used: AtomicUsize::new(0),
             },
         }
+    }
+
+    /// The rule already compiled for return address `pc`, if any: the hot step's one probe.
+    #[inline(always)]
+    pub(crate) fn cached(&self, pc: usize) -> Option<Rule> {
+        self.by_pc.get(pc as u64).map(Rule)
     }
 
     /// The rule for return address `pc` of a module with `sections`; `ctx` evaluates CFI on a
@@ -272,8 +291,10 @@ fn rule_of_row<S: gimli::UnwindContextStorage<usize>>(
         }
         _ => return None,
     };
-    let Some(RegisterRule::Offset(ra_off)) = row.register(X86_64::RA) else {
-        return None;
+    let ra_off = match row.register(X86_64::RA) {
+        Some(RegisterRule::Offset(off)) => off,
+        Some(RegisterRule::Undefined) => return Some(Rule::END_OF_STACK),
+        _ => return None,
     };
     let bp_off = match row.register(X86_64::RBP) {
         None | Some(RegisterRule::SameValue | RegisterRule::Undefined) => None,
@@ -299,6 +320,7 @@ impl WordMap {
         }
     }
 
+    #[inline(always)]
     fn slots(&self) -> Option<&[[AtomicU64; 2]]> {
         let mut p = self.slots.load(Ordering::Acquire);
         if p.is_null() {
@@ -313,7 +335,7 @@ impl WordMap {
         key.wrapping_mul(0x9e37_79b9_7f4a_7c15) as usize >> (64 - SLOTS.trailing_zeros())
     }
 
-    #[inline]
+    #[inline(always)]
     fn get(&self, key: u64) -> Option<u64> {
         let slots = self.slots()?;
         let mut i = Self::start(key);
