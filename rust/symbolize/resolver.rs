@@ -322,7 +322,7 @@ impl Dwarf {
     fn ranges_outside_aranges(&self, trim: &dyn Fn()) -> Vec<(u64, u64, usize)> {
         /// Units read between two calls of `trim`: their headers, first entries and line
         /// program headers are all that is read of them, a few pages each.
-        const TRIM_EVERY: usize = 64;
+        const TRIM_EVERY: usize = 8;
         let dwarf = self.sections.borrow(|s| *s);
         let mut out = Vec::new();
         let mut read = 0;
@@ -585,7 +585,11 @@ impl DebugInfo {
         });
         if outer_is_bare {
             let symbol = symbols
-                .get_or_insert_with(|| objects.iter().map(|o| o.symbol_map()).collect())
+                .get_or_insert_with(|| {
+                    let maps = objects.iter().map(|o| o.symbol_map()).collect();
+                    trim(); // the tables were read whole; the names found are read again
+                    maps
+                })
                 .iter()
                 .find_map(|map| map.containing(probe))
                 .map(|symbol| demangle_symbol(symbol.name()));

@@ -17,28 +17,66 @@ pub(super) enum End {
     At(usize),
 }
 
+/// Bytes decompressed or skipped at a time, between two looks at the input to release.
+const CHUNK: usize = 256 << 10;
+
 /// A decompressed section's bytes read one after the other (the only way a deflate stream
-/// can be read), skipping the bytes that are not wanted.
+/// can be read), skipping the bytes that are not wanted. The pages of compressed input it has
+/// consumed are given back as it goes (see [`Storage::trim`]).
 struct Stream<'a> {
+    input: &'a [u8],
     reader: flate2::read::ZlibDecoder<&'a [u8]>,
     at: usize,
+    /// Where the input's pages have been given back up to (an address).
+    released: usize,
 }
 
-impl Stream<'_> {
+impl<'a> Stream<'a> {
+    fn new(input: &'a [u8]) -> Self {
+        Stream {
+            input,
+            reader: flate2::read::ZlibDecoder::new(input),
+            at: 0,
+            released: input.as_ptr() as usize,
+        }
+    }
+
     /// Reads `out.len()` bytes at `offset` (not before the current position) into `out`.
     fn read_at(&mut self, offset: usize, out: &mut [u8]) -> Option<()> {
-        let skip = offset.checked_sub(self.at)?;
-        let skipped = std::io::copy(
-            &mut (&mut self.reader).take(skip as u64),
-            &mut std::io::sink(),
-        )
-        .ok()?;
-        if skipped != skip as u64 {
-            return None;
+        let mut skip = offset.checked_sub(self.at)?;
+        while skip > 0 {
+            let skipped = std::io::copy(
+                &mut (&mut self.reader).take(skip.min(CHUNK) as u64),
+                &mut std::io::sink(),
+            )
+            .ok()?;
+            if skipped == 0 {
+                return None;
+            }
+            skip -= skipped as usize;
+            self.release_input();
         }
-        self.reader.read_exact(out).ok()?;
+        for part in out.chunks_mut(CHUNK) {
+            self.reader.read_exact(part).ok()?;
+            self.release_input();
+        }
         self.at = offset + out.len();
         Some(())
+    }
+
+    /// Gives back the whole pages of input the decoder has consumed, a megabyte at a time.
+    fn release_input(&mut self) {
+        const AT_LEAST: usize = 1 << 20;
+        let consumed = self.input.len() - self.reader.get_ref().len();
+        let end = (self.input.as_ptr() as usize + consumed) & !(crate::sys::PAGE_SIZE - 1);
+        let start = self.released.next_multiple_of(crate::sys::PAGE_SIZE);
+        if end >= start + AT_LEAST {
+            // SAFETY: the input lies in a private read-only file mapping of a `Storage`, never
+            // written, and these pages are whole and already consumed: MADV_DONTNEED only drops
+            // them (see `Storage::trim`).
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
+            self.released = end;
+        }
     }
 }
 
@@ -79,10 +117,7 @@ pub(super) struct Compressed {
 impl Compressed {
     /// A stream from the section's start.
     fn stream(&self) -> Stream<'static> {
-        Stream {
-            reader: flate2::read::ZlibDecoder::new(self.data),
-            at: 0,
-        }
+        Stream::new(self.data)
     }
 
     /// Decompresses the ranges starting at `starts` (sorted, each with its end), in one pass.
@@ -270,8 +305,7 @@ impl Storage {
                     return &[];
                 };
                 out[..bytes.len()].copy_from_slice(&bytes);
-                let data = &self.keep_map(out)[..bytes.len()];
-                data
+                &self.keep_map(out)[..bytes.len()]
             }
         }
     }
