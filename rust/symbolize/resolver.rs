@@ -525,6 +525,9 @@ impl DebugInfo {
         self.trim();
         let mut found: Vec<Vec<Location>> = probes.iter().map(|_| Vec::new()).collect();
         for (at, &(unit, i)) in order.iter().enumerate() {
+            if at == 0 || order[at - 1].0 != unit {
+                self.read_lines_first(probes[i]);
+            }
             found[i] = self.locate(probes[i]);
             if order.get(at + 1).is_none_or(|next| next.0 != unit) {
                 if let Some(dwarf) = &mut self.dwarf {
@@ -534,6 +537,18 @@ impl DebugInfo {
             }
         }
         found
+    }
+
+    /// Parses the line program of the unit holding `probe` before its functions, letting go
+    /// of the pages read for the one before the other is read: a unit's memory peaks at the
+    /// larger of the two rather than at both.
+    fn read_lines_first(&mut self, probe: u64) {
+        let DebugInfo { dwarf, storage, .. } = self;
+        let trim = || storage.iter().for_each(Storage::trim);
+        if let Some(context) = dwarf.as_mut().and_then(|d| d.context(probe, &trim)) {
+            let _ = context.find_location(probe);
+        }
+        trim();
     }
 
     /// The source locations of `probe` (an address as stated in the file), innermost

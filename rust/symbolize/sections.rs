@@ -173,16 +173,31 @@ impl Compressed {
         let mut stream = self.stream();
         let mut offset = 0;
         while offset < self.size {
-            let head_end = (offset + 24).min(self.size);
-            let mut head = [0u8; 24];
-            let head = &mut head[..head_end - offset];
-            if stream.read_at(offset, head).is_none() {
+            // The initial length first (4 bytes, 12 in 64-bit DWARF), then the rest of the
+            // header, never past the unit's end: a unit can be shorter than 24 bytes.
+            let mut buffer = [0u8; 24];
+            let mut read = 4.min(self.size - offset);
+            if stream.read_at(offset, &mut buffer[..read]).is_none() {
                 return false;
             }
-            let Some((length, size)) = initial_length(head, self.little) else {
+            if buffer[..4] == [0xff; 4] && offset + 12 <= self.size {
+                if stream.read_at(offset + 4, &mut buffer[4..12]).is_none() {
+                    return false;
+                }
+                read = 12;
+            }
+            let Some((length, size)) = initial_length(&buffer[..read], self.little) else {
                 return false;
             };
             let end = (offset + size).saturating_add(length).min(self.size);
+            let head_end = (offset + 24).min(end).max(offset + read);
+            if stream
+                .read_at(offset + read, &mut buffer[read..head_end - offset])
+                .is_none()
+            {
+                return false;
+            }
+            let head = &buffer[..head_end - offset];
             if visit(offset, head) {
                 self.out[offset..head_end].copy_from_slice(head);
                 if head_end < end
@@ -321,5 +336,85 @@ impl Storage {
         let data = unsafe { core::slice::from_raw_parts(out.as_ptr(), out.len()) };
         self.decompressed.push(out);
         data
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// A `.debug_info`-like section of units of the given body lengths (32-bit DWARF, each
+    /// unit's bytes its index), zlib-compressed into a [`Compressed`].
+    fn units(bodies: &[usize]) -> (Vec<u8>, Compressed) {
+        let mut plain = Vec::new();
+        for (i, &body) in bodies.iter().enumerate() {
+            plain.extend_from_slice(&(body as u32).to_le_bytes());
+            plain.extend(std::iter::repeat_n(i as u8 + 1, body));
+        }
+        let mut encoder = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+        encoder.write_all(&plain).unwrap();
+        let data: &'static [u8] = Box::leak(encoder.finish().unwrap().into_boxed_slice());
+        let compressed = Compressed {
+            data,
+            size: plain.len(),
+            out: MmapMut::map_anon(plain.len()).unwrap(),
+            little: true,
+        };
+        (plain, compressed)
+    }
+
+    #[test]
+    fn walks_every_unit_and_keeps_only_those_asked_for() {
+        // Units shorter than a header (2 and 0 bytes of body) and one past the stream's
+        // internal chunk size, so that skipping and reading both cross chunks.
+        let bodies = [2, 30, 0, 3 * CHUNK + 5, 7];
+        let (plain, mut compressed) = units(&bodies);
+        let mut seen = Vec::new();
+        assert!(compressed.walk_units(|offset, head| {
+            seen.push((offset, head.len()));
+            offset != 0 && offset != 40
+        }));
+        let starts: Vec<usize> = bodies
+            .iter()
+            .scan(0, |at, &body| {
+                let start = *at;
+                *at += 4 + body;
+                Some(start)
+            })
+            .collect();
+        let offsets: Vec<usize> = seen.iter().map(|s| s.0).collect();
+        assert_eq!(offsets, starts);
+        assert_eq!(
+            seen[0].1, 6,
+            "a 6-byte unit gives 6 bytes, not the next unit's"
+        );
+        assert_eq!(seen[3].1, 24);
+        for (i, &start) in starts.iter().enumerate() {
+            let end = start + 4 + bodies[i];
+            let kept = &compressed.out[start..end];
+            if start == 0 || start == 40 {
+                assert!(kept.iter().all(|&b| b == 0), "unit {i} was not asked for");
+            } else {
+                assert_eq!(kept, &plain[start..end], "unit {i}");
+            }
+        }
+    }
+
+    #[test]
+    fn fills_ranges_by_length_and_by_end() {
+        let (plain, mut compressed) = units(&[10, CHUNK + 3, 5, 20]);
+        let second = 14;
+        let third = second + 4 + CHUNK + 3;
+        let fourth = third + 9;
+        assert!(compressed.fill(&[(second, End::Length), (fourth + 2, End::At(fourth + 6))]));
+        assert_eq!(compressed.out[second..third], plain[second..third]);
+        assert!(compressed.out[..second].iter().all(|&b| b == 0));
+        assert!(compressed.out[third..fourth + 2].iter().all(|&b| b == 0));
+        assert_eq!(
+            compressed.out[fourth + 2..fourth + 6],
+            plain[fourth + 2..fourth + 6]
+        );
+        assert!(compressed.out[fourth + 6..].iter().all(|&b| b == 0));
     }
 }
