@@ -6,6 +6,9 @@
 //! address points after the call) -> that module's lazily built `addr2line` loader
 //! ([`resolver`]) -> frames, innermost inlined function first -> per-address cache.
 //! [`Symbolizer::symbolize_stack`] then trims the tracker's own frames by name ([`names`]).
+//! A report goes through [`Symbolizer::symbolize_stacks`], which gathers the addresses of all
+//! its stacks first and resolves them a module at a time, each module's debug info read for
+//! those addresses alone ([`sections`]) and dropped before the next.
 
 pub mod modules;
 mod names;

@@ -131,7 +131,11 @@ impl Dwarf {
             whole: None,
         };
         if let (true, Some(probes)) = (sparse, probes) {
-            dwarf.load_sparse(storage, object, probes)?;
+            if dwarf.load_sparse(storage, object, probes).is_none() {
+                // A stream or a header that does not read as expected: decompress it all, as
+                // addr2line would, rather than lose the module's lines.
+                return Dwarf::load(storage, object, None);
+            }
         }
         Some(dwarf)
     }
