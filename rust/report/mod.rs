@@ -203,17 +203,13 @@ impl Report {
         let mut symbolizer = Symbolizer::new();
         let (mut leaks, unsettled_threads) = live_blocks(&symbolizer);
         let (mut all_errors, mut error_count) = errors::all();
-        let mut stacks = HashMap::new();
         let ids = leaks.iter().map(|l| l.stack).chain(
             all_errors
                 .iter()
                 .flat_map(|e| [e.alloc_stack, e.free_stack, e.previous_free_stack]),
         );
-        for id in ids {
-            stacks
-                .entry(id)
-                .or_insert_with(|| symbolizer.symbolize_stack(id));
-        }
+        let stacks = symbolizer.symbolize_stacks(ids);
+        drop(symbolizer);
         let before = leaks.len();
         leaks.retain(|leak| !is_rust_runtime_setup(&stacks[&leak.stack]));
         let runtime_blocks = before - leaks.len();

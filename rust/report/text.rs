@@ -429,8 +429,9 @@ fn write_stack(
     write_frames(out, frames, "    ")
 }
 
-/// One symbolizer for the errors printed as they happen: building one reads debug info, too
-/// slow to repeat for every error.
+/// One symbolizer for the errors printed as they happen: it keeps the frames of every address
+/// it has resolved (the debug info it read for them is released after each error, so that a
+/// program that goes on after an error does not carry it).
 static ERROR_SYMBOLIZER: Mutex<Option<Symbolizer>> = Mutex::new(None);
 
 /// Prints one memory error on stderr at the moment it happens, symbolized.
@@ -438,12 +439,14 @@ pub fn print_error(error: &MemoryError) {
     let mut cached = lock_symbolizer_for_fork();
     let symbolizer = cached.get_or_insert_with(Symbolizer::new);
     let symbolize = |symbolizer: &mut Symbolizer| {
-        [
+        let ids = [
             error.alloc_stack,
             error.free_stack,
             error.previous_free_stack,
-        ]
-        .map(|id| symbolizer.symbolize_stack(id))
+        ];
+        let stacks = symbolizer.symbolize_stacks(ids);
+        // The same id may come twice (two frees from one site): each gets the frames.
+        ids.map(|id| stacks.get(&id).cloned().unwrap_or_default())
     };
     let mut stacks = symbolize(symbolizer);
     if stacks.iter().flatten().any(|f| f.module == UNKNOWN_MODULE) {

@@ -5,11 +5,12 @@
 //! that differ only in their inner frames share every outer node, and a capture that repeats
 //! the outer part of the previous one on its thread interns only the frames that changed (see
 //! [`Interned`]). The nodes of yaml-cpp's test suite at depth 32: 450,000 for 174,000 distinct
-//! stacks of 2.7 million frames (22 MiB as flat arrays, 7 MiB as nodes).
+//! stacks of 2.7 million frames (22 MiB as flat arrays, 5.2 MiB as nodes).
 //!
 //! Storage is two `MAP_NORESERVE` mappings made once (only touched pages cost memory):
-//! - an append-only arena of 16-byte nodes `[return address, parent | next << 32]`, claimed with
-//!   an atomic bump and never reused or changed once published, so ids stay valid forever;
+//! - an append-only arena of 12-byte nodes (the return address in 48 bits, the parent and the
+//!   next node of the chain in 24 bits each), claimed with an atomic bump and never reused or
+//!   changed once published, so ids stay valid forever;
 //! - a bucket array of `AtomicU32` chain heads indexed by a hash of (parent, return address),
 //!   each with a 6-bit filter of what its chain holds; `next` links a node to the rest of its
 //!   bucket's chain. A new node is written first and then
@@ -18,7 +19,8 @@
 //!   added twice: each (parent, return address) has one node, and each stack one id.
 //!
 //! Chains grow past one node per bucket only beyond 512 Ki nodes; nothing is ever full but the
-//! arena (64 Mi nodes), after which new stacks get `StackId(0)`.
+//! arena (16 Mi nodes, some 6 million distinct stacks), after which new stacks get `StackId(0)`,
+//! as does a stack with a return address at or above 2^48 (user-space code lies below 2^47).
 //!
 //! Generations: when the module set changes (`dlopen`, `dlclose`), the same return addresses may
 //! be other code (a plugin reloaded at the same address), so stacks interned from then on hang
@@ -33,11 +35,24 @@ use super::{map_once, StackId, MAX_DEPTH};
 
 const BUCKET_BITS: u32 = 19; // 512 Ki chain heads, 2 MiB of address space
 const BUCKETS: usize = 1 << BUCKET_BITS;
-/// Arena size in nodes: 1 GiB of address space. Must stay below 2^32 so indexes fit in a `u32`.
-const ARENA_NODES: usize = 1 << 26;
+/// Arena size in nodes: 192 MiB of address space. Indexes must fit a node's 24-bit links.
+const ARENA_NODES: usize = 1 << 24;
 
-/// A node: the return address, and the parent's index with the next node of the chain above it.
-type Node = [u64; 2];
+/// A node: the return address (bits 0..48), the parent's index and the next node of the chain
+/// above it (24 bits each), packed into three words; 12 bytes, where plain fields took 16.
+type Node = [u32; 3];
+
+/// Return addresses a node can hold: below 2^48.
+const RA_BITS: u32 = 48;
+
+fn pack(ra: usize, parent: u32, next: u32) -> Node {
+    let ra = ra as u64;
+    [
+        ra as u32,
+        (ra >> 32) as u32 & 0xffff | parent << 16,
+        parent >> 16 | next << 8,
+    ]
+}
 
 static BUCKETS_PTR: AtomicPtr<AtomicU32> = AtomicPtr::new(ptr::null_mut());
 static ARENA: AtomicPtr<Node> = AtomicPtr::new(ptr::null_mut());
@@ -49,10 +64,11 @@ static BUMP: AtomicUsize = AtomicUsize::new(1);
 #[inline(never)]
 pub(super) fn init() -> bool {
     // The arena first: a reader that sees the buckets (checked first in `child`) sees both.
-    !map_once(&ARENA, ARENA_NODES * 16).is_null() && !map_once(&BUCKETS_PTR, BUCKETS * 4).is_null()
+    !map_once(&ARENA, ARENA_NODES * size_of::<Node>()).is_null()
+        && !map_once(&BUCKETS_PTR, BUCKETS * 4).is_null()
 }
 
-/// Bits of a bucket word that hold the chain's first node (`ARENA_NODES` is `1 << 26`); the six
+/// Bits of a bucket word that hold the chain's first node (ids are below `ARENA_NODES`); the six
 /// above are a filter of the chain: the OR of each node's [`chain_mark`].
 const HEAD_BITS: u32 = 26;
 const HEAD: u32 = (1 << HEAD_BITS) - 1;
@@ -81,13 +97,17 @@ fn chain_mark(parent: u32, ra: usize) -> u32 {
 fn node(arena: *mut Node, id: u32) -> (usize, u32, u32) {
     // SAFETY: `id` came from a bucket chain (published with Release after its node was written)
     // or was checked to be below BUMP; published nodes are never written again.
-    let [ra, links] = unsafe { arena.add(id as usize).read() };
-    (ra as usize, links as u32, (links >> 32) as u32)
+    let [low, middle, high] = unsafe { arena.add(id as usize).read() };
+    let ra = u64::from(low) | u64::from(middle & 0xffff) << 32;
+    (ra as usize, middle >> 16 | (high & 0xff) << 16, high >> 8)
 }
 
 /// The node of return address `ra` called from the stack `parent` (0: `ra` is the outermost
-/// frame), added if new; `StackId(0)` when the depot is full or unmapped.
+/// frame), added if new; `StackId(0)` when the depot is full or unmapped, or `ra` does not fit.
 pub(super) fn child(parent: StackId, ra: usize) -> StackId {
+    if ra as u64 >> RA_BITS != 0 {
+        return StackId(0);
+    }
     let mut buckets = BUCKETS_PTR.load(Ordering::Acquire);
     if buckets.is_null() {
         if !init() {
@@ -122,9 +142,7 @@ pub(super) fn child(parent: StackId, ra: usize) -> StackId {
         }
         // SAFETY: node `mine` was claimed by this thread alone and is not published yet.
         unsafe {
-            arena
-                .add(mine as usize)
-                .write([ra as u64, u64::from(parent.0) | u64::from(first) << 32]);
+            arena.add(mine as usize).write(pack(ra, parent.0, first));
         }
         let pushed = mine | (word & !HEAD) | mark;
         match head.compare_exchange(word, pushed, Ordering::AcqRel, Ordering::Acquire) {
@@ -135,8 +153,9 @@ pub(super) fn child(parent: StackId, ra: usize) -> StackId {
     }
 }
 
-/// The return address of a generation's root node: above every user-space code address.
-const GENERATION_MARK: usize = !0 << 32;
+/// The return address of a generation's root node (with the generation's number below): above
+/// every user-space code address, below 2^48.
+const GENERATION_MARK: usize = 0xffff << 32;
 
 /// The current generation's number, and its root node (0: the first generation, rooted at 0).
 static GENERATION: AtomicU32 = AtomicU32::new(0);
@@ -332,4 +351,35 @@ pub fn frames(id: StackId) -> Frames {
 /// Number of nodes stored so far (distinct stacks and the outer parts they share).
 pub fn len() -> usize {
     BUMP.load(Ordering::Relaxed).min(ARENA_NODES) - 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_keeps_every_bit_of_its_fields() {
+        let addresses = [
+            0,
+            1,
+            0x5555_5555_1234,
+            0x7fff_ffff_ffff,
+            GENERATION_MARK | 7,
+        ];
+        let links = [0, 1, 0xffff, 0x1_0000, 0xab_cdef, ARENA_NODES as u32 - 1];
+        for ra in addresses {
+            for parent in links {
+                for next in links {
+                    let mut arena = [pack(ra, parent, next)];
+                    assert_eq!(node(arena.as_mut_ptr(), 0), (ra, parent, next));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_return_address_a_node_cannot_hold_gives_no_stack() {
+        assert_eq!(child(StackId(0), 1 << RA_BITS), StackId(0));
+        assert_eq!(intern(&[0x1000, usize::MAX]), StackId(0));
+    }
 }

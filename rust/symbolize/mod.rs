@@ -6,10 +6,14 @@
 //! address points after the call) -> that module's lazily built `addr2line` loader
 //! ([`resolver`]) -> frames, innermost inlined function first -> per-address cache.
 //! [`Symbolizer::symbolize_stack`] then trims the tracker's own frames by name ([`names`]).
+//! A report goes through [`Symbolizer::symbolize_stacks`], which gathers the addresses of all
+//! its stacks first and resolves them a module at a time, each module's debug info read for
+//! those addresses alone ([`sections`]) and dropped before the next.
 
 pub mod modules;
 mod names;
 mod resolver;
+mod sections;
 #[cfg(test)]
 mod tests;
 
@@ -19,7 +23,7 @@ use crate::stack::StackId;
 
 pub use names::is_allocator_frame;
 
-use modules::ModuleMap;
+use modules::{Module, ModuleMap};
 use resolver::{DebugInfo, Location};
 
 /// The module name of frames whose address lies in no loaded module.
@@ -89,6 +93,71 @@ impl Symbolizer {
             .or_insert_with(|| resolve_uncached(map, debug, address, module))
     }
 
+    /// The frames of every stack of `stacks` (see [`Symbolizer::symbolize_stack`]), resolved
+    /// module by module: a module's debug info is read for exactly the addresses that lie in
+    /// it (compressed DWARF only where they need it) and released before the next module is
+    /// read, so that a report costs the memory of one module's share at a time, not of all.
+    pub fn symbolize_stacks(
+        &mut self,
+        stacks: impl IntoIterator<Item = StackId>,
+    ) -> HashMap<StackId, Vec<Frame>> {
+        let mut ids: Vec<StackId> = stacks.into_iter().collect();
+        ids.sort_unstable_by_key(|id| id.0);
+        ids.dedup_by_key(|id| id.0);
+        let mut wanted: Vec<(usize, usize)> = Vec::new(); // (module, address)
+        for &id in &ids {
+            for &address in crate::stack::frames(id).iter() {
+                let module = self.map.find(address, Some(id));
+                match module {
+                    Some(index) if !self.cache.contains_key(&(address, module)) => {
+                        wanted.push((index, address));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        wanted.sort_unstable();
+        wanted.dedup();
+        for group in wanted.chunk_by(|a, b| a.0 == b.0) {
+            let addresses: Vec<usize> = group.iter().map(|w| w.1).collect();
+            self.resolve_module(group[0].0, &addresses);
+        }
+        ids.into_iter()
+            .map(|id| (id, self.symbolize_stack(id)))
+            .collect()
+    }
+
+    /// Resolves `addresses`, all in module `index`, into the cache. Debug info loaded before
+    /// stays; otherwise it is loaded for these addresses alone and dropped at the end.
+    fn resolve_module(&mut self, index: usize, addresses: &[usize]) {
+        let module = &self.map.modules[index];
+        let probes: Vec<u64> = addresses
+            .iter()
+            .map(|&address| probe(address.wrapping_sub(module.bias)))
+            .collect();
+        let located = match &mut self.debug[index] {
+            Some(Some(info)) => info.locate_all(&probes),
+            Some(None) => Vec::new(),
+            None => match module
+                .file
+                .as_deref()
+                .and_then(|file| DebugInfo::load_for(file, &probes))
+            {
+                Some(mut info) => info.locate_all(&probes),
+                None => {
+                    self.debug[index] = Some(None);
+                    Vec::new()
+                }
+            },
+        };
+        let mut located = located.into_iter();
+        for &address in addresses {
+            let locations = located.next().unwrap_or_default();
+            let frames = frames_at(module, address, locations);
+            self.cache.insert((address, Some(index)), frames);
+        }
+    }
+
     /// All frames of one captured stack (innermost call first), each against the module mapped
     /// at its address when the stack was captured, with the tracker's own and the allocator
     /// wrappers' frames ([`is_allocator_frame`]) trimmed from the top. Only the top run goes:
@@ -135,14 +204,24 @@ fn resolve_uncached(
         }]);
     };
     let module = &map.modules[index];
-    let module_offset = address.wrapping_sub(module.bias);
     let info = debug[index].get_or_insert_with(|| module.file.as_deref().and_then(DebugInfo::load));
-    // Return address minus one: the call instruction, not the statement after it (which
-    // can be the next line or even the next function; backtrace-rs `adjust_ip`).
-    let probe = module_offset.wrapping_sub(1) as u64;
-    let mut locations = info
-        .as_mut()
-        .map_or_else(Vec::new, |info| info.locate(probe));
+    let locations = info.as_mut().map_or_else(Vec::new, |info| {
+        info.locate(probe(address.wrapping_sub(module.bias)))
+    });
+    frames_at(module, address, locations)
+}
+
+/// The address to look up for a return address at `module_offset`: minus one, the call
+/// instruction, not the statement after it (which can be the next line or even the next
+/// function; backtrace-rs `adjust_ip`).
+fn probe(module_offset: usize) -> u64 {
+    module_offset.wrapping_sub(1) as u64
+}
+
+/// The frames of a return address in `module` from its source locations (one unnamed frame
+/// when there are none).
+fn frames_at(module: &Module, address: usize, mut locations: Vec<Location>) -> Box<[Frame]> {
+    let module_offset = address.wrapping_sub(module.bias);
     if locations.is_empty() {
         locations.push(Location::default());
     }

@@ -6,19 +6,22 @@
 //! each unit a probe falls into gets an addr2line context over that unit alone (its abbreviations,
 //! lines and functions); the ranges of units `.debug_aranges` leaves out (clang's by default)
 //! are read from their first entry once. Units that refer to entries of other units (rustc's,
-//! LTO builds) are read in a context over the whole file, as addr2line would. Everything is
-//! released with the [`DebugInfo`].
+//! LTO builds) are read in a context over the whole file, as addr2line would. Given all the
+//! addresses it will be asked for ([`DebugInfo::load_for`]), it decompresses only the units
+//! they fall into (with their abbreviations and line programs), resolves them unit by unit and
+//! lets each unit's memory go before the next. Everything is released with the [`DebugInfo`].
 
 use std::borrow::Cow;
+use std::collections::HashSet;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use addr2line::gimli::{self, EndianSlice, Reader, RunTimeEndian, Section};
 use addr2line::{Context, LookupResult};
-use memmap2::Mmap;
 use object::{Object, ObjectSection, SymbolMap, SymbolMapName};
 
 use super::names::demangle_symbol;
+use super::sections::{initial_length, word, End, Storage};
 
 /// Where debug files of stripped modules live (Debian's `-dbg`/`-dbgsym` packages).
 const DEBUG_ROOT: &str = "/usr/lib/debug";
@@ -35,61 +38,15 @@ pub(crate) struct Location {
     pub(crate) line: u32,
 }
 
-/// A mapped file and the sections decompressed from it. Their bytes stay where they are while it
-/// lives, even when it moves (a map's pages, a boxed slice's heap block), so the `'static`
-/// slices handed out point into it for as long as the [`DebugInfo`] holding it exists.
-struct Storage {
-    map: Mmap,
-    decompressed: Vec<Box<[u8]>>,
-}
-
-impl Storage {
-    fn open(path: &Path) -> Option<Storage> {
-        let file = File::open(path).ok()?;
-        // SAFETY: the map is only read; a module file rewritten while the process runs is a
-        // hazard every symbolizer accepts.
-        let map = unsafe { Mmap::map(&file) }.ok()?;
-        Some(Storage {
-            map,
-            decompressed: Vec::new(),
-        })
-    }
-
-    /// The mapped bytes, for as long as `self` lives (see the type's docs).
-    fn bytes(&self) -> &'static [u8] {
-        // SAFETY: the map is neither moved nor unmapped while `self` lives, and every borrower
-        // (object files, symbol maps, contexts) is dropped before it (`DebugInfo` field order).
-        unsafe { core::slice::from_raw_parts(self.map.as_ptr(), self.map.len()) }
-    }
-
-    /// A section's data, decompressed into `self` if need be.
-    fn section(&mut self, object: &object::File<'static>, name: &str) -> &'static [u8] {
-        let Some(data) = object
-            .section_by_name(name)
-            .and_then(|s| s.uncompressed_data().ok())
-        else {
-            return &[];
-        };
-        match data {
-            Cow::Borrowed(bytes) => bytes,
-            Cow::Owned(bytes) => {
-                let boxed = bytes.into_boxed_slice();
-                // SAFETY: the box's heap block does not move when the box is pushed, and it
-                // is freed only with `self`, after every borrower (as in `bytes`).
-                let data = unsafe { core::slice::from_raw_parts(boxed.as_ptr(), boxed.len()) };
-                self.decompressed.push(boxed);
-                data
-            }
-        }
-    }
-}
-
 /// The DWARF of one file and what has been built from it so far.
 struct Dwarf {
     sections: gimli::DwarfSections<Slice>,
     /// `(start, end, unit offset)` of every `.debug_aranges` entry (and, once `scanned`, of
     /// the units it leaves out), sorted by start.
     ranges: Vec<(u64, u64, usize)>,
+    /// The units `.debug_aranges` leaves out, when known from a walk over the unit headers
+    /// (`None`: to be found by walking `.debug_info`).
+    unlisted: Option<Vec<usize>>,
     scanned: bool,
     /// What each unit a probe needed resolves with, by unit offset (`None`: nothing parses).
     units: Vec<(usize, Option<UnitContext>)>,
@@ -97,18 +54,59 @@ struct Dwarf {
     whole: Option<Option<Context<Slice>>>,
 }
 
+/// A unit's offset in `.debug_info` and the offset of its abbreviations, from its header.
+struct UnitHead {
+    offset: usize,
+    abbrev: usize,
+}
+
+impl UnitHead {
+    /// Reads the header bytes at a unit's start (DWARF 2 to 5).
+    fn parse(offset: usize, head: &[u8], little: bool) -> Option<UnitHead> {
+        let (_, size) = initial_length(head, little)?;
+        let word_size = if size == 12 { 8 } else { 4 };
+        let version = word(head, size, 2, little)?;
+        // DWARF 5 puts the unit type and the address size before the abbreviations' offset.
+        let at = size + 2 + if version >= 5 { 2 } else { 0 };
+        let abbrev = usize::try_from(word(head, at, word_size, little)?).ok()?;
+        Some(UnitHead { offset, abbrev })
+    }
+}
+
 impl Dwarf {
-    fn load(storage: &mut Storage, object: &object::File<'static>) -> Option<Dwarf> {
+    /// Reads the file's DWARF: every section but the variable locations, which a symbolizer
+    /// never reads. With `probes` (every address that will be looked up), compressed
+    /// `.debug_info`, `.debug_abbrev` and `.debug_line` are decompressed only where those
+    /// addresses' units lie (see [`Dwarf::load_sparse`]).
+    fn load(
+        storage: &mut Storage,
+        object: &object::File<'static>,
+        probes: Option<&[u64]>,
+    ) -> Option<Dwarf> {
         let endian = if object.is_little_endian() {
             RunTimeEndian::Little
         } else {
             RunTimeEndian::Big
         };
+        let sparse = probes.is_some()
+            && matches!(
+                storage.section(object, ".debug_info"),
+                super::sections::Section::Compressed(_)
+            );
+        let deferred = |id: gimli::SectionId| {
+            sparse
+                && matches!(
+                    id,
+                    gimli::SectionId::DebugInfo
+                        | gimli::SectionId::DebugAbbrev
+                        | gimli::SectionId::DebugLine
+                )
+        };
         let sections = gimli::DwarfSections::load(|id| -> Result<Slice, ()> {
-            // Variable locations are all a symbolizer never reads, and often the largest part.
             let data = match id {
                 gimli::SectionId::DebugLoc | gimli::SectionId::DebugLocLists => &[],
-                _ => storage.section(object, id.name()),
+                id if deferred(id) => &[],
+                _ => storage.whole(object, id.name()),
             };
             Ok(EndianSlice::new(data, endian))
         })
@@ -124,27 +122,185 @@ impl Dwarf {
             }
         }
         ranges.sort_unstable();
-        Some(Dwarf {
+        let mut dwarf = Dwarf {
             sections,
             ranges,
+            unlisted: None,
             scanned: false,
             units: Vec::new(),
             whole: None,
-        })
+        };
+        if let (true, Some(probes)) = (sparse, probes) {
+            if dwarf.load_sparse(storage, object, probes).is_none() {
+                // A stream or a header that does not read as expected: decompress it all, as
+                // addr2line would, rather than lose the module's lines.
+                return Dwarf::load(storage, object, None);
+            }
+        }
+        Some(dwarf)
+    }
+
+    /// Decompresses what `probes` need of compressed `.debug_info`, `.debug_abbrev` and
+    /// `.debug_line`: one pass over `.debug_info` reads every unit header and keeps the units
+    /// the probes fall into (and, when some probe lies outside `.debug_aranges`, the units it
+    /// leaves out), then their abbreviation tables and line programs. A unit that refers to
+    /// other units needs them all: then the three sections are decompressed whole.
+    fn load_sparse(
+        &mut self,
+        storage: &mut Storage,
+        object: &object::File<'static>,
+        probes: &[u64],
+    ) -> Option<()> {
+        use super::sections::Section;
+        let little = object.is_little_endian();
+        let endian = self.sections.debug_info.reader().endian();
+        let compressed = |storage: &mut Storage, name| match storage.section(object, name) {
+            Section::Compressed(c) => Some(c),
+            Section::InPlace(_) => None,
+        };
+        let mut info = compressed(storage, ".debug_info")?;
+        let listed: HashSet<usize> = self.ranges.iter().map(|r| r.2).collect();
+        let mut wanted: HashSet<usize> = probes
+            .iter()
+            .filter_map(|&p| unit_at(&self.ranges, p))
+            .collect();
+        let uncovered = probes.iter().any(|&p| unit_at(&self.ranges, p).is_none());
+        let mut heads = Vec::new();
+        let mut unlisted = Vec::new();
+        let walked = info.walk_units(|offset, head| {
+            let keep = wanted.contains(&offset) || (uncovered && !listed.contains(&offset));
+            if let Some(head) = UnitHead::parse(offset, head, little) {
+                if !listed.contains(&offset) {
+                    unlisted.push(offset);
+                }
+                heads.push(head);
+            }
+            keep
+        });
+        if !walked {
+            return None;
+        }
+        if uncovered {
+            wanted.extend(unlisted.iter().copied());
+        }
+        let mut abbrev = match storage.section(object, ".debug_abbrev") {
+            Section::Compressed(c) => Some(c),
+            Section::InPlace(bytes) => {
+                self.sections.debug_abbrev = EndianSlice::new(bytes, endian).into();
+                None
+            }
+        };
+        if let Some(abbrev) = &mut abbrev {
+            // A unit's table ends where the next one starts (or at the section's end).
+            let mut starts: Vec<usize> = heads.iter().map(|h| h.abbrev).collect();
+            starts.sort_unstable();
+            starts.dedup();
+            let mut tables: Vec<(usize, End)> = heads
+                .iter()
+                .filter(|h| wanted.contains(&h.offset))
+                .map(|h| {
+                    let next = starts.partition_point(|&s| s <= h.abbrev);
+                    (
+                        h.abbrev,
+                        End::At(starts.get(next).copied().unwrap_or(abbrev.size)),
+                    )
+                })
+                .collect();
+            tables.sort_unstable();
+            tables.dedup();
+            if !abbrev.fill(&tables) {
+                return None;
+            }
+        }
+        self.sections.debug_info = EndianSlice::new(storage.keep(info), endian).into();
+        if let Some(abbrev) = abbrev {
+            self.sections.debug_abbrev = EndianSlice::new(storage.keep(abbrev), endian).into();
+        }
+        self.unlisted = Some(unlisted);
+        let cross_unit = heads
+            .iter()
+            .filter(|h| wanted.contains(&h.offset))
+            .any(|h| {
+                let table = self.sections.debug_abbrev.reader().range_from(h.abbrev..);
+                refers_to_other_units(table) != Some(false)
+            });
+        if cross_unit {
+            // Fresh copies, whole: what was handed out above is never written again.
+            for (id, name) in [
+                (gimli::SectionId::DebugInfo, ".debug_info"),
+                (gimli::SectionId::DebugAbbrev, ".debug_abbrev"),
+                (gimli::SectionId::DebugLine, ".debug_line"),
+            ] {
+                let bytes = EndianSlice::new(storage.whole(object, name), endian);
+                match id {
+                    gimli::SectionId::DebugInfo => self.sections.debug_info = bytes.into(),
+                    gimli::SectionId::DebugAbbrev => self.sections.debug_abbrev = bytes.into(),
+                    _ => self.sections.debug_line = bytes.into(),
+                }
+            }
+            self.unlisted = None;
+            return Some(());
+        }
+        let line = match storage.section(object, ".debug_line") {
+            Section::Compressed(mut line) => {
+                let mut programs: Vec<(usize, End)> = heads
+                    .iter()
+                    .filter(|h| wanted.contains(&h.offset))
+                    .filter_map(|h| self.line_program_offset(h.offset))
+                    .map(|offset| (offset, End::Length))
+                    .collect();
+                programs.sort_unstable();
+                programs.dedup();
+                if !line.fill(&programs) {
+                    return None;
+                }
+                storage.keep(line)
+            }
+            Section::InPlace(bytes) => bytes,
+        };
+        self.sections.debug_line = EndianSlice::new(line, endian).into();
+        Some(())
+    }
+
+    /// The offset of the line program of the unit at `offset` (its `DW_AT_stmt_list`).
+    fn line_program_offset(&self, offset: usize) -> Option<usize> {
+        let dwarf = self.sections.borrow(|s| *s);
+        let header = dwarf
+            .debug_info
+            .header_from_offset(gimli::DebugInfoOffset(offset))
+            .ok()?;
+        let abbreviations = dwarf.abbreviations(&header).ok()?;
+        let mut entries = header.entries(&abbreviations);
+        let root = entries.next_dfs().ok()??;
+        match root.attr_value(gimli::DW_AT_stmt_list)? {
+            gimli::AttributeValue::DebugLineRef(line) => Some(line.0),
+            _ => None,
+        }
+    }
+
+    /// The unit whose range holds `probe`, if any: from `.debug_aranges`, else from the ranges
+    /// of the units it leaves out, read once (calling `trim` now and then on the way).
+    fn unit_of(&mut self, probe: u64, trim: &dyn Fn()) -> Option<usize> {
+        let unit = unit_at(&self.ranges, probe);
+        if unit.is_some() || self.scanned {
+            return unit;
+        }
+        // `.debug_aranges` may leave units out (rustc writes none, clang by default
+        // neither): read the ranges of those units from their own first entry, once.
+        self.scanned = true;
+        self.ranges.extend(self.ranges_outside_aranges(trim));
+        self.ranges.sort_unstable();
+        unit_at(&self.ranges, probe)
+    }
+
+    /// Drops the contexts of single units (the whole file's stays: it serves many).
+    fn release_units(&mut self) {
+        self.units.clear();
     }
 
     /// The context of the unit holding `probe`, if any unit does.
-    fn context(&mut self, probe: u64) -> Option<&Context<Slice>> {
-        let mut unit = unit_at(&self.ranges, probe);
-        if unit.is_none() && !self.scanned {
-            // `.debug_aranges` may leave units out (rustc writes none, clang by default
-            // neither): read the ranges of those units from their own first entry, once.
-            self.scanned = true;
-            self.ranges.extend(self.ranges_outside_aranges());
-            self.ranges.sort_unstable();
-            unit = unit_at(&self.ranges, probe);
-        }
-        let unit = unit?;
+    fn context(&mut self, probe: u64, trim: &dyn Fn()) -> Option<&Context<Slice>> {
+        let unit = self.unit_of(probe, trim)?;
         let at = match self.units.iter().position(|u| u.0 == unit) {
             Some(at) => at,
             None => {
@@ -167,26 +323,52 @@ impl Dwarf {
 
     /// The address ranges of the units `.debug_aranges` does not list. Each unit's
     /// abbreviations are parsed for this and dropped right after.
-    fn ranges_outside_aranges(&self) -> Vec<(u64, u64, usize)> {
-        let listed: std::collections::HashSet<usize> = self.ranges.iter().map(|r| r.2).collect();
+    fn ranges_outside_aranges(&self, trim: &dyn Fn()) -> Vec<(u64, u64, usize)> {
+        /// Units read between two calls of `trim`: their headers, first entries and line
+        /// program headers are all that is read of them, a few pages each.
+        const TRIM_EVERY: usize = 8;
         let dwarf = self.sections.borrow(|s| *s);
         let mut out = Vec::new();
-        let mut headers = dwarf.units();
-        while let Ok(Some(header)) = headers.next() {
-            let Some(offset) = header.debug_info_offset().map(|o| o.0) else {
-                continue;
-            };
-            if listed.contains(&offset) {
-                continue;
+        let mut read = 0;
+        let mut add = |header: gimli::UnitHeader<Slice>| {
+            read += 1;
+            if read % TRIM_EVERY == 0 {
+                trim();
             }
+            let Some(offset) = header.debug_info_offset().map(|o| o.0) else {
+                return;
+            };
             let Ok(unit) = dwarf.unit(header) else {
-                continue;
+                return;
             };
             let Ok(mut ranges) = dwarf.unit_ranges(&unit) else {
-                continue;
+                return;
             };
             while let Ok(Some(range)) = ranges.next() {
                 out.push((range.begin, range.end, offset));
+            }
+        };
+        match &self.unlisted {
+            // Walked already (a compressed file): only those units were decompressed.
+            Some(unlisted) => {
+                for &offset in unlisted {
+                    if let Ok(header) = dwarf
+                        .debug_info
+                        .header_from_offset(gimli::DebugInfoOffset(offset))
+                    {
+                        add(header);
+                    }
+                }
+            }
+            None => {
+                let listed: HashSet<usize> = self.ranges.iter().map(|r| r.2).collect();
+                let mut headers = dwarf.units();
+                while let Ok(Some(header)) = headers.next() {
+                    let offset = header.debug_info_offset().map(|o| o.0);
+                    if offset.is_some_and(|o| !listed.contains(&o)) {
+                        add(header);
+                    }
+                }
             }
         }
         out
@@ -279,35 +461,98 @@ fn unit_at(ranges: &[(u64, u64, usize)], probe: u64) -> Option<usize> {
 pub(crate) struct DebugInfo {
     // Fields drop in declaration order: everything that borrows from `storage` comes first.
     dwarf: Option<Dwarf>,
-    /// Symbol tables, the separate debug file's (which knows local functions) first.
-    symbols: Vec<SymbolMap<SymbolMapName<'static>>>,
+    /// Symbol tables, the separate debug file's (which knows local functions) first; built
+    /// from `objects` the first time DWARF leaves a function unnamed or bare.
+    symbols: Option<Vec<SymbolMap<SymbolMapName<'static>>>>,
+    objects: Vec<object::File<'static>>,
     storage: Vec<Storage>,
 }
 
 impl DebugInfo {
-    /// Opens the module's file (memory-mapped) and reads its symbol table; DWARF is read
-    /// unit by unit on lookup. `None` when the file cannot be read or parsed.
+    /// Opens the module's file (memory-mapped); its symbol table is read when first needed,
+    /// DWARF unit by unit on lookup. `None` when the file cannot be read or parsed.
     pub(crate) fn load(path: &Path) -> Option<Self> {
+        Self::open(path, None)
+    }
+
+    /// [`DebugInfo::load`] for a known set of addresses (as stated in the file): compressed
+    /// DWARF is decompressed only where their units lie. Other addresses may find less.
+    pub(crate) fn load_for(path: &Path, probes: &[u64]) -> Option<Self> {
+        Self::open(path, Some(probes))
+    }
+
+    fn open(path: &Path, probes: Option<&[u64]>) -> Option<Self> {
         let mut binary = Storage::open(path)?;
         let object = object::File::parse(binary.bytes()).ok()?;
         let mut info = DebugInfo {
             dwarf: None,
-            symbols: vec![object.symbol_map()],
+            symbols: None,
+            objects: Vec::new(),
             storage: Vec::new(),
         };
         if has_section(&object, ".debug_info") {
-            info.dwarf = Dwarf::load(&mut binary, &object);
+            info.dwarf = Dwarf::load(&mut binary, &object, probes);
         } else if let Some(mut debug) = separate_debug_file(path).and_then(|p| Storage::open(&p)) {
             // addr2line's Loader does not follow debuglinks ("TODO: use debuglink and
             // debugaltlink" in its loader.rs); backtrace-rs gimli/elf.rs does it like this.
             if let Ok(object) = object::File::parse(debug.bytes()) {
-                info.symbols.insert(0, object.symbol_map());
-                info.dwarf = Dwarf::load(&mut debug, &object);
+                info.dwarf = Dwarf::load(&mut debug, &object, probes);
+                info.objects.push(object);
             }
             info.storage.push(debug);
         }
+        info.objects.push(object);
         info.storage.push(binary);
+        info.trim();
         Some(info)
+    }
+
+    /// Lets go of the mapped files' pages read so far (see [`Storage::trim`]).
+    fn trim(&self) {
+        self.storage.iter().for_each(Storage::trim);
+    }
+
+    /// The source locations of each of `probes`, in order (see [`DebugInfo::locate`]). The
+    /// probes are resolved unit by unit, and each unit's context is dropped before the next
+    /// is read, so that memory holds one unit's share at a time.
+    pub(crate) fn locate_all(&mut self, probes: &[u64]) -> Vec<Vec<Location>> {
+        let mut order: Vec<(Option<usize>, usize)> = probes
+            .iter()
+            .enumerate()
+            .map(|(i, &probe)| {
+                let DebugInfo { dwarf, storage, .. } = &mut *self;
+                let trim = || storage.iter().for_each(Storage::trim);
+                (dwarf.as_mut().and_then(|d| d.unit_of(probe, &trim)), i)
+            })
+            .collect();
+        order.sort_unstable();
+        self.trim();
+        let mut found: Vec<Vec<Location>> = probes.iter().map(|_| Vec::new()).collect();
+        for (at, &(unit, i)) in order.iter().enumerate() {
+            if at == 0 || order[at - 1].0 != unit {
+                self.read_lines_first(probes[i]);
+            }
+            found[i] = self.locate(probes[i]);
+            if order.get(at + 1).is_none_or(|next| next.0 != unit) {
+                if let Some(dwarf) = &mut self.dwarf {
+                    dwarf.release_units();
+                }
+                self.trim();
+            }
+        }
+        found
+    }
+
+    /// Parses the line program of the unit holding `probe` before its functions, letting go
+    /// of the pages read for the one before the other is read: a unit's memory peaks at the
+    /// larger of the two rather than at both.
+    fn read_lines_first(&mut self, probe: u64) {
+        let DebugInfo { dwarf, storage, .. } = self;
+        let trim = || storage.iter().for_each(Storage::trim);
+        if let Some(context) = dwarf.as_mut().and_then(|d| d.context(probe, &trim)) {
+            let _ = context.find_location(probe);
+        }
+        trim();
     }
 
     /// The source locations of `probe` (an address as stated in the file), innermost
@@ -315,7 +560,14 @@ impl DebugInfo {
     /// without debug info the one location has the symbol-table name, or no name at all.
     pub(crate) fn locate(&mut self, probe: u64) -> Vec<Location> {
         let mut locations = Vec::new();
-        let context = self.dwarf.as_mut().and_then(|d| d.context(probe));
+        let DebugInfo {
+            dwarf,
+            symbols,
+            objects,
+            storage,
+        } = self;
+        let trim = || storage.iter().for_each(Storage::trim);
+        let context = dwarf.as_mut().and_then(|d| d.context(probe, &trim));
         let frames = context.map(|c| LookupResult::skip_all_loads(c.find_frames(probe)));
         if let Some(Ok(mut frames)) = frames {
             while let Ok(Some(frame)) = frames.next() {
@@ -351,8 +603,12 @@ impl DebugInfo {
                 .is_none_or(|name| !name.contains("::"))
         });
         if outer_is_bare {
-            let symbol = self
-                .symbols
+            let symbol = symbols
+                .get_or_insert_with(|| {
+                    let maps = objects.iter().map(|o| o.symbol_map()).collect();
+                    trim(); // the tables were read whole; the names found are read again
+                    maps
+                })
                 .iter()
                 .find_map(|map| map.containing(probe))
                 .map(|symbol| demangle_symbol(symbol.name()));

@@ -466,3 +466,71 @@ fn cpp_frames_of_a_shared_library_are_demangled_inlined_and_trimmed() {
         .iter()
         .any(|frame| frame.function.as_deref() == Some("Shape::operator new(unsigned long)")));
 }
+
+/// `(function, file, line)` of each location, to compare two ways of finding them.
+fn described(locations: &[resolver::Location]) -> Vec<(Option<String>, Option<String>, u32)> {
+    locations
+        .iter()
+        .map(|l| (l.function.clone(), l.file.clone(), l.line))
+        .collect()
+}
+
+/// Looking up a known set of addresses in one batch (only their units decompressed and read,
+/// unit by unit) finds exactly what loading everything finds, address by address.
+fn assert_batch_agrees(module: &str, text: std::ops::Range<usize>) {
+    let step = (text.end - text.start) / 400;
+    let probes: Vec<u64> = (0..400).map(|i| (text.start + i * step) as u64).collect();
+    let path = std::path::Path::new(module);
+    let mut whole = resolver::DebugInfo::load(path).unwrap();
+    let batch = resolver::DebugInfo::load_for(path, &probes)
+        .unwrap()
+        .locate_all(&probes);
+    let mut with_lines = 0;
+    for (&probe, found) in probes.iter().zip(&batch) {
+        let expected = whole.locate(probe);
+        assert_eq!(
+            described(found),
+            described(&expected),
+            "{module} at {probe:#x}"
+        );
+        with_lines += usize::from(found.iter().any(|l| l.line > 0));
+    }
+    println!(
+        "{module}: {with_lines} of {} addresses with lines",
+        probes.len()
+    );
+}
+
+#[test]
+fn batch_lookup_agrees_with_loading_everything_in_libc() {
+    let address = libc::atoi as *const () as usize;
+    let mut symbolizer = Symbolizer::new();
+    let libc = symbolizer.resolve(address + 1)[0].module.clone();
+    // libc's debug file (libc6-dbg) has compressed sections: only the probes' units are
+    // decompressed, with their abbreviations and line programs.
+    assert_batch_agrees(&libc, text_section(&libc));
+}
+
+#[test]
+fn batch_lookup_agrees_with_loading_everything_in_compressed_dwarf() {
+    // This binary's DWARF, compressed with zlib as `-gz` or `objcopy` do: rustc's units refer
+    // to each other's entries, so those are decompressed whole.
+    let exe = this_exe();
+    let copy = std::env::temp_dir().join(format!("k15_symbolize_gz_{}", std::process::id()));
+    let copy = copy.to_string_lossy().into_owned();
+    if tool(
+        "objcopy",
+        &[
+            "--compress-debug-sections=zlib",
+            exe.as_str(),
+            copy.as_str(),
+        ],
+    )
+    .is_none()
+    {
+        println!("objcopy not found: test skipped");
+        return;
+    }
+    assert_batch_agrees(&copy, text_section(&copy));
+    let _ = std::fs::remove_file(&copy);
+}
