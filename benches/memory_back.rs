@@ -1,7 +1,9 @@
 //! Memory that comes back, in one run (`programs/memory_back.cpp`, built at `-O2`): resident
 //! memory after 5M x 16 B and 1M x 200 B are allocated and all freed, and after 500 threads alive
 //! at once have allocated, freed and gone, under plain glibc, mimalloc (`LD_PRELOAD`, if
-//! installed) and the tracker (stacks on and off), with the ratio to glibc; then the share of a
+//! installed), LeakSanitizer (g++ `-fsanitize=leak`) and the tracker (stacks on and off), with
+//! the ratios to glibc (the small-object workload's peak is the "≤ 1.25x plain" case);
+//! then the share of a
 //! 4 MiB budget that blocks of one size (or a mix) fill before `bad_alloc`.
 //! `cargo bench --bench memory_back`
 
@@ -47,6 +49,12 @@ fn main() {
     let dir = support::scratch("bench_memory_back");
     let plain = support::build(&dir, "plain", &[SOURCE], &["-O2", "-DK15_MEMORY_DISABLED"]);
     let tracked = support::build(&dir, "tracked", &[SOURCE], &["-O2"]);
+    let lsan = support::build(
+        &dir,
+        "lsan",
+        &[SOURCE],
+        &["-O2", "-DK15_MEMORY_DISABLED", "-fsanitize=leak"],
+    );
     let log = format!("log_path={}", dir.join("k15.log").display());
     let stacks_on = format!("{log}:report=0");
     let stacks_off = format!("{log}:report=0:stack_depth=0");
@@ -56,6 +64,7 @@ fn main() {
     } else {
         println!("(mimalloc skipped: install libmimalloc-dev)");
     }
+    variants.push(("LeakSanitizer", &lsan, vec![]));
     variants.push((
         "tracker",
         &tracked,
@@ -81,21 +90,22 @@ fn main() {
     ] {
         println!("\n{title} (resident MiB; ratio to glibc)");
         println!(
-            "  {:<24} {:>10} {:>10} {:>8}",
-            "", "peak", "after", "after/x"
+            "  {:<24} {:>10} {:>8} {:>10} {:>8}",
+            "", "peak", "peak/x", "after", "after/x"
         );
-        let mut glibc_after = f64::NAN;
+        let mut glibc = (f64::NAN, f64::NAN);
         for (name, exe, env) in &variants {
             let printed = run(exe, args, env);
             let (peak, after) = (value(&printed, peak_key), value(&printed, "after_kib"));
             if *name == "glibc" {
-                glibc_after = after;
+                glibc = (peak, after);
             }
             println!(
-                "  {name:<24} {:>10.1} {:>10.1} {:>7.2}x",
+                "  {name:<24} {:>10.1} {:>7.2}x {:>10.1} {:>7.2}x",
                 peak / 1024.0,
+                peak / glibc.0,
                 after / 1024.0,
-                after / glibc_after
+                after / glibc.1
             );
         }
     }
