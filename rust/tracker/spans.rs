@@ -318,7 +318,7 @@ fn new_span(class: usize) -> Option<u32> {
         *span(index) = Span {
             free: heap::EMPTY,
             handed_out: 0,
-            carved: heap::first_block_offset(class) as u32,
+            carved: heap::first_block_offset(span_start(index), class) as u32,
             prev: NO_SPAN,
             next: NO_SPAN,
         };
