@@ -10,6 +10,7 @@
 //! its stacks first and resolves them a module at a time, each module's debug info read for
 //! those addresses alone ([`sections`]) and dropped before the next.
 
+mod lean;
 pub mod modules;
 mod names;
 mod resolver;

@@ -27,7 +27,7 @@ use super::sections::{initial_length, word, End, Storage};
 const DEBUG_ROOT: &str = "/usr/lib/debug";
 
 /// Section data as gimli reads it: borrowed from a [`Storage`] that outlives every reader.
-type Slice = EndianSlice<'static, RunTimeEndian>;
+pub(super) type Slice = EndianSlice<'static, RunTimeEndian>;
 
 /// One source location of an address: a function and where in it, before it becomes a
 /// [`super::Frame`].
@@ -293,6 +293,32 @@ impl Dwarf {
         unit_at(&self.ranges, probe)
     }
 
+    /// The locations of `probes`, all in the unit at `offset`, read without building the
+    /// unit's tables ([`super::lean`]); `None` for a unit that refers to others or that does
+    /// not read as expected (addr2line's context takes it then).
+    fn locate_lean(
+        &self,
+        offset: usize,
+        probes: &[u64],
+        trim: &dyn Fn(),
+    ) -> Option<Vec<Vec<Location>>> {
+        let dwarf = self.sections.borrow(|s| *s);
+        let header = dwarf
+            .debug_info
+            .header_from_offset(gimli::DebugInfoOffset(offset))
+            .ok()?;
+        let abbreviations = self
+            .sections
+            .debug_abbrev
+            .reader()
+            .range_from(header.debug_abbrev_offset().0..);
+        if refers_to_other_units(abbreviations) != Some(false) {
+            return None;
+        }
+        let unit = dwarf.unit(header).ok()?;
+        super::lean::locate_in_unit(gimli::UnitRef::new(&dwarf, &unit), probes, trim)
+    }
+
     /// Drops the contexts of single units (the whole file's stays: it serves many).
     fn release_units(&mut self) {
         self.units.clear();
@@ -528,17 +554,33 @@ impl DebugInfo {
         order.sort_unstable();
         self.trim();
         let mut found: Vec<Vec<Location>> = probes.iter().map(|_| Vec::new()).collect();
-        for (at, &(unit, i)) in order.iter().enumerate() {
-            if at == 0 || order[at - 1].0 != unit {
-                self.read_lines_first(probes[i]);
-            }
-            found[i] = self.locate(probes[i]);
-            if order.get(at + 1).is_none_or(|next| next.0 != unit) {
-                if let Some(dwarf) = &mut self.dwarf {
-                    dwarf.release_units();
+        for group in order.chunk_by(|a, b| a.0 == b.0) {
+            let batch: Vec<u64> = group.iter().map(|&(_, i)| probes[i]).collect();
+            let lean = match (&self.dwarf, group[0].0) {
+                (Some(dwarf), Some(unit)) => {
+                    let storage = &self.storage;
+                    let trim = || storage.iter().for_each(Storage::trim);
+                    dwarf.locate_lean(unit, &batch, &trim)
                 }
-                self.trim();
+                _ => None,
+            };
+            match lean {
+                Some(locations) => {
+                    for (&(_, i), locations) in group.iter().zip(locations) {
+                        found[i] = self.with_symbol(locations, probes[i]);
+                    }
+                }
+                None => {
+                    self.read_lines_first(batch[0]);
+                    for &(_, i) in group {
+                        found[i] = self.locate(probes[i]);
+                    }
+                    if let Some(dwarf) = &mut self.dwarf {
+                        dwarf.release_units();
+                    }
+                }
             }
+            self.trim();
         }
         found
     }
@@ -560,16 +602,12 @@ impl DebugInfo {
     /// without debug info the one location has the symbol-table name, or no name at all.
     pub(crate) fn locate(&mut self, probe: u64) -> Vec<Location> {
         let mut locations = Vec::new();
-        let DebugInfo {
-            dwarf,
-            symbols,
-            objects,
-            storage,
-        } = self;
+        let DebugInfo { dwarf, storage, .. } = &mut *self;
         let trim = || storage.iter().for_each(Storage::trim);
         let context = dwarf.as_mut().and_then(|d| d.context(probe, &trim));
-        let frames = context.map(|c| LookupResult::skip_all_loads(c.find_frames(probe)));
-        if let Some(Ok(mut frames)) = frames {
+        if let Some(Ok(mut frames)) =
+            context.map(|c| LookupResult::skip_all_loads(c.find_frames(probe)))
+        {
             while let Ok(Some(frame)) = frames.next() {
                 let function = frame
                     .function
@@ -586,6 +624,19 @@ impl DebugInfo {
                 });
             }
         }
+        self.with_symbol(locations, probe)
+    }
+
+    /// `locations` (of `probe`, from DWARF, innermost first) with the symbol table's name
+    /// for the function that owns the machine code where DWARF leaves it unnamed or bare.
+    fn with_symbol(&mut self, mut locations: Vec<Location>, probe: u64) -> Vec<Location> {
+        let DebugInfo {
+            symbols,
+            objects,
+            storage,
+            ..
+        } = self;
+        let trim = || storage.iter().for_each(Storage::trim);
         // DWARF names come first because they match what was compiled; the symbol table
         // fills in where there is no DWARF function (assembly, stripped modules). A debug
         // file's `.symtab` knows the local functions that `.dynsym` lacks, so it goes first.
