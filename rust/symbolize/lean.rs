@@ -24,8 +24,15 @@ pub(super) fn locate_in_unit(
     trim: &dyn Fn(),
 ) -> Option<Vec<Vec<Location>>> {
     let (lang, covered) = root(unit)?;
-    let lines = Lines::read(unit, probes, trim)?;
-    let functions = Functions::read(unit, trim)?;
+    let mut sorted = probes.to_vec();
+    sorted.sort_unstable();
+    let scope = Scope {
+        sorted: &sorted,
+        trim,
+        read: std::cell::Cell::new(0),
+    };
+    let lines = Lines::read(unit, probes, &scope)?;
+    let functions = Functions::read(unit, &scope)?;
     trim();
     let mut found = Vec::with_capacity(probes.len());
     // The functions read so far, by entry: probes often share one.
@@ -44,7 +51,7 @@ pub(super) fn locate_in_unit(
         let at = match read.iter().position(|(offset, _)| *offset == function) {
             Some(at) => at,
             None => {
-                read.push((function, Function::read(unit, function)?));
+                read.push((function, Function::read(unit, function, &scope)?));
                 read.len() - 1
             }
         };
@@ -122,7 +129,7 @@ struct Lines {
 impl Lines {
     /// Runs the unit's line program once. Rows at one address fold into the last of them,
     /// and a probe takes the last row at or below it in its sequence, as addr2line's table.
-    fn read(unit: UnitRef<'_, Slice>, probes: &[u64], trim: &dyn Fn()) -> Option<Lines> {
+    fn read(unit: UnitRef<'_, Slice>, probes: &[u64], scope: &Scope<'_>) -> Option<Lines> {
         let Some(program) = unit.line_program.clone() else {
             return Some(Lines {
                 found: vec![None; probes.len()],
@@ -141,13 +148,9 @@ impl Lines {
         let mut rows = Vec::new();
         let mut start = None;
         let mut last: Option<(u64, Row)> = None;
-        let mut read = 0;
         let mut state = program.rows();
         while let Some((_, row)) = state.next_row().ok()? {
-            read += 1;
-            if read % TRIM_EVERY == 0 {
-                trim();
-            }
+            scope.count();
             let address = row.address();
             if let Some((at, previous)) = last.filter(|&(at, _)| at < address) {
                 take(&mut rows, at, address, previous);
@@ -260,9 +263,9 @@ fn push_path(path: &mut String, part: &str) {
     path.push_str(part);
 }
 
-/// Where a function's entry is and the address ranges it covers.
+/// The subprograms whose ranges hold a probe: their entries and those ranges.
 struct Functions {
-    /// Entry offsets of the unit's subprograms that have addresses.
+    /// Entry offsets of the subprograms kept.
     entries: Vec<gimli::UnitOffset>,
     /// `(range, index in entries)`, sorted by start.
     addresses: Vec<(gimli::Range, usize)>,
@@ -270,17 +273,15 @@ struct Functions {
 
 impl Functions {
     /// Walks the unit's entries once, reading the ranges of every subprogram (at any depth,
-    /// as addr2line does) and skipping everything else.
-    fn read(unit: UnitRef<'_, Slice>, trim: &dyn Fn()) -> Option<Functions> {
+    /// as addr2line does) and skipping everything else; keeps those that hold a probe (of
+    /// `sorted`). addr2line keeps them all, and where ranges overlap its search may settle on
+    /// another one of those holding the probe; compilers do not emit such overlaps.
+    fn read(unit: UnitRef<'_, Slice>, scope: &Scope<'_>) -> Option<Functions> {
         let mut entries = Vec::new();
         let mut addresses = Vec::new();
         let mut walk = unit.entries_raw(None).ok()?;
-        let mut read = 0;
         while !walk.is_empty() {
-            read += 1;
-            if read % TRIM_EVERY == 0 {
-                trim();
-            }
+            scope.count();
             let offset = walk.next_offset();
             let Some(abbrev) = walk.read_abbreviation().ok()? else {
                 continue;
@@ -295,7 +296,14 @@ impl Functions {
                 ranges.note(unit, &attr)?;
             }
             let index = entries.len();
-            if ranges.each(unit, |range| addresses.push((range, index)))? {
+            let mut kept = false;
+            ranges.each(unit, |range| {
+                if holds_probe(scope.sorted, &range) {
+                    addresses.push((range, index));
+                    kept = true;
+                }
+            })?;
+            if kept {
                 entries.push(offset);
             }
         }
@@ -318,6 +326,30 @@ impl Functions {
             })
             .ok()?;
         Some(self.entries[self.addresses[at].1])
+    }
+}
+
+/// Whether some probe of `sorted` lies in `range`.
+fn holds_probe(sorted: &[u64], range: &gimli::Range) -> bool {
+    let first = sorted.partition_point(|&p| p < range.begin);
+    sorted.get(first).is_some_and(|&p| p < range.end)
+}
+
+/// What the walks over a unit keep (what holds a probe) and let go of (the pages read).
+struct Scope<'a> {
+    /// The batch's probes, sorted.
+    sorted: &'a [u64],
+    trim: &'a dyn Fn(),
+    read: std::cell::Cell<usize>,
+}
+
+impl Scope<'_> {
+    /// Counts one entry read, letting go of the pages read so far now and then.
+    fn count(&self) {
+        self.read.set(self.read.get() + 1);
+        if self.read.get().is_multiple_of(TRIM_EVERY) {
+            (self.trim)();
+        }
     }
 }
 
@@ -391,9 +423,14 @@ struct Function {
 }
 
 impl Function {
-    /// Reads the subprogram at `offset` and its inlined subroutines (not those of nested
-    /// subprograms), as addr2line's `Function::parse`.
-    fn read(unit: UnitRef<'_, Slice>, offset: gimli::UnitOffset) -> Option<Function> {
+    /// Reads the subprogram at `offset` and those of its inlined subroutines (not those of
+    /// nested subprograms) whose ranges hold a probe, as addr2line's `Function::parse` reads
+    /// them all: a test body of generated code inlines tens of thousands.
+    fn read(
+        unit: UnitRef<'_, Slice>,
+        offset: gimli::UnitOffset,
+        scope: &Scope<'_>,
+    ) -> Option<Function> {
         let mut walk = unit.entries_raw(Some(offset)).ok()?;
         let depth = walk.next_depth();
         let abbrev = walk.read_abbreviation().ok()??;
@@ -407,7 +444,7 @@ impl Function {
             inlined: Vec::new(),
             addresses: Vec::new(),
         };
-        function.read_children(unit, &mut walk, depth, 0)?;
+        function.read_children(unit, &mut walk, depth, 0, scope)?;
         function
             .addresses
             .sort_unstable_by_key(|&(range, depth, _)| (depth, range.begin));
@@ -420,8 +457,10 @@ impl Function {
         walk: &mut gimli::EntriesRaw<'_, Slice>,
         depth: isize,
         call_depth: usize,
+        scope: &Scope<'_>,
     ) -> Option<()> {
         loop {
+            scope.count();
             let next_depth = walk.next_depth();
             if next_depth <= depth {
                 return Some(());
@@ -445,10 +484,11 @@ impl Function {
                         call_file: None,
                         call_line: 0,
                     };
+                    // Names are looked up (through other entries) only for what is kept.
+                    let mut naming = Vec::new();
                     for spec in abbrev.attributes() {
                         let attr = walk.read_attribute(*spec).ok()?;
                         ranges.note(unit, &attr)?;
-                        note_name(unit, &attr, &mut inlined.name)?;
                         match (attr.name(), attr.value()) {
                             (gimli::DW_AT_call_file, AttributeValue::FileIndex(index))
                                 if index > 0 || unit.header.version() >= 5 =>
@@ -458,14 +498,33 @@ impl Function {
                             (gimli::DW_AT_call_line, _) => {
                                 inlined.call_line = attr.udata_value().unwrap_or(0) as u32;
                             }
+                            (
+                                gimli::DW_AT_linkage_name
+                                | gimli::DW_AT_MIPS_linkage_name
+                                | gimli::DW_AT_name
+                                | gimli::DW_AT_abstract_origin
+                                | gimli::DW_AT_specification,
+                                _,
+                            ) => naming.push(attr),
                             _ => {}
                         }
                     }
                     let index = self.inlined.len();
-                    self.inlined.push(inlined);
                     let addresses = &mut self.addresses;
-                    ranges.each(unit, |range| addresses.push((range, call_depth, index)))?;
-                    self.read_children(unit, walk, next_depth, call_depth + 1)?;
+                    let mut kept = false;
+                    ranges.each(unit, |range| {
+                        if holds_probe(scope.sorted, &range) {
+                            addresses.push((range, call_depth, index));
+                            kept = true;
+                        }
+                    })?;
+                    if kept {
+                        for attr in &naming {
+                            note_name(unit, attr, &mut inlined.name)?;
+                        }
+                        self.inlined.push(inlined);
+                    }
+                    self.read_children(unit, walk, next_depth, call_depth + 1, scope)?;
                 }
                 _ => walk.skip_attributes(abbrev.attributes()).ok()?,
             }

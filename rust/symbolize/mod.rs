@@ -15,6 +15,7 @@ pub mod modules;
 mod names;
 mod resolver;
 mod sections;
+mod symtab;
 #[cfg(test)]
 mod tests;
 

@@ -567,13 +567,13 @@ impl DebugInfo {
             match lean {
                 Some(locations) => {
                     for (&(_, i), locations) in group.iter().zip(locations) {
-                        found[i] = self.with_symbol(locations, probes[i]);
+                        found[i] = locations;
                     }
                 }
                 None => {
                     self.read_lines_first(batch[0]);
                     for &(_, i) in group {
-                        found[i] = self.locate(probes[i]);
+                        found[i] = self.dwarf_locations(probes[i]);
                     }
                     if let Some(dwarf) = &mut self.dwarf {
                         dwarf.release_units();
@@ -581,6 +581,22 @@ impl DebugInfo {
                 }
             }
             self.trim();
+        }
+        let bare: Vec<usize> = (0..probes.len())
+            .filter(|&i| outer_is_bare(&found[i]))
+            .collect();
+        let bare_probes: Vec<u64> = bare.iter().map(|&i| probes[i]).collect();
+        let mut names = vec![None; bare.len()];
+        for object in &self.objects {
+            let storage = &self.storage;
+            let trim = || storage.iter().for_each(Storage::trim);
+            let found_here = super::symtab::containing(object, &bare_probes, &trim);
+            for (name, here) in names.iter_mut().zip(found_here) {
+                *name = name.or(here);
+            }
+        }
+        for (&i, name) in bare.iter().zip(names) {
+            name_outer(&mut found[i], name.map(demangle_symbol));
         }
         found
     }
@@ -601,13 +617,37 @@ impl DebugInfo {
     /// inlined function first and the function that owns the machine code last. Never empty:
     /// without debug info the one location has the symbol-table name, or no name at all.
     pub(crate) fn locate(&mut self, probe: u64) -> Vec<Location> {
+        let mut locations = self.dwarf_locations(probe);
+        if outer_is_bare(&locations) {
+            let DebugInfo {
+                symbols,
+                objects,
+                storage,
+                ..
+            } = self;
+            let symbol = symbols
+                .get_or_insert_with(|| {
+                    let maps = objects.iter().map(|o| o.symbol_map()).collect();
+                    // The tables were read whole; the names found are read again.
+                    storage.iter().for_each(Storage::trim);
+                    maps
+                })
+                .iter()
+                .find_map(|map| map.containing(probe))
+                .map(|symbol| demangle_symbol(symbol.name()));
+            name_outer(&mut locations, symbol);
+        }
+        locations
+    }
+
+    /// What DWARF says of `probe`: [`DebugInfo::locate`] before the symbol table fills in.
+    fn dwarf_locations(&mut self, probe: u64) -> Vec<Location> {
         let mut locations = Vec::new();
-        let DebugInfo { dwarf, storage, .. } = &mut *self;
+        let DebugInfo { dwarf, storage, .. } = self;
         let trim = || storage.iter().for_each(Storage::trim);
         let context = dwarf.as_mut().and_then(|d| d.context(probe, &trim));
-        if let Some(Ok(mut frames)) =
-            context.map(|c| LookupResult::skip_all_loads(c.find_frames(probe)))
-        {
+        let frames = context.map(|c| LookupResult::skip_all_loads(c.find_frames(probe)));
+        if let Some(Ok(mut frames)) = frames {
             while let Ok(Some(frame)) = frames.next() {
                 let function = frame
                     .function
@@ -624,56 +664,41 @@ impl DebugInfo {
                 });
             }
         }
-        self.with_symbol(locations, probe)
-    }
-
-    /// `locations` (of `probe`, from DWARF, innermost first) with the symbol table's name
-    /// for the function that owns the machine code where DWARF leaves it unnamed or bare.
-    fn with_symbol(&mut self, mut locations: Vec<Location>, probe: u64) -> Vec<Location> {
-        let DebugInfo {
-            symbols,
-            objects,
-            storage,
-            ..
-        } = self;
-        let trim = || storage.iter().for_each(Storage::trim);
-        // DWARF names come first because they match what was compiled; the symbol table
-        // fills in where there is no DWARF function (assembly, stripped modules). A debug
-        // file's `.symtab` knows the local functions that `.dynsym` lacks, so it goes first.
-        // `find_symbol` only answers for a symbol whose size covers the address: a function
-        // missing from `.dynsym` stays unnamed (module+offset) instead of borrowing the name
-        // of the exported function below it, as GNU addr2line's nearest-symbol rule does.
-        // g++ gives functions of internal linkage (anonymous namespaces, lambdas, destructors
-        // of local classes) no DW_AT_linkage_name, so DWARF names them bare ("spawn"): the
-        // symbol's demangled name, qualified and with parameters, is what a reader wants then.
-        // (A name DWARF qualified has "::"; a bare one of a namespace member never does.)
-        let outer_is_bare = locations.last().is_none_or(|outer| {
-            outer
-                .function
-                .as_deref()
-                .is_none_or(|name| !name.contains("::"))
-        });
-        if outer_is_bare {
-            let symbol = symbols
-                .get_or_insert_with(|| {
-                    let maps = objects.iter().map(|o| o.symbol_map()).collect();
-                    trim(); // the tables were read whole; the names found are read again
-                    maps
-                })
-                .iter()
-                .find_map(|map| map.containing(probe))
-                .map(|symbol| demangle_symbol(symbol.name()));
-            match (locations.last_mut(), symbol) {
-                (Some(outer), Some(symbol)) => outer.function = Some(symbol),
-                (Some(_), None) => {}
-                (None, symbol) => locations.push(Location {
-                    function: symbol,
-                    file: None,
-                    line: 0,
-                }),
-            }
-        }
         locations
+    }
+}
+
+/// Whether the symbol table should name the function that owns the machine code.
+/// DWARF names come first because they match what was compiled; the symbol table fills in
+/// where there is no DWARF function (assembly, stripped modules). A debug file's `.symtab`
+/// knows the local functions that `.dynsym` lacks, so it goes first. Only a symbol whose
+/// size covers the address answers: a function missing from `.dynsym` stays unnamed
+/// (module+offset) instead of borrowing the name of the exported function below it, as GNU
+/// addr2line's nearest-symbol rule does. g++ gives functions of internal linkage (anonymous
+/// namespaces, lambdas, destructors of local classes) no DW_AT_linkage_name, so DWARF names
+/// them bare ("spawn"): the symbol's demangled name, qualified and with parameters, is what
+/// a reader wants then. (A name DWARF qualified has "::"; a bare one of a namespace member
+/// never does.)
+fn outer_is_bare(locations: &[Location]) -> bool {
+    locations.last().is_none_or(|outer| {
+        outer
+            .function
+            .as_deref()
+            .is_none_or(|name| !name.contains("::"))
+    })
+}
+
+/// Gives the outer location the symbol table's name, if it has one (a location of its own
+/// when DWARF had none): never empty afterwards.
+fn name_outer(locations: &mut Vec<Location>, symbol: Option<String>) {
+    match (locations.last_mut(), symbol) {
+        (Some(outer), Some(symbol)) => outer.function = Some(symbol),
+        (Some(_), None) => {}
+        (None, symbol) => locations.push(Location {
+            function: symbol,
+            file: None,
+            line: 0,
+        }),
     }
 }
 
