@@ -1,10 +1,10 @@
 //! A batch of addresses resolved in one unit without building its tables: one run of its line program keeping the rows in effect at those addresses, one walk over its entries keeping the functions that hold them, pages let go on the way.
 //!
 //! addr2line's context builds the unit's whole line table (24 bytes a row) and reads every
-//! entry of the unit at once; for gtest-all.cc that is 0.7 MB of rows and 4 MB of `.debug_info`
-//! pages resident at the same time. The answers here are addr2line's own (same rows, same
-//! function search, same names): its lookups are followed step by step, over what the probes
-//! need.
+//! entry of the unit in one go; for gtest-all.cc, measured in the process, that is 0.7 MiB of
+//! rows and 4 MiB of `.debug_info` pages resident at once. The answers here are addr2line's
+//! own (same rows, same function search, same names): its lookups are followed step by step,
+//! over what the probes need.
 
 use std::cmp::Ordering;
 
