@@ -10,10 +10,12 @@
 //! its stacks first and resolves them a module at a time, each module's debug info read for
 //! those addresses alone ([`sections`]) and dropped before the next.
 
+mod lean;
 pub mod modules;
 mod names;
 mod resolver;
 mod sections;
+mod symtab;
 #[cfg(test)]
 mod tests;
 

@@ -27,7 +27,7 @@ use super::sections::{initial_length, word, End, Storage};
 const DEBUG_ROOT: &str = "/usr/lib/debug";
 
 /// Section data as gimli reads it: borrowed from a [`Storage`] that outlives every reader.
-type Slice = EndianSlice<'static, RunTimeEndian>;
+pub(super) type Slice = EndianSlice<'static, RunTimeEndian>;
 
 /// One source location of an address: a function and where in it, before it becomes a
 /// [`super::Frame`].
@@ -293,6 +293,32 @@ impl Dwarf {
         unit_at(&self.ranges, probe)
     }
 
+    /// The locations of `probes`, all in the unit at `offset`, read without building the
+    /// unit's tables ([`super::lean`]); `None` for a unit that refers to others or that does
+    /// not read as expected (addr2line's context takes it then).
+    fn locate_lean(
+        &self,
+        offset: usize,
+        probes: &[u64],
+        trim: &dyn Fn(),
+    ) -> Option<Vec<Vec<Location>>> {
+        let dwarf = self.sections.borrow(|s| *s);
+        let header = dwarf
+            .debug_info
+            .header_from_offset(gimli::DebugInfoOffset(offset))
+            .ok()?;
+        let abbreviations = self
+            .sections
+            .debug_abbrev
+            .reader()
+            .range_from(header.debug_abbrev_offset().0..);
+        if refers_to_other_units(abbreviations) != Some(false) {
+            return None;
+        }
+        let unit = dwarf.unit(header).ok()?;
+        super::lean::locate_in_unit(gimli::UnitRef::new(&dwarf, &unit), probes, trim)
+    }
+
     /// Drops the contexts of single units (the whole file's stays: it serves many).
     fn release_units(&mut self) {
         self.units.clear();
@@ -528,17 +554,49 @@ impl DebugInfo {
         order.sort_unstable();
         self.trim();
         let mut found: Vec<Vec<Location>> = probes.iter().map(|_| Vec::new()).collect();
-        for (at, &(unit, i)) in order.iter().enumerate() {
-            if at == 0 || order[at - 1].0 != unit {
-                self.read_lines_first(probes[i]);
-            }
-            found[i] = self.locate(probes[i]);
-            if order.get(at + 1).is_none_or(|next| next.0 != unit) {
-                if let Some(dwarf) = &mut self.dwarf {
-                    dwarf.release_units();
+        for group in order.chunk_by(|a, b| a.0 == b.0) {
+            let batch: Vec<u64> = group.iter().map(|&(_, i)| probes[i]).collect();
+            let lean = match (&self.dwarf, group[0].0) {
+                (Some(dwarf), Some(unit)) => {
+                    let storage = &self.storage;
+                    let trim = || storage.iter().for_each(Storage::trim);
+                    dwarf.locate_lean(unit, &batch, &trim)
                 }
-                self.trim();
+                _ => None,
+            };
+            match lean {
+                Some(locations) => {
+                    for (&(_, i), locations) in group.iter().zip(locations) {
+                        found[i] = locations;
+                    }
+                }
+                None => {
+                    self.read_lines_first(batch[0]);
+                    for &(_, i) in group {
+                        found[i] = self.dwarf_locations(probes[i]);
+                    }
+                    if let Some(dwarf) = &mut self.dwarf {
+                        dwarf.release_units();
+                    }
+                }
             }
+            self.trim();
+        }
+        let bare: Vec<usize> = (0..probes.len())
+            .filter(|&i| outer_is_bare(&found[i]))
+            .collect();
+        let bare_probes: Vec<u64> = bare.iter().map(|&i| probes[i]).collect();
+        let mut names = vec![None; bare.len()];
+        for object in &self.objects {
+            let storage = &self.storage;
+            let trim = || storage.iter().for_each(Storage::trim);
+            let found_here = super::symtab::containing(object, &bare_probes, &trim);
+            for (name, here) in names.iter_mut().zip(found_here) {
+                *name = name.or(here);
+            }
+        }
+        for (&i, name) in bare.iter().zip(names) {
+            name_outer(&mut found[i], name.map(demangle_symbol));
         }
         found
     }
@@ -559,13 +617,33 @@ impl DebugInfo {
     /// inlined function first and the function that owns the machine code last. Never empty:
     /// without debug info the one location has the symbol-table name, or no name at all.
     pub(crate) fn locate(&mut self, probe: u64) -> Vec<Location> {
+        let mut locations = self.dwarf_locations(probe);
+        if outer_is_bare(&locations) {
+            let DebugInfo {
+                symbols,
+                objects,
+                storage,
+                ..
+            } = self;
+            let symbol = symbols
+                .get_or_insert_with(|| {
+                    let maps = objects.iter().map(|o| o.symbol_map()).collect();
+                    // The tables were read whole; the names found are read again.
+                    storage.iter().for_each(Storage::trim);
+                    maps
+                })
+                .iter()
+                .find_map(|map| map.containing(probe))
+                .map(|symbol| demangle_symbol(symbol.name()));
+            name_outer(&mut locations, symbol);
+        }
+        locations
+    }
+
+    /// What DWARF says of `probe`: [`DebugInfo::locate`] before the symbol table fills in.
+    fn dwarf_locations(&mut self, probe: u64) -> Vec<Location> {
         let mut locations = Vec::new();
-        let DebugInfo {
-            dwarf,
-            symbols,
-            objects,
-            storage,
-        } = self;
+        let DebugInfo { dwarf, storage, .. } = self;
         let trim = || storage.iter().for_each(Storage::trim);
         let context = dwarf.as_mut().and_then(|d| d.context(probe, &trim));
         let frames = context.map(|c| LookupResult::skip_all_loads(c.find_frames(probe)));
@@ -586,43 +664,41 @@ impl DebugInfo {
                 });
             }
         }
-        // DWARF names come first because they match what was compiled; the symbol table
-        // fills in where there is no DWARF function (assembly, stripped modules). A debug
-        // file's `.symtab` knows the local functions that `.dynsym` lacks, so it goes first.
-        // `find_symbol` only answers for a symbol whose size covers the address: a function
-        // missing from `.dynsym` stays unnamed (module+offset) instead of borrowing the name
-        // of the exported function below it, as GNU addr2line's nearest-symbol rule does.
-        // g++ gives functions of internal linkage (anonymous namespaces, lambdas, destructors
-        // of local classes) no DW_AT_linkage_name, so DWARF names them bare ("spawn"): the
-        // symbol's demangled name, qualified and with parameters, is what a reader wants then.
-        // (A name DWARF qualified has "::"; a bare one of a namespace member never does.)
-        let outer_is_bare = locations.last().is_none_or(|outer| {
-            outer
-                .function
-                .as_deref()
-                .is_none_or(|name| !name.contains("::"))
-        });
-        if outer_is_bare {
-            let symbol = symbols
-                .get_or_insert_with(|| {
-                    let maps = objects.iter().map(|o| o.symbol_map()).collect();
-                    trim(); // the tables were read whole; the names found are read again
-                    maps
-                })
-                .iter()
-                .find_map(|map| map.containing(probe))
-                .map(|symbol| demangle_symbol(symbol.name()));
-            match (locations.last_mut(), symbol) {
-                (Some(outer), Some(symbol)) => outer.function = Some(symbol),
-                (Some(_), None) => {}
-                (None, symbol) => locations.push(Location {
-                    function: symbol,
-                    file: None,
-                    line: 0,
-                }),
-            }
-        }
         locations
+    }
+}
+
+/// Whether the symbol table should name the function that owns the machine code.
+/// DWARF names come first because they match what was compiled; the symbol table fills in
+/// where there is no DWARF function (assembly, stripped modules). A debug file's `.symtab`
+/// knows the local functions that `.dynsym` lacks, so it goes first. Only a symbol whose
+/// size covers the address answers: a function missing from `.dynsym` stays unnamed
+/// (module+offset) instead of borrowing the name of the exported function below it, as GNU
+/// addr2line's nearest-symbol rule does. g++ gives functions of internal linkage (anonymous
+/// namespaces, lambdas, destructors of local classes) no DW_AT_linkage_name, so DWARF names
+/// them bare ("spawn"): the symbol's demangled name, qualified and with parameters, is what
+/// a reader wants then. (A name DWARF qualified has "::"; a bare one of a namespace member
+/// never does.)
+fn outer_is_bare(locations: &[Location]) -> bool {
+    locations.last().is_none_or(|outer| {
+        outer
+            .function
+            .as_deref()
+            .is_none_or(|name| !name.contains("::"))
+    })
+}
+
+/// Gives the outer location the symbol table's name, if it has one (a location of its own
+/// when DWARF had none): never empty afterwards.
+fn name_outer(locations: &mut Vec<Location>, symbol: Option<String>) {
+    match (locations.last_mut(), symbol) {
+        (Some(outer), Some(symbol)) => outer.function = Some(symbol),
+        (Some(_), None) => {}
+        (None, symbol) => locations.push(Location {
+            function: symbol,
+            file: None,
+            line: 0,
+        }),
     }
 }
 

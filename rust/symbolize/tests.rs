@@ -534,3 +534,91 @@ fn batch_lookup_agrees_with_loading_everything_in_compressed_dwarf() {
     assert_batch_agrees(&copy, text_section(&copy));
     let _ = std::fs::remove_file(&copy);
 }
+
+/// C++ with several levels of inlining into functions of their own sections (each its own
+/// line sequence), for the lean per-unit lookup to match addr2line's context on.
+const INLINED_CPP: &str = r#"
+#include <cstdio>
+#include <string>
+#include <vector>
+namespace shapes {
+struct Grid {
+  std::vector<std::string> cells;
+  __attribute__((always_inline)) inline void put(int i) {
+    cells.push_back(std::to_string(i * 7));
+  }
+  __attribute__((always_inline)) inline void fill(int n) {
+    for (int i = 0; i < n; ++i) put(i);
+  }
+};
+}  // namespace shapes
+namespace {
+__attribute__((noinline)) size_t spread(int n) {
+  shapes::Grid grid;
+  grid.fill(n);
+  return grid.cells.size();
+}
+}  // namespace
+template <typename T> __attribute__((noinline)) T twice(T value) { return value + value; }
+int main(int argc, char**) {
+  std::printf("%zu %d %g\n", spread(argc * 40), twice(argc), twice(argc * 1.5));
+  return 0;
+}
+"#;
+
+#[test]
+fn lean_unit_lookup_agrees_with_addr2lines_context_at_every_address() {
+    let folder = std::env::temp_dir().join(format!("k15-lean-{}", std::process::id()));
+    std::fs::create_dir_all(&folder).unwrap();
+    let source = folder.join("inlined.cpp");
+    std::fs::write(&source, INLINED_CPP).unwrap();
+    let exe = folder.join("inlined").to_string_lossy().into_owned();
+    let source = source.to_string_lossy().into_owned();
+    let flags = ["-O2", "-g", "-ffunction-sections", "-Wall", "-Wextra"];
+    if tool(
+        "g++",
+        &[&flags[..], &[source.as_str(), "-o", exe.as_str()]].concat(),
+    )
+    .is_none()
+    {
+        println!("g++ not found: test skipped");
+        return;
+    }
+    let text = text_section(&exe);
+    // Every byte: sequence starts and ends, and each boundary of an inlined range.
+    let probes: Vec<u64> = (text.start as u64..text.end as u64).collect();
+    let path = std::path::Path::new(&exe);
+    let batch = resolver::DebugInfo::load_for(path, &probes)
+        .unwrap()
+        .locate_all(&probes);
+    let mut whole = resolver::DebugInfo::load(path).unwrap();
+    let (mut inlined, mut lines) = (0, std::collections::HashSet::new());
+    for (&probe, found) in probes.iter().zip(&batch) {
+        assert_eq!(
+            described(found),
+            described(&whole.locate(probe)),
+            "at {probe:#x}"
+        );
+        inlined += usize::from(found.len() > 1);
+        lines.extend(found.iter().map(|l| (l.file.clone(), l.line)));
+    }
+    let names: Vec<String> = batch
+        .iter()
+        .flatten()
+        .filter_map(|l| l.function.clone())
+        .collect();
+    assert!(
+        inlined > 100,
+        "only {inlined} addresses with inlined frames"
+    );
+    assert!(
+        names.iter().any(|n| n == "shapes::Grid::put(int)"),
+        "{names:?}"
+    );
+    assert!(names
+        .iter()
+        .any(|n| n.starts_with("(anonymous namespace)::spread")));
+    assert!(names.iter().any(|n| n == "double twice<double>(double)"));
+    assert!(lines.len() > 20);
+    let _ = std::fs::remove_dir_all(&folder);
+}
