@@ -302,19 +302,11 @@ impl Dwarf {
         probes: &[u64],
         trim: &dyn Fn(),
     ) -> Option<Vec<Vec<Location>>> {
-        let dwarf = self.sections.borrow(|s| *s);
-        let header = dwarf
-            .debug_info
-            .header_from_offset(gimli::DebugInfoOffset(offset))
-            .ok()?;
-        let abbreviations = self
-            .sections
-            .debug_abbrev
-            .reader()
-            .range_from(header.debug_abbrev_offset().0..);
-        if refers_to_other_units(abbreviations) != Some(false) {
+        let (header, alone) = self.unit_header(offset)?;
+        if !alone {
             return None;
         }
+        let dwarf = self.sections.borrow(|s| *s);
         let unit = dwarf.unit(header).ok()?;
         super::lean::locate_in_unit(gimli::UnitRef::new(&dwarf, &unit), probes, trim)
     }
@@ -400,13 +392,11 @@ impl Dwarf {
         out
     }
 
-    /// A context that sees only the unit at `offset` of `.debug_info`, unless the unit refers
-    /// to entries of other units (rustc does, and LTO builds): those are read in context of the
-    /// whole file, so that a reference never lands on the wrong entry.
-    fn unit_context(&self, offset: usize) -> Option<UnitContext> {
-        let mut dwarf = self.sections.borrow(|s| *s);
-        let info = *self.sections.debug_info.reader();
-        let header = dwarf
+    /// The header of the unit at `offset` of `.debug_info`, and whether the unit stands alone:
+    /// refers to no entry of another unit (rustc's units and LTO builds' do).
+    fn unit_header(&self, offset: usize) -> Option<(gimli::UnitHeader<Slice>, bool)> {
+        let header = self
+            .sections
             .debug_info
             .header_from_offset(gimli::DebugInfoOffset(offset))
             .ok()?;
@@ -415,9 +405,19 @@ impl Dwarf {
             .debug_abbrev
             .reader()
             .range_from(header.debug_abbrev_offset().0..);
-        if refers_to_other_units(abbreviations) != Some(false) {
+        Some((header, refers_to_other_units(abbreviations) == Some(false)))
+    }
+
+    /// A context that sees only the unit at `offset` of `.debug_info`, unless the unit refers
+    /// to entries of other units (rustc does, and LTO builds): those are read in context of the
+    /// whole file, so that a reference never lands on the wrong entry.
+    fn unit_context(&self, offset: usize) -> Option<UnitContext> {
+        let (header, alone) = self.unit_header(offset)?;
+        if !alone {
             return Some(UnitContext::Whole);
         }
+        let mut dwarf = self.sections.borrow(|s| *s);
+        let info = *self.sections.debug_info.reader();
         let end = offset.checked_add(header.length_including_self())?;
         if end > info.len() {
             return None;
