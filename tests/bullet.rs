@@ -2,7 +2,6 @@
 //! the user's function as its first frame, and valgrind counting the same.
 
 mod support;
-use std::process::Command;
 
 const SOURCE: &str = "samples/bullet/main.cpp";
 
@@ -71,12 +70,7 @@ fn the_leaked_shape_is_reported_with_its_allocating_function() {
 fn valgrind_counts_the_same_one_block() {
     let dir = support::scratch("bullet_referee");
     let plain = build(&dir, "bullet_plain", &["-DK15_MEMORY_DISABLED"]);
-    let out = Command::new("valgrind")
-        .args(["--leak-check=full"])
-        .arg(&plain)
-        .output()
-        .expect("valgrind is installed");
-    let text = String::from_utf8_lossy(&out.stderr);
+    let text = support::valgrind_leak_check(&plain, &dir);
     let line = text
         .lines()
         .find(|l| l.contains("definitely lost:"))

@@ -5,7 +5,6 @@
 mod support;
 use serde_json::Value;
 use std::path::PathBuf;
-use std::process::Command;
 
 const SOURCE: &str = "tests/cpp/malloc_family.cpp";
 
@@ -403,13 +402,7 @@ fn valgrind_agrees_on_a_malloc_heavy_program() {
         .iter()
         .map(|l| l["size"].as_u64().unwrap())
         .sum();
-    let referee = Command::new("valgrind")
-        .args(["--leak-check=full", "--error-exitcode=0"])
-        .arg(&plain)
-        .current_dir(&dir)
-        .output()
-        .expect("valgrind is installed (.ci/run installs it)");
-    let text = String::from_utf8_lossy(&referee.stderr);
+    let text = support::valgrind_leak_check(&plain, &dir);
     let lost = support::valgrind_lost(&text);
     assert_eq!(
         lost,

@@ -2,7 +2,6 @@
 //! lost" (on the -DK15_MEMORY_DISABLED build) equal what the tracker reports.
 
 mod support;
-use std::process::Command;
 
 fn definitely_lost(valgrind_output: &str) -> (u64, u64) {
     let line = valgrind_output
@@ -33,13 +32,7 @@ fn tracker_and_valgrind_agree_on_the_engine_sample() {
         summary["leaked_bytes"].as_u64().unwrap(),
     );
 
-    let referee = Command::new("valgrind")
-        .args(["--leak-check=full", "--error-exitcode=0"])
-        .arg(&plain)
-        .current_dir(&dir)
-        .output()
-        .expect("valgrind is installed (.ci/run installs it)");
-    let text = String::from_utf8_lossy(&referee.stderr);
+    let text = support::valgrind_leak_check(&plain, &dir);
     assert_eq!(
         definitely_lost(&text),
         our_leaks,

@@ -18,7 +18,7 @@
 //! stay full pointers, so the live lists and their repair are as they were.
 //!
 //! The size, stack, site and cookie sit in the last 24 bytes, so they survive a free list's links
-//! in a freed block (the heap's use bytes 16..24 and the first user bytes; glibc's, at most the
+//! in a freed block (the heap's use bytes 16..24; glibc's, at most the
 //! chunk's first 32 bytes, fall on the [`FAR_PREFIX`] and the list links): a second `delete`
 //! still finds `FREED`. A free heap block also keeps its shard-list links (`heap`).
 //!

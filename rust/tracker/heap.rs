@@ -11,9 +11,9 @@
 //! leave it when a list goes back to the class (`retire_full_list`, thread exit). Blocks on their
 //! span's free list are on no shard list.
 //!
-//! A free block keeps its list links (bytes 0..16) and its size, stack and cookie (40..64), so a
-//! second `delete` still finds `FREED` until the block is handed out again; word 2 links it to
-//! the next block of its free list.
+//! A free block keeps its shard-list links (bytes 0..16) and its site, stack, size and cookie
+//! (24..48), so a second `delete` still finds `FREED` until the block is handed out again; word
+//! 2 links it to the next block of its free list.
 //!
 //! Memory moves between a thread and its class's spans (`spans`) in whole lists of up to
 //! [`batch_blocks`] blocks, under the class lock (once per batch, not per call). A thread holds at

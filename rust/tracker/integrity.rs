@@ -294,7 +294,7 @@ pub fn could_be_header(p: *mut BlockHeader) -> bool {
 /// The end of x86-64 user space (47-bit addresses).
 const USER_SPACE_END: usize = 1 << 47;
 
-/// Whether the 64 bytes of a header at `p` are mapped: at once for the heap, else asked of the
+/// Whether the `HEADER_SIZE` bytes of a header at `p` are mapped: at once for the heap, else asked of the
 /// OS (a syscall; for rare non-heap blocks and for repairs).
 pub fn readable(p: *mut BlockHeader) -> bool {
     could_be_header(p)

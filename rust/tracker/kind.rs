@@ -20,7 +20,7 @@ pub enum BlockKind {
     Memalign,
     Valloc,
     Pvalloc,
-    /// `k15::memory::allocate(size, align, name)`: the header's `file` holds the name.
+    /// `k15::memory::allocate(size, align, name)`: the block's site holds the name.
     Named,
 }
 

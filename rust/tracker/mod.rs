@@ -306,7 +306,7 @@ fn free_live_with_options(
 }
 
 /// The rest of [`free_live`], once the guard is checked: `OPTIONS` says whether `hot` may ask
-/// for free stacks or quarantine.
+/// for free stacks, quarantine or the budget.
 #[inline(always)]
 fn free_live_as_asked<const OPTIONS: bool>(
     header: *mut BlockHeader,

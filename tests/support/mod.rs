@@ -304,6 +304,18 @@ pub fn run_measured(cmd: &mut Command) -> (i32, f64, i64) {
     )
 }
 
+/// What `valgrind --leak-check=full` prints (its stderr) for `exe` run in `dir`: the referee
+/// the tests hold the tracker's leak sets against.
+pub fn valgrind_leak_check(exe: &Path, dir: &Path) -> String {
+    let out = Command::new("valgrind")
+        .arg("--leak-check=full")
+        .arg(exe)
+        .current_dir(dir)
+        .output()
+        .expect("valgrind is installed (.ci/run installs it)");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 /// valgrind's definitely plus indirectly lost (blocks, bytes).
 pub fn valgrind_lost(valgrind_output: &str) -> (u64, u64) {
     let mut total = (0, 0);
