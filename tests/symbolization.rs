@@ -369,3 +369,29 @@ fn symbolizing_at_exit_loads_only_what_the_reported_stacks_need() {
         "peak RSS {with} KiB with stacks against {without} KiB without"
     );
 }
+
+#[test]
+fn the_report_at_exit_fits_in_the_memory_the_heap_gave_up() {
+    let dir = support::scratch("symbolization_report_peak");
+    let exe = support::build(
+        &dir,
+        "report_peak",
+        &["tests/cpp/report_peak.cpp"],
+        &["-O2"],
+    );
+    let run = support::run(&exe, "");
+    let leak = frames(&leak_at(&run, "tests/cpp/report_peak.cpp", "LEAKED AT THE END")["stack"]);
+    assert!(
+        leak.iter().any(|f| f.0.starts_with("__libc_start")),
+        "the report symbolized libc's frames too: {leak:?}"
+    );
+    // Best of three: page-cache and fault-around timing make single runs differ by a few pages.
+    let best = |options: &str| (0..3).map(|_| peak_rss_kib(&exe, options)).min().unwrap();
+    let silent = best("report=0");
+    let reported = best("");
+    println!("peak RSS {reported} KiB with the report, {silent} KiB without");
+    assert!(
+        reported - silent < 1024,
+        "the report raised the peak from {silent} KiB to {reported} KiB"
+    );
+}

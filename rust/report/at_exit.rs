@@ -26,6 +26,7 @@ pub fn run() {
         // Outside the tracker: the caches' frees are to be applied now, not deferred.
         crate::tracker::malloc::release_runtime_caches();
         crate::tracker::apply_deferred_frees();
+        crate::tracker::release_free_memory();
     }
     let _inside = crate::tracker::guard::Inside::enter();
     let stats = crate::tracker::stats();

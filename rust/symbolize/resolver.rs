@@ -151,7 +151,7 @@ impl Dwarf {
         object: &object::File<'static>,
         probes: &[u64],
     ) -> Option<()> {
-        use super::sections::Section;
+        use super::sections::{Section, Walk};
         let little = object.is_little_endian();
         let endian = self.sections.debug_info.reader().endian();
         let compressed = |storage: &mut Storage, name| match storage.section(object, name) {
@@ -165,17 +165,28 @@ impl Dwarf {
             .filter_map(|&p| unit_at(&self.ranges, p))
             .collect();
         let uncovered = probes.iter().any(|&p| unit_at(&self.ranges, p).is_none());
+        // With every probe in `.debug_aranges`, the walk ends one unit past the last wanted
+        // one (whose abbreviations' start bounds the tables before it): a libc frame's unit
+        // (`__libc_start_main` lies in the first few) costs a few KiB of stream, not the whole.
+        let last_wanted = (!uncovered).then(|| wanted.iter().copied().max().unwrap_or(0));
         let mut heads = Vec::new();
         let mut unlisted = Vec::new();
+        let mut stopped = false;
         let walked = info.walk_units(|offset, head| {
-            let keep = wanted.contains(&offset) || (uncovered && !listed.contains(&offset));
             if let Some(head) = UnitHead::parse(offset, head, little) {
                 if !listed.contains(&offset) {
                     unlisted.push(offset);
                 }
                 heads.push(head);
             }
-            keep
+            if last_wanted.is_some_and(|last| offset > last) {
+                stopped = true;
+                Walk::Stop
+            } else if wanted.contains(&offset) || (uncovered && !listed.contains(&offset)) {
+                Walk::Keep
+            } else {
+                Walk::Skip
+            }
         });
         if !walked {
             return None;
@@ -217,6 +228,9 @@ impl Dwarf {
             self.sections.debug_abbrev = EndianSlice::new(storage.keep(abbrev), endian).into();
         }
         self.unlisted = Some(unlisted);
+        // The units past the stop were never seen: addresses other than the probes that lie
+        // outside `.debug_aranges` find their symbol only (as `load_for` says).
+        self.scanned = stopped;
         let cross_unit = heads
             .iter()
             .filter(|h| wanted.contains(&h.offset))
@@ -345,6 +359,8 @@ impl Dwarf {
         /// Units read between two calls of `trim`: their headers, first entries and line
         /// program headers are all that is read of them, a few pages each.
         const TRIM_EVERY: usize = 8;
+        /// Unit headers walked past between two calls of `trim`.
+        const HEADERS_PER_TRIM: usize = 16;
         let dwarf = self.sections.borrow(|s| *s);
         let mut out = Vec::new();
         let mut read = 0;
@@ -381,7 +397,15 @@ impl Dwarf {
             None => {
                 let listed: HashSet<usize> = self.ranges.iter().map(|r| r.2).collect();
                 let mut headers = dwarf.units();
+                let mut walked = 0;
                 while let Ok(Some(header)) = headers.next() {
+                    // Reaching each unit's header faults in the pages around it (the kernel's
+                    // fault-around): over yaml-cpp's 568 units that was 2.9 MiB at once
+                    // before the first unit `.debug_aranges` leaves out.
+                    walked += 1;
+                    if walked % HEADERS_PER_TRIM == 0 {
+                        trim();
+                    }
                     let offset = header.debug_info_offset().map(|o| o.0);
                     if offset.is_some_and(|o| !listed.contains(&o)) {
                         add(header);

@@ -17,6 +17,17 @@ pub(super) enum End {
     At(usize),
 }
 
+/// What [`Compressed::walk_units`] does with the unit it shows.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Walk {
+    /// Leave the unit compressed and go on to the next.
+    Skip,
+    /// Decompress the unit and go on.
+    Keep,
+    /// Leave it and stop: nothing from here on is wanted (the rest is never decompressed).
+    Stop,
+}
+
 /// Bytes decompressed or skipped at a time, between two looks at the input to release.
 const CHUNK: usize = 256 << 10;
 
@@ -168,8 +179,8 @@ impl Compressed {
 
     /// Walks the DWARF units of a compressed `.debug_info`: calls `visit` with each unit's
     /// offset and its first bytes (up to 24, enough for any unit header), and decompresses the
-    /// units for which it returns true. False if the stream is damaged.
-    pub(super) fn walk_units(&mut self, mut visit: impl FnMut(usize, &[u8]) -> bool) -> bool {
+    /// units it keeps, until it says stop. False if the stream is damaged.
+    pub(super) fn walk_units(&mut self, mut visit: impl FnMut(usize, &[u8]) -> Walk) -> bool {
         let mut stream = self.stream();
         let mut offset = 0;
         while offset < self.size {
@@ -198,7 +209,11 @@ impl Compressed {
                 return false;
             }
             let head = &buffer[..head_end - offset];
-            if visit(offset, head) {
+            let walk = visit(offset, head);
+            if walk == Walk::Stop {
+                break;
+            }
+            if walk == Walk::Keep {
                 self.out[offset..head_end].copy_from_slice(head);
                 if head_end < end
                     && stream
@@ -373,7 +388,11 @@ mod tests {
         let mut seen = Vec::new();
         assert!(compressed.walk_units(|offset, head| {
             seen.push((offset, head.len()));
-            offset != 0 && offset != 40
+            if offset != 0 && offset != 40 {
+                Walk::Keep
+            } else {
+                Walk::Skip
+            }
         }));
         let starts: Vec<usize> = bodies
             .iter()
@@ -399,6 +418,29 @@ mod tests {
                 assert_eq!(kept, &plain[start..end], "unit {i}");
             }
         }
+    }
+
+    #[test]
+    fn a_walk_told_to_stop_reads_no_further() {
+        let bodies = [8, 3 * CHUNK, 8, 8];
+        let (plain, mut compressed) = units(&bodies);
+        let mut seen = Vec::new();
+        assert!(compressed.walk_units(|offset, _| {
+            seen.push(offset);
+            match seen.len() {
+                1 => Walk::Keep,
+                2 => Walk::Skip,
+                _ => Walk::Stop,
+            }
+        }));
+        let third = 12 + 4 + 3 * CHUNK;
+        assert_eq!(
+            seen,
+            [0, 12, third],
+            "the unit after the stop is never read"
+        );
+        assert_eq!(compressed.out[..12], plain[..12]);
+        assert!(compressed.out[12..].iter().all(|&b| b == 0));
     }
 
     #[test]

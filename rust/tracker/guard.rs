@@ -224,10 +224,24 @@ extern "C" fn at_thread_exit(_: *mut libc::c_void) {
         return; // no shard, so no heap lists either (they are parked on the shard)
     };
     let number = t.number.get();
+    give_back_thread_lists(number, shard);
+    live_list::leave_shard(number, shard);
+}
+
+/// The heap's lists that thread `number` keeps on `shard` go back to their classes.
+fn give_back_thread_lists(number: u32, shard: ThreadShard) {
     if let Some(mut held) = live_list::SHARDS[shard.index as usize].hold(number, shard.owned) {
         super::heap::give_back_thread_lists(&mut held);
     }
-    live_list::leave_shard(number, shard);
+}
+
+/// Before the exit report: the calling thread's cached free blocks go back to their classes,
+/// as at a thread's exit (it keeps its shard), so that the spans only they held are free.
+pub fn give_back_own_lists() {
+    let t = this_thread();
+    if let Some(shard) = t.shard.get() {
+        give_back_thread_lists(t.number.get(), shard);
+    }
 }
 
 /// The calling thread's number, assigned now if it has none (for frees, which need no guard).

@@ -371,6 +371,23 @@ unsafe fn free(index: u32, class: usize) {
     unsafe { span(index).next = below };
 }
 
+/// Every free span's pages go back to the OS, the kept ones too (at exit, before the report:
+/// memory the heap will hardly need again, and the symbolizer will).
+pub fn return_kept_spans() {
+    let mut region = region();
+    while region.kept != NO_SPAN {
+        let index = region.kept;
+        // SAFETY: a free span, under the region lock: nobody serves it, so its pages may go.
+        unsafe {
+            region.kept = span(index).next;
+            sys::return_pages(span_start(index) as *mut u8, SPAN_BYTES);
+            span(index).next = region.returned;
+        }
+        region.returned = index;
+        region.kept_count -= 1;
+    }
+}
+
 /// Reserves the heap's address space and its span tables.
 #[cold]
 fn reserve(region: &mut Region) -> Option<()> {
