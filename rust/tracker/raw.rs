@@ -34,7 +34,8 @@ pub struct RawBlock {
 #[inline(always)]
 pub fn acquire_from_heap(size: usize, align: usize, mine: &mut HeldShard<'_>) -> Option<RawBlock> {
     // No overflow: the heap's sizes are far below usize::MAX, and larger ones are refused first.
-    let class = heap::class_for(size, HEADER_SIZE + GUARD_SIZE, align)?;
+    // The guard is what the class leaves; a block of 0 bytes still gets room (a free stack).
+    let class = heap::class_for(size.max(1), HEADER_SIZE, align)?;
     let raw = heap::take(class, mine)?;
     Some(RawBlock {
         user: raw.wrapping_add(HEADER_SIZE),

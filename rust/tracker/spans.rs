@@ -4,10 +4,17 @@
 //!
 //! Blocks move here only in the heap's slow paths (a thread's list refilled or given back, a
 //! block freed off another thread's list), under the class lock, so a `new`/`delete` pair of a
-//! thread never comes here. A span counts the blocks it has handed out (live, parked on a
-//! thread's list, quarantined); when that count falls to 0 every block it ever carved is on its
-//! free list, and the span leaves its class.
+//! thread never comes here. A span counts the blocks it has handed out (live, on a thread's
+//! lists, quarantined); when that count falls to 0 every block it ever carved is on its free
+//! list, and the span leaves its class.
+//!
+//! Behind the last block carved from a span, and in the gaps carving leaves, lies a guard word
+//! ([`GUARD`]), checked when the next block is carved there and by every walk
+//! ([`for_each_block`]): the guard of a block whose class leaves it no slack is the next block's
+//! header, and where there is no next block yet, this word. A span keeps [`GUARD_SIZE`] bytes
+//! at its end for it.
 
+use super::header::{BlockHeader, GUARD, GUARD_SIZE};
 use super::heap::{self, List};
 use crate::sys;
 use core::ptr::null_mut;
@@ -209,24 +216,104 @@ pub fn take_blocks(class: usize, wanted: u32) -> List {
             unsafe { list.push(block) };
             s.handed_out += 1;
         }
-        while list.count < wanted && s.carved as usize + size <= SPAN_BYTES {
+        while list.count < wanted && can_carve(s, size) {
             let block = start + s.carved as usize;
+            check_guard_word(block);
             if heap::carve_skips(block) {
                 s.carved += heap::LARGEST_ALIGN as u32;
+                write_guard_word(start + s.carved as usize);
                 continue;
             }
             s.carved += size as u32;
             // SAFETY: a block of this class inside the span, never handed to anyone (or handed
             // out before the span was freed, all of them back since); pushing marks it freed.
             unsafe { list.push(block as *mut u8) };
+            write_guard_word(start + s.carved as usize);
             s.handed_out += 1;
         }
-        if s.free.count == 0 && s.carved as usize + size > SPAN_BYTES {
+        if s.free.count == 0 && !can_carve(s, size) {
             // SAFETY: on this class's list, under its lock.
             unsafe { class_spans.remove(index) };
         }
     }
     list
+}
+
+/// Whether a block of `size` bytes can still be carved from span `s`, leaving room for the
+/// guard word behind it.
+fn can_carve(s: &Span, size: usize) -> bool {
+    s.carved as usize + size + GUARD_SIZE <= SPAN_BYTES
+}
+
+/// Writes the guard word at `at`, behind the last block carved from a span (or a gap).
+fn write_guard_word(at: usize) {
+    // SAFETY: `at` lies in a span, below its end by at least the guard word (`can_carve`),
+    // under its class lock: bytes nobody else uses.
+    unsafe { (at as *mut u64).write(GUARD) };
+}
+
+/// Checks the guard word at `at` before a block is carved there: a write past the end of the
+/// block in front reached it (recorded, for the report).
+fn check_guard_word(at: usize) {
+    // SAFETY: as in write_guard_word.
+    let found = unsafe { (at as *const u64).read() };
+    if found != GUARD {
+        super::integrity::found_front_overrun(
+            at,
+            super::header::FirstWordDamage {
+                found: found.to_ne_bytes(),
+                was: GUARD.to_ne_bytes(),
+            },
+        );
+    }
+}
+
+/// What a walk of the heap finds.
+pub enum Found {
+    /// A block carved from a span (in any state).
+    Block(*mut BlockHeader),
+    /// The guard word behind the last block carved from a span, or in a gap carving left.
+    GuardWord(*mut u64),
+}
+
+/// Walks every span serving a class, with the world stopped (so no thread changes a header
+/// but through a claim, or frees into a class, whose lock is taken for each span); `locked`
+/// false walks without the class locks (an exit from a signal handler that may hold one),
+/// reading the span table as it is.
+pub fn for_each_block(locked: bool, mut visit: impl FnMut(Found)) {
+    let spans = (CARVED.bytes.load(Ordering::Acquire) / SPAN_BYTES) as u32;
+    for index in 0..spans {
+        let class = match owner(index).load(Ordering::Acquire) {
+            0 => continue,
+            byte if byte & FREE != 0 => continue,
+            byte => byte as usize - 1,
+        };
+        let _class_lock = locked.then(|| class_lock(class));
+        if owner(index).load(Ordering::Acquire) != class as u8 + 1 {
+            continue; // freed before the lock was had
+        }
+        // SAFETY: an entry of a span handed out; read as one value (the class lock, when held,
+        // keeps it still).
+        let carved = unsafe {
+            (&raw const (*SPANS.load(Ordering::Relaxed).add(index as usize)).carved).read_volatile()
+        };
+        let start = span_start(index);
+        let end = start + carved as usize;
+        let size = heap::class_size(class);
+        let mut block = start + heap::first_block_offset(start, class);
+        while block < end {
+            if heap::carve_skips(block) {
+                visit(Found::GuardWord(block as *mut u64));
+                block += heap::LARGEST_ALIGN;
+            } else {
+                visit(Found::Block(block as *mut BlockHeader));
+                block += size;
+            }
+        }
+        if block == end && end + GUARD_SIZE <= start + SPAN_BYTES {
+            visit(Found::GuardWord(end as *mut u64));
+        }
+    }
 }
 
 /// Gives blocks of class `class` back to their spans: each span whose blocks are then all back
@@ -252,7 +339,7 @@ pub unsafe fn give_back(class: usize, list: List) {
             );
             continue;
         }
-        let had_blocks = s.free.count > 0 || s.carved as usize + size <= SPAN_BYTES;
+        let had_blocks = s.free.count > 0 || can_carve(s, size);
         // SAFETY: the block is free and the caller's to give.
         unsafe { s.free.push(block) };
         s.handed_out -= 1;
@@ -323,6 +410,8 @@ fn new_span(class: usize) -> Option<u32> {
             next: NO_SPAN,
         };
     }
+    // SAFETY: a span nobody serves yet, whose `carved` was just set.
+    write_guard_word(span_start(index) + unsafe { span(index) }.carved as usize);
     owner(index).store(class as u8 + 1, Ordering::Release);
     Some(index)
 }
