@@ -37,6 +37,10 @@ impl FoundBy {
 
 pub const CHECK_HEAP_DETAIL: &str = "found by check_heap()";
 pub const REPORT_DETAIL: &str = "found by the report's heap check";
+/// An overrun found where it landed, in the header of the next block, when that block was freed
+/// or handed out again (or carved: a span's guard word).
+const FOUND_BEHIND_DETAIL: &str =
+    "found in the header behind the block, when the block there was freed or handed out; repaired";
 
 /// The error about the live block at `header`, with what its header tells.
 pub fn block_error(
@@ -369,11 +373,17 @@ fn log_corruption(
     // Said at once, without allocating (a shard is held): the full error, with its stacks, comes
     // at the next free that leaves the heap, bad free, stats(), check_heap() or report.
     let mut line = crate::sys::StackBuffer::<160>::new();
-    let _ = writeln!(
-        line,
-        "k15-memory: heap_corruption at {:#x} ({what:?}); details follow in the report",
-        header + super::header::HEADER_SIZE
-    );
+    let _ = match front {
+        Some(_) => writeln!(
+            line,
+            "k15-memory: a write past the end of a block reached {header:#x}; details follow in the report"
+        ),
+        None => writeln!(
+            line,
+            "k15-memory: heap_corruption at {:#x} ({what:?}); details follow in the report",
+            header + HEADER_SIZE
+        ),
+    };
     line.flush_to_stderr();
 }
 
@@ -398,7 +408,13 @@ fn report_found_now() {
     };
     for c in entries {
         errors::report(match c.front {
-            Some(damage) => front_overrun_error(c.header, damage),
+            Some(damage) => {
+                let error = front_overrun_error(c.header, damage);
+                MemoryError {
+                    detail: error.detail.or(Some(FOUND_BEHIND_DETAIL)),
+                    ..error
+                }
+            }
             None => corruption_error(
                 c.header as *mut BlockHeader,
                 c.what,
