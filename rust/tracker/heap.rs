@@ -586,14 +586,14 @@ mod tests {
     }
 
     #[test]
-    fn a_parked_block_is_reused_and_blocks_never_overlap() {
+    fn a_freed_block_is_reused_and_blocks_never_overlap() {
         let class = class_for(100, 0, 16).unwrap();
         with_my_shard(|mine| {
             let a = take(class, mine).unwrap();
             let b = take(class, mine).unwrap();
             assert!(b as usize + 112 <= a as usize || a as usize + 112 <= b as usize);
             assert!((a as usize).is_multiple_of(16));
-            // SAFETY: both came from take(class) just above, are parked on `mine` and used by
+            // SAFETY: both came from take(class) just above, are this thread's and used by
             // nobody.
             unsafe { park(a, class, mine) };
             assert_eq!(take(class, mine), Some(a));
@@ -645,7 +645,7 @@ mod tests {
     }
 
     #[test]
-    fn blocks_parked_by_an_exited_thread_are_handed_out_again() {
+    fn free_blocks_of_an_exited_thread_are_handed_out_again() {
         let class = class_for(30 * 1024, 0, 16).unwrap(); // a class no other test uses
         let blocks = std::thread::spawn(move || {
             with_my_shard(|mine| {

@@ -27,8 +27,8 @@ pub struct RawBlock {
     pub class: u8,
 }
 
-/// A block of the heap for `size` bytes aligned to `align`, with a header in front and a guard
-/// behind, parked on `mine`, the calling thread's shard (see `heap`): `None` when the heap does
+/// A block of the heap for `size` bytes aligned to `align`, with a header in front and what its
+/// class leaves behind as the guard, for the thread holding `mine`, its shard (see `heap`): `None` when the heap does
 /// not serve that size or alignment (over 128 KiB, or aligned over 64) or has no memory left.
 /// Apart from [`acquire_elsewhere`], so that the common path keeps the block in registers.
 #[inline(always)]
