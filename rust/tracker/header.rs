@@ -210,31 +210,35 @@ pub struct FirstWordDamage {
 /// How many guard bytes lie behind the `size` user bytes of a block placed so: what a heap
 /// block's class leaves, up to [`GUARD_SIZE`]; [`GUARD_SIZE`] elsewhere (reserved with the block).
 #[inline(always)]
-fn guard_len(placement: Placement, class: u8, size: usize) -> usize {
-    match placement {
-        Placement::Heap => {
-            (super::heap::class_size(class as usize) - HEADER_SIZE - size).min(GUARD_SIZE)
-        }
-        _ => GUARD_SIZE,
-    }
+fn guard_len(class_and_placement: u8, size: usize) -> usize {
+    (ROOM[class_and_placement as usize] as usize - size).min(GUARD_SIZE)
 }
 
-/// Writes a guard of `len` bytes (at most [`GUARD_SIZE`]) at `at`, and nothing beyond: the bytes
-/// behind a short guard are the next block's.
-///
-/// # Safety
-/// The `len` bytes at `at` are the block's own and writable.
-#[inline(always)]
-unsafe fn write_guard(at: *mut u8, len: usize) {
-    // SAFETY: guaranteed by the caller.
-    unsafe {
-        if len == GUARD_SIZE {
-            at.cast::<u64>().write_unaligned(GUARD);
-        } else {
-            core::ptr::write_bytes(at, GUARD_BYTE, len);
-        }
+/// The bytes for user bytes and guard by byte [`CLASS_BYTE`] of [`BlockHeader::packed`] (class
+/// and placement), so that the guard's length takes one load and no decoding: a heap class's
+/// room (its size less the header), and for other placements room for any size and the guard.
+static ROOM: [u64; 256] = {
+    let mut room = [(SIZE_LIMIT + GUARD_SIZE) as u64; 256];
+    let mut class = 0;
+    while class < super::heap::CLASS_COUNT {
+        let byte = class | (Placement::Heap as usize) << CLASS_BITS;
+        // Classes smaller than a header serve no block.
+        room[byte] = super::heap::size_of_class(class).saturating_sub(HEADER_SIZE) as u64;
+        class += 1;
     }
-}
+    room
+};
+
+/// The bits of a guard of each length (the index) in the 8 bytes read at its start.
+const GUARD_MASKS: [u64; GUARD_SIZE + 1] = {
+    let mut masks = [u64::MAX; GUARD_SIZE + 1];
+    let mut len = 0;
+    while len < GUARD_SIZE {
+        masks[len] = !(u64::MAX << (8 * len));
+        len += 1;
+    }
+    masks
+};
 
 impl BlockHeader {
     /// The header in front of a user pointer.
@@ -365,10 +369,14 @@ impl BlockHeader {
             }
             let cookie = state ^ user ^ covered(header);
             (&raw mut (*header).cookie).write(AtomicUsize::new(cookie));
-            write_guard(
-                raw.user.wrapping_add(block.size),
-                guard_len(raw.placement, raw.class, block.size),
-            );
+            // One store of the 8 bytes that end where the guard ends: a short guard (the class
+            // leaves under 8 bytes, so the block holds more than 8) takes the user's last bytes
+            // with it, which the program has not written yet.
+            let guard_end = block.size + guard_len((packed >> (8 * CLASS_BYTE)) as u8, block.size);
+            raw.user
+                .wrapping_add(guard_end - GUARD_SIZE)
+                .cast::<u64>()
+                .write_unaligned(GUARD);
         }
         header
     }
@@ -381,17 +389,14 @@ impl BlockHeader {
     /// How many guard bytes lie behind the user's bytes.
     #[inline(always)]
     pub fn guard_len(&self) -> usize {
-        guard_len(self.placement(), self.class(), self.size())
+        guard_len(self.packed_byte(CLASS_BYTE), self.size())
     }
 
     /// Whether the guard behind the user's bytes is as written. Reads 8 bytes however short the
     /// guard: behind a heap block lie the next block's header or a span's guard word.
     #[inline]
     pub fn guard_intact(&self) -> bool {
-        let mask = match self.guard_len() {
-            GUARD_SIZE => u64::MAX,
-            len => !(u64::MAX << (8 * len)),
-        };
+        let mask = GUARD_MASKS[self.guard_len()];
         // SAFETY: a live block's header was written with its guard behind its user bytes, and
         // 8 bytes there are readable (see above).
         (unsafe { self.guard().cast::<u64>().read_unaligned() } ^ GUARD) & mask == 0
@@ -405,8 +410,9 @@ impl BlockHeader {
 
     /// Writes the guard again (after its damage was reported), so it is reported once.
     pub fn restore_guard(&mut self) {
-        // SAFETY: as in guard_intact; only the guard's own bytes are written.
-        unsafe { write_guard(self.guard(), self.guard_len()) }
+        // SAFETY: as in guard_intact; only the guard's own bytes are written (the user's in
+        // front of it and the next block's behind it are left as they are).
+        unsafe { core::ptr::write_bytes(self.guard(), GUARD_BYTE, self.guard_len()) }
     }
 
     /// The cookie's bytes as they are now (the 8 bytes in front of the user pointer).

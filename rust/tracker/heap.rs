@@ -104,7 +104,7 @@ const CLASSES: [(usize, u32); CLASS_COUNT] = {
     classes
 };
 
-const fn size_of_class(class: usize) -> usize {
+pub(super) const fn size_of_class(class: usize) -> usize {
     if class < FINE_CLASSES {
         return (class + 1) * 16;
     }
