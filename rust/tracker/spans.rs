@@ -496,3 +496,51 @@ pub(crate) fn lock_for_fork() -> (
     let classes = (0..heap::CLASS_COUNT).map(class_lock).collect();
     (classes, region())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fully_carved_span_keeps_a_guard_word_behind_its_last_block_that_walks_visit() {
+        let class = heap::class_for(50 * 1024, 0, 16).unwrap() as usize; // a class no other test uses
+        let size = heap::class_size(class);
+        // More blocks than one span holds: the first span is carved to its end.
+        let list = take_blocks(class, (SPAN_BYTES / size) as u32 + 4);
+        // SAFETY: the list's blocks are free and this test's.
+        let blocks: Vec<usize> = unsafe { list.blocks() }.map(|b| b as usize).collect();
+        let first = blocks.iter().map(|&b| span_index(b)).min().unwrap();
+        let (carved, full) = {
+            let _lock = class_lock(class);
+            // SAFETY: a span of this class, under its lock.
+            let s = unsafe { span(first) };
+            (span_start(first) + s.carved as usize, !can_carve(s, size))
+        };
+        assert!(full, "the first span was not carved to its end");
+        let last = blocks
+            .iter()
+            .copied()
+            .filter(|&b| span_index(b) == first)
+            .max();
+        assert_eq!(
+            last.map(|b| b + size),
+            Some(carved),
+            "no block ends where carving did"
+        );
+        assert!(carved + GUARD_SIZE <= span_start(first) + SPAN_BYTES);
+        // SAFETY: inside the span, below its end (checked above).
+        assert_eq!(unsafe { (carved as *const u64).read() }, GUARD);
+        let mut visited = false;
+        for_each_block(true, |found| {
+            if let Found::GuardWord(word) = found {
+                visited |= word as usize == carved;
+            }
+        });
+        assert!(
+            visited,
+            "the walk skipped the guard word behind the span's last block"
+        );
+        // SAFETY: the blocks came from take_blocks for this class, free, checked and unused.
+        unsafe { give_back(class, list) };
+    }
+}
