@@ -229,12 +229,12 @@ static ROOM: [u64; 256] = {
     room
 };
 
-/// The bits of a guard of each length (the index) in the 8 bytes read at its start.
+/// The bits of a guard of each length (the index) in the 8 bytes that end where it ends.
 const GUARD_MASKS: [u64; GUARD_SIZE + 1] = {
-    let mut masks = [u64::MAX; GUARD_SIZE + 1];
-    let mut len = 0;
-    while len < GUARD_SIZE {
-        masks[len] = !(u64::MAX << (8 * len));
+    let mut masks = [0; GUARD_SIZE + 1];
+    let mut len = 1;
+    while len <= GUARD_SIZE {
+        masks[len] = u64::MAX << (8 * (GUARD_SIZE - len));
         len += 1;
     }
     masks
@@ -392,14 +392,22 @@ impl BlockHeader {
         guard_len(self.packed_byte(CLASS_BYTE), self.size())
     }
 
-    /// Whether the guard behind the user's bytes is as written. Reads 8 bytes however short the
-    /// guard: behind a heap block lie the next block's header or a span's guard word.
+    /// Whether the guard behind the user's bytes is as written. Reads the 8 bytes that end where
+    /// the guard ends, as `write` wrote them, so never the next block's header (another cache
+    /// line, maybe another thread's): the guard is their top `guard_len` bytes.
     #[inline]
     pub fn guard_intact(&self) -> bool {
-        let mask = GUARD_MASKS[self.guard_len()];
+        let len = self.guard_len();
         // SAFETY: a live block's header was written with its guard behind its user bytes, and
-        // 8 bytes there are readable (see above).
-        (unsafe { self.guard().cast::<u64>().read_unaligned() } ^ GUARD) & mask == 0
+        // the block holds 8 bytes up to the guard's end (see `write`).
+        let word = unsafe {
+            self.guard()
+                .wrapping_add(len)
+                .wrapping_sub(GUARD_SIZE)
+                .cast::<u64>()
+                .read_unaligned()
+        };
+        (word ^ GUARD) & GUARD_MASKS[len] == 0
     }
 
     /// The guard's bytes as they are now.
