@@ -106,8 +106,9 @@ pub fn report_at_delete(header: *mut BlockHeader, freed_with: BlockKind, start: 
 
 /// Every live block of the heap, checked (and repaired) on the way, and the headers and guard
 /// words between them; `visit` sees each live block. Damage beside the blocks (a header that
-/// is no state of ours) is looked for only when every shard was settled: a thread the world
-/// could not stop may be in the middle of writing a header.
+/// is no state of ours, a changed guard word) is looked for only where nobody can be writing
+/// one: every shard settled (a thread the world could not stop may be in the middle of a new
+/// header) and the span's class lock held (blocks given back to a class are relinked).
 pub fn check_heap_blocks(
     world: &StoppedWorld,
     found_by: FoundBy,
@@ -115,7 +116,7 @@ pub fn check_heap_blocks(
     mut visit: impl FnMut(*mut BlockHeader),
 ) {
     let settled = world.all_settled() && !super::live_list::settling_stopped();
-    super::spans::for_each_block(settled, |found| match found {
+    super::spans::for_each_block(settled, |found, still| match found {
         super::spans::Found::Block(header) => {
             // SAFETY: a block carved from a span, which nobody changes but by a claim while the
             // world is stopped and its class lock held (see `for_each_block`).
@@ -123,14 +124,14 @@ pub fn check_heap_blocks(
             if h.is_live() || h.underrun_bytes().is_some() {
                 inspect(header, found_by, problems);
                 visit(header);
-            } else if settled && !h.cookie_valid() {
+            } else if settled && still && !h.cookie_valid() {
                 problems.push(damaged_heap_header(header, found_by));
             }
         }
         super::spans::Found::GuardWord(word) => {
             // SAFETY: a guard word of a span, under its class lock.
             let found = unsafe { word.read() };
-            if settled && found != GUARD {
+            if settled && still && found != GUARD {
                 // SAFETY: as above.
                 unsafe { word.write(GUARD) };
                 let damage = FirstWordDamage {

@@ -19,7 +19,7 @@ use super::heap::{self, List};
 use crate::sys;
 use core::ptr::null_mut;
 use core::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
 
 /// Every span's size (and alignment from the reservation's start); the largest class holds 8.
 pub const SPAN_BYTES: usize = 1 << 20;
@@ -129,6 +129,19 @@ pub fn free_span(addr: usize) -> Option<(usize, usize)> {
     let index = span_index(addr);
     let byte = owner(index).load(Ordering::Acquire);
     (byte & FREE != 0).then(|| (span_start(index), (byte & !FREE) as usize))
+}
+
+/// A class lock, unless it stays held past the tracker's patience (`live_list::Patience`).
+fn class_lock_within(class: usize) -> Option<MutexGuard<'static, ClassSpans>> {
+    let mut waited = super::live_list::Patience::new();
+    loop {
+        match CLASSES[class].try_lock() {
+            Ok(guard) => return Some(guard),
+            Err(TryLockError::Poisoned(poisoned)) => return Some(poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) if waited.more() => {}
+            Err(TryLockError::WouldBlock) => return None,
+        }
+    }
 }
 
 /// What a class's lock protects: its spans with blocks to hand out (free or never carved),
@@ -277,10 +290,12 @@ pub enum Found {
 }
 
 /// Walks every span serving a class, with the world stopped (so no thread changes a header
-/// but through a claim, or frees into a class, whose lock is taken for each span); `locked`
-/// false walks without the class locks (an exit from a signal handler that may hold one),
-/// reading the span table as it is.
-pub fn for_each_block(locked: bool, mut visit: impl FnMut(Found)) {
+/// but through a claim, or by giving blocks back to a class, whose lock is taken for each span).
+/// `visit` learns whether the span was held still: not when `locked` is false (an exit from a
+/// signal handler that may hold a class lock) or its class lock stayed held past the tracker's
+/// patience (its holder is this very thread, interrupted, or stuck); the span table is then read
+/// as it is.
+pub fn for_each_block(locked: bool, mut visit: impl FnMut(Found, bool)) {
     let spans = (CARVED.bytes.load(Ordering::Acquire) / SPAN_BYTES) as u32;
     for index in 0..spans {
         let class = match owner(index).load(Ordering::Acquire) {
@@ -288,7 +303,8 @@ pub fn for_each_block(locked: bool, mut visit: impl FnMut(Found)) {
             byte if byte & FREE != 0 => continue,
             byte => byte as usize - 1,
         };
-        let _class_lock = locked.then(|| class_lock(class));
+        let class_lock = locked.then(|| class_lock_within(class)).flatten();
+        let still = class_lock.is_some();
         if owner(index).load(Ordering::Acquire) != class as u8 + 1 {
             continue; // freed before the lock was had
         }
@@ -303,15 +319,15 @@ pub fn for_each_block(locked: bool, mut visit: impl FnMut(Found)) {
         let mut block = start + heap::first_block_offset(start, class);
         while block < end {
             if heap::carve_skips(block) {
-                visit(Found::GuardWord(block as *mut u64));
+                visit(Found::GuardWord(block as *mut u64), still);
                 block += heap::LARGEST_ALIGN;
             } else {
-                visit(Found::Block(block as *mut BlockHeader));
+                visit(Found::Block(block as *mut BlockHeader), still);
                 block += size;
             }
         }
         if block == end && end + GUARD_SIZE <= start + SPAN_BYTES {
-            visit(Found::GuardWord(end as *mut u64));
+            visit(Found::GuardWord(end as *mut u64), still);
         }
     }
 }
@@ -531,7 +547,7 @@ mod tests {
         // SAFETY: inside the span, below its end (checked above).
         assert_eq!(unsafe { (carved as *const u64).read() }, GUARD);
         let mut visited = false;
-        for_each_block(true, |found| {
+        for_each_block(true, |found, _| {
             if let Found::GuardWord(word) = found {
                 visited |= word as usize == carved;
             }
