@@ -385,9 +385,8 @@ fn live_blocks(symbolizer: &Symbolizer) -> (Vec<Leak>, Vec<u32>) {
     let mut problems = Vec::new();
     let mut file_names: HashMap<usize, Option<&'static str>> = HashMap::new();
     let world = StoppedWorld::stop(crate::tracker::guard::thread_number());
-    let mut add = |header: *mut BlockHeader| {
-        // SAFETY: headers on a held list or in the heap's walk are live and stay so while
-        // the world is stopped.
+    integrity::check_live_blocks(&world, FoundBy::Report, &mut problems, |header| {
+        // SAFETY: live headers stay so while the world is stopped.
         let h = unsafe { &*header };
         let file = *file_names.entry(h.file() as usize).or_insert_with(|| {
             // SAFETY: the `file` of a live block is null or a `__FILE__` literal, here of
@@ -415,11 +414,7 @@ fn live_blocks(symbolizer: &Symbolizer) -> (Vec<Leak>, Vec<u32>) {
             suppressed: None,
             site: 0,
         })
-    };
-    for held in world.shards() {
-        integrity::check_list(&held, FoundBy::Report, &mut problems, &mut add);
-    }
-    integrity::check_heap_blocks(&world, FoundBy::Report, &mut problems, &mut add);
+    });
     let unsettled_threads = world.unsettled_threads();
     drop(world);
     integrity::report_found();

@@ -104,12 +104,26 @@ pub fn report_at_delete(header: *mut BlockHeader, freed_with: BlockKind, start: 
     report_all(problems, super::capture_stack_of(start), freed_with);
 }
 
+/// Every live block (on the shards' lists and in the heap), checked and repaired on the way;
+/// `visit` sees each.
+pub fn check_live_blocks(
+    world: &StoppedWorld,
+    found_by: FoundBy,
+    problems: &mut Vec<MemoryError>,
+    mut visit: impl FnMut(*mut BlockHeader),
+) {
+    for held in world.shards() {
+        check_list(&held, found_by, problems, &mut visit);
+    }
+    check_heap_blocks(world, found_by, problems, visit);
+}
+
 /// Every live block of the heap, checked (and repaired) on the way, and the headers and guard
 /// words between them; `visit` sees each live block. Damage beside the blocks (a header that
 /// is no state of ours, a changed guard word) is looked for only where nobody can be writing
 /// one: every shard settled (a thread the world could not stop may be in the middle of a new
 /// header) and the span's class lock held (blocks given back to a class are relinked).
-pub fn check_heap_blocks(
+fn check_heap_blocks(
     world: &StoppedWorld,
     found_by: FoundBy,
     problems: &mut Vec<MemoryError>,
@@ -212,7 +226,7 @@ pub fn repair_free_link(block: *mut u8) -> Option<*mut u8> {
 }
 
 /// Every live block of `held`'s list, checked (and repaired) on the way; `visit` sees each.
-pub fn check_list(
+fn check_list(
     held: &HeldShard<'_>,
     found_by: FoundBy,
     problems: &mut Vec<MemoryError>,
@@ -247,10 +261,7 @@ pub fn check_heap(start: StartFrame) -> usize {
     let mut problems = Vec::new();
     {
         let world = StoppedWorld::stop(guard::thread_number());
-        for held in world.shards() {
-            check_list(&held, FoundBy::CheckHeap, &mut problems, |_| {});
-        }
-        check_heap_blocks(&world, FoundBy::CheckHeap, &mut problems, |_| {});
+        check_live_blocks(&world, FoundBy::CheckHeap, &mut problems, |_| {});
     }
     let count = problems.len() + found_count();
     report_found();
