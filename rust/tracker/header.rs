@@ -458,11 +458,6 @@ impl BlockHeader {
             || [LIVE, CLAIMED, UNTRACKED].contains(&(cookie ^ self.expected(0)))
     }
 
-    /// Whether the block was found damaged beyond repair and reported ([`Self::mark_damaged`]).
-    pub fn is_damaged(&self) -> bool {
-        self.cookie.load(Ordering::Relaxed) == DAMAGED ^ self.address()
-    }
-
     /// Marks a heap block whose header was reported damaged beyond repair: it is left alone from
     /// then on (its memory stays unused).
     pub fn mark_damaged(&mut self) {

@@ -143,10 +143,10 @@ fn check_heap_blocks(
             }
         }
         super::spans::Found::GuardWord(word) => {
-            // SAFETY: a guard word of a span, under its class lock.
+            // SAFETY: a guard word inside a span, readable.
             let found = unsafe { word.read() };
             if settled && still && found != GUARD {
-                // SAFETY: as above.
+                // SAFETY: under its class lock, nobody else writes it.
                 unsafe { word.write(GUARD) };
                 let damage = FirstWordDamage {
                     found: found.to_ne_bytes(),
