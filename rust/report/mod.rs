@@ -385,38 +385,36 @@ fn live_blocks(symbolizer: &Symbolizer) -> (Vec<Leak>, Vec<u32>) {
     let mut problems = Vec::new();
     let mut file_names: HashMap<usize, Option<&'static str>> = HashMap::new();
     let world = StoppedWorld::stop(crate::tracker::guard::thread_number());
-    for held in world.shards() {
-        integrity::check_list(&held, FoundBy::Report, &mut problems, |header| {
-            // SAFETY: headers on a held list are live and stay so while the world is stopped.
-            let h = unsafe { &*header };
-            let file = *file_names.entry(h.file() as usize).or_insert_with(|| {
-                // SAFETY: the `file` of a live block is null or a `__FILE__` literal, here of
-                // a module still mapped.
-                symbolizer
-                    .is_mapped(h.file() as usize)
-                    .then(|| unsafe { crate::sys::c_str(h.file()) })
-                    .flatten()
-            });
-            // A `k15::memory::allocate` block keeps its allocator's name where others keep
-            // their `K15_NEW` file.
-            let named = h.kind() == BlockKind::Named;
-            leaks.push(Leak {
-                address: BlockHeader::user_ptr(header) as usize,
-                size: h.size(),
-                kind: h.kind(),
-                file: file.filter(|_| !named),
-                line: h.line(),
-                seq: h.seq,
-                thread: h.thread,
-                stack: h.alloc_stack,
-                allocator: file.filter(|_| named),
-                leak_kind: LeakKind::Direct,
-                held_by: None,
-                suppressed: None,
-                site: 0,
-            })
+    integrity::check_live_blocks(&world, FoundBy::Report, &mut problems, |header| {
+        // SAFETY: live headers stay so while the world is stopped.
+        let h = unsafe { &*header };
+        let file = *file_names.entry(h.file() as usize).or_insert_with(|| {
+            // SAFETY: the `file` of a live block is null or a `__FILE__` literal, here of
+            // a module still mapped.
+            symbolizer
+                .is_mapped(h.file() as usize)
+                .then(|| unsafe { crate::sys::c_str(h.file()) })
+                .flatten()
         });
-    }
+        // A `k15::memory::allocate` block keeps its allocator's name where others keep
+        // their `K15_NEW` file.
+        let named = h.kind() == BlockKind::Named;
+        leaks.push(Leak {
+            address: BlockHeader::user_ptr(header) as usize,
+            size: h.size(),
+            kind: h.kind(),
+            file: file.filter(|_| !named),
+            line: h.line(),
+            seq: h.seq,
+            thread: h.thread,
+            stack: h.alloc_stack,
+            allocator: file.filter(|_| named),
+            leak_kind: LeakKind::Direct,
+            held_by: None,
+            suppressed: None,
+            site: 0,
+        })
+    });
     let unsettled_threads = world.unsettled_threads();
     drop(world);
     integrity::report_found();

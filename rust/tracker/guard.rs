@@ -221,7 +221,7 @@ extern "C" fn at_thread_exit(_: *mut libc::c_void) {
     t.exit_hook_armed.set(false);
     super::apply_deferred_frees();
     let Some(shard) = t.shard.take() else {
-        return; // no shard, so no heap lists either (they are parked on the shard)
+        return; // no shard, so no heap lists either (both come with the first allocation)
     };
     let number = t.number.get();
     give_back_thread_lists(number, shard);

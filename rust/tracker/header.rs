@@ -1,41 +1,43 @@
 //! The block header in front of every tracked block, and how a pointer handed to `delete` is
 //! recognised as ours, already freed, or foreign.
 //!
-//! Layout (48 bytes, the user pointer follows it):
+//! Layout (32 bytes, the user pointer follows it):
 //!
 //! | offset | field | note |
 //! | --- | --- | --- |
-//! | 0, 8 | `prev`, `next` | shard-list links; glibc's free lists reuse these bytes once a block of its is freed |
-//! | 16 | `seq`, `thread` | the heap's free-list link reuses these bytes in a free heap block |
-//! | 24 | `site`, `alloc_stack` | `site`: `K15_NEW`'s file and line (or an allocator's name) as an id (`site`) |
-//! | 32 | `packed` | `shard` (32), `kind` (33), `class` and `placement` (34: 6 and 2 bits), the size (bytes 35..40) |
-//! | 40 | `cookie` | `LIVE`, `UNTRACKED`, `CLAIMED` or `FREED`, each `^ addr`; all but `FREED` also `^` the words at 24 and 32; `FREED` of a heap block `^` its free-list link (word 2) |
+//! | 0 | `seq`, `thread` | a free heap block's free-list link reuses these bytes |
+//! | 8 | `site`, `alloc_stack` | `site`: `K15_NEW`'s file and line (or an allocator's name) as an id (`site`) |
+//! | 16 | `packed` | `shard` (16), `kind` (17), `class` and `placement` (18: 6 and 2 bits), the size (bytes 19..24) |
+//! | 24 | `cookie` | `LIVE`, `UNTRACKED`, `CLAIMED` or `FREED`, each `^ addr`; all but `FREED` also `^` the three words in front; `FREED` of a heap block `^` its free-list link (word 0) |
 //!
-//! 48 bytes where there were 64: the file pointer and line became a 4-byte site id, the size
-//! shares its word with the bytes that were beside the line, and the offset of the block's memory
-//! moved out (a heap block's is the header size, a mapped block's a page, and a block from glibc
-//! keeps it in the [`FAR_PREFIX`] bytes in front of its header). The list links
-//! stay full pointers, so the live lists and their repair are as they were.
+//! There are no list links: a block of the heap (every block up to 128 KiB aligned up to 64,
+//! nearly all) is found by walking the heap's spans (`spans::for_each_block`), whose table knows
+//! each span's class and how far it was carved. Blocks outside the heap (large, over-aligned, the
+//! tracker's own) are few: their shard-list links lie in the [`FAR_PREFIX`] in front of the
+//! header ([`FarLinks`]), with the offset of their memory.
 //!
-//! The size, stack, site and cookie sit in the last 24 bytes, so they survive a free list's links
-//! in a freed block (the heap's use bytes 16..24; glibc's, at most the
-//! chunk's first 32 bytes, fall on the [`FAR_PREFIX`] and the list links): a second `delete`
-//! still finds `FREED`. A free heap block also keeps its shard-list links (`heap`).
+//! The size, stack, site and cookie sit in the last 24 bytes, so they survive a free list's link
+//! in a freed block (the heap's uses word 0; glibc's, at most the chunk's first 32 bytes, fall on
+//! the [`FAR_PREFIX`]): a second `delete` still finds `FREED`.
 //!
-//! A free heap block's cookie covers the word that links it to the next free block, so the heap
-//! follows a link only when the block holding it vouches for it ([`BlockHeader::free_link`]):
-//! one load and compare where a bounds check of the link and the cookie of the block it led to
-//! were two (an overrun of the block in front reaches the link before the cookie).
+//! Every cookie covers the header's first word, which is the first thing a write past the end of
+//! the block in front reaches, and covers it unrotated: a live cookie whose other words still
+//! hold gives back that word as it was ([`BlockHeader::front_overrun`]), so such damage is told
+//! from a foreign pointer, repaired and blamed on the block in front. A free heap block's cookie
+//! covers its free-list link the same way, so the heap follows a link only when the block holding
+//! it vouches for it ([`BlockHeader::free_link`]).
 //!
-//! A live cookie covers the words at 24 (`site`, `alloc_stack`) and 32 (size, `shard`, `class`,
-//! `kind`, `placement`) too: an overrun of the block in front reaches them only after the links
-//! (which are checked against the neighbours), and a block whose kind, class, placement or size
-//! changed is then no longer taken for a live block, instead of being freed into the wrong place.
+//! A live cookie covers words 1 and 2 too: a block whose kind, class, placement or size changed
+//! is no longer taken for a live block, instead of being freed into the wrong place.
 //!
 //! The cookie is also the check in front of the user's bytes: an underrun changes its top bytes
 //! first (they lie next to the user pointer), so a cookie whose low bytes still match names the
 //! block and how far the underrun reached. Behind the user's bytes lies a guard of
-//! [`GUARD_SIZE`] bytes of [`GUARD_BYTE`] (not aligned: it starts right at the requested size).
+//! [`GUARD_BYTE`]s (not aligned: it starts right at the requested size): [`GUARD_SIZE`] bytes for
+//! a block from outside the heap, and for a heap block what its class leaves, at most
+//! [`GUARD_SIZE`]. Where the class leaves nothing, the next block's header is the guard (its
+//! cookie covers its first word), and behind the last block carved from a span lies a guard
+//! word (`spans`).
 
 use super::raw::{self, RawBlock};
 use super::BlockKind;
@@ -43,19 +45,20 @@ use crate::stack::StackId;
 use core::ffi::c_char;
 use core::sync::atomic::{AtomicUsize, Ordering};
 
-pub const HEADER_SIZE: usize = 48;
-/// Bytes kept in front of the header of a block from glibc: its last word holds
-/// the offset of the block's memory from its user pointer.
-pub const FAR_PREFIX: usize = 16;
+pub const HEADER_SIZE: usize = 32;
+/// Bytes kept in front of the header of a block from outside the heap: its shard-list links
+/// ([`FarLinks`]) and, last, the offset of the block's memory from its user pointer.
+pub const FAR_PREFIX: usize = 32;
 /// Sizes from this one on cannot be tracked (the header keeps 40 bits of size): refused like
 /// any allocation the address space cannot hold.
 pub const SIZE_LIMIT: usize = 1 << SIZE_BITS;
 const SIZE_BITS: u32 = 40;
-/// The guard behind every block's user bytes (MSVC's debug heap has 4 such bytes, ASan a redzone).
+/// The guard behind a block's user bytes, at most (MSVC's debug heap has 4 such bytes, ASan a
+/// redzone): a heap block's is what its class leaves, up to this.
 pub const GUARD_SIZE: usize = 8;
 /// The guard's fill, the CRT debug heap's "no man's land".
 pub const GUARD_BYTE: u8 = 0xfd;
-const GUARD: u64 = u64::from_ne_bytes([GUARD_BYTE; GUARD_SIZE]);
+pub const GUARD: u64 = u64::from_ne_bytes([GUARD_BYTE; GUARD_SIZE]);
 /// Cookie bytes (from the low end) that must still match for a damaged cookie to count as an
 /// underrun of that block rather than a foreign pointer: a chance of 2^-32 to be fooled.
 const UNDERRUN_INTACT_BYTES: u32 = 4;
@@ -65,8 +68,11 @@ const UNTRACKED: usize = LIVE ^ 0x00ff_00ff_00ff_00ff;
 const FREED: usize = !LIVE;
 /// Freed by a thread other than the block's shard owner, queued until settled (`live_list`).
 const CLAIMED: usize = LIVE ^ 0x0f0f_0f0f_0f0f_0f0f;
+/// A heap block whose header was found damaged beyond repair and reported: left alone (never
+/// freed, never listed) from then on, so that it is reported once.
+const DAMAGED: usize = LIVE ^ 0x3c3c_3c3c_3c3c_3c3c;
 /// The word of a free heap block that links it to the next block of its free list (`heap`).
-pub const FREE_LINK_WORD: usize = 2;
+pub const FREE_LINK_WORD: usize = 0;
 
 /// Where the block's memory came from.
 #[repr(u8)]
@@ -80,8 +86,6 @@ pub enum Placement {
 
 #[repr(C, align(16))]
 pub struct BlockHeader {
-    pub prev: *mut BlockHeader,
-    pub next: *mut BlockHeader,
     pub seq: u32,
     pub thread: u32,
     /// The allocation site's id (`site`), read through [`BlockHeader::file`] and `line`.
@@ -92,6 +96,18 @@ pub struct BlockHeader {
     packed: u64,
     /// Atomic only for [`BlockHeader::claim`]; everything else uses plain loads and stores.
     cookie: AtomicUsize,
+}
+
+/// The shard-list links of a block from outside the heap, in its [`FAR_PREFIX`].
+#[repr(C)]
+pub struct FarLinks {
+    pub prev: *mut BlockHeader,
+    pub next: *mut BlockHeader,
+}
+
+/// The shard-list links of a block from outside the heap, in front of its header.
+pub fn far_links(header: *mut BlockHeader) -> *mut FarLinks {
+    header.cast::<u8>().wrapping_sub(FAR_PREFIX).cast()
 }
 
 /// The bytes of [`BlockHeader::packed`] below the size, each read with one load on the free
@@ -137,7 +153,6 @@ pub struct Owner {
 
 /// What a pointer given to a free function turned out to be.
 pub enum Lookup {
-    /// A live tracked block.
     /// A live tracked block, and its cookie as seen (a free checks it again once it holds the
     /// block's shard, without recomputing it).
     Live(*mut BlockHeader, usize),
@@ -155,22 +170,75 @@ pub enum Lookup {
         alloc_stack: StackId,
         previous_free_stack: StackId,
     },
+    /// A heap block whose header was damaged beyond repair, reported already: left alone.
+    Damaged,
     /// Not from us at all.
     Foreign,
 }
 
-/// The header's word 3 (`site`, `alloc_stack`) and word 4 (size, `shard`, `class`, `kind`,
-/// `placement`), folded into one (rotated by an odd amount, so that equal words do not cancel
-/// out).
+/// The header's word 0 (`seq`, `thread`) as is, word 1 (`site`, `alloc_stack`) and word 2
+/// (size, `shard`, `class`, `kind`, `placement`) rotated by odd amounts (so that equal words do
+/// not cancel out), folded into one.
 ///
 /// # Safety
-/// The header's 48 bytes are readable.
+/// The header's 32 bytes are readable.
 #[inline(always)]
 unsafe fn covered(header: *const BlockHeader) -> usize {
+    // SAFETY: guaranteed by the caller.
+    unsafe { header.cast::<usize>().read() ^ covered_beyond_first_word(header) }
+}
+
+/// Words 1 and 2 of [`covered`].
+///
+/// # Safety
+/// As [`covered`].
+#[inline(always)]
+unsafe fn covered_beyond_first_word(header: *const BlockHeader) -> usize {
     let words = header as *const usize;
     // SAFETY: guaranteed by the caller; plain reads of words the header holds.
-    unsafe { words.add(3).read() ^ words.add(4).read().rotate_left(23) }
+    unsafe { words.add(1).read().rotate_left(23) ^ words.add(2).read().rotate_left(41) }
 }
+
+/// What a write past the end of the block in front did to a header's first word: found, and
+/// as its cookie says it was (written back by [`BlockHeader::front_overrun`]).
+#[derive(Clone, Copy, Debug)]
+pub struct FirstWordDamage {
+    pub found: [u8; 8],
+    pub was: [u8; 8],
+}
+
+/// How many guard bytes lie behind the `size` user bytes of a block placed so: what a heap
+/// block's class leaves, up to [`GUARD_SIZE`]; [`GUARD_SIZE`] elsewhere (reserved with the block).
+#[inline(always)]
+fn guard_len(class_and_placement: u8, size: usize) -> usize {
+    (ROOM[class_and_placement as usize] as usize - size).min(GUARD_SIZE)
+}
+
+/// The bytes for user bytes and guard by byte [`CLASS_BYTE`] of [`BlockHeader::packed`] (class
+/// and placement), so that the guard's length takes one load and no decoding: a heap class's
+/// room (its size less the header), and for other placements room for any size and the guard.
+static ROOM: [u64; 256] = {
+    let mut room = [(SIZE_LIMIT + GUARD_SIZE) as u64; 256];
+    let mut class = 0;
+    while class < super::heap::CLASS_COUNT {
+        let byte = class | (Placement::Heap as usize) << CLASS_BITS;
+        // Classes smaller than a header serve no block.
+        room[byte] = super::heap::size_of_class(class).saturating_sub(HEADER_SIZE) as u64;
+        class += 1;
+    }
+    room
+};
+
+/// The bits of a guard of each length (the index) in the 8 bytes that end where it ends.
+const GUARD_MASKS: [u64; GUARD_SIZE + 1] = {
+    let mut masks = [0; GUARD_SIZE + 1];
+    let mut len = 1;
+    while len <= GUARD_SIZE {
+        masks[len] = u64::MAX << (8 * (GUARD_SIZE - len));
+        len += 1;
+    }
+    masks
+};
 
 impl BlockHeader {
     /// The header in front of a user pointer.
@@ -262,9 +330,9 @@ impl BlockHeader {
         super::site::is_known(self.site)
     }
 
-    /// Writes the header of the new block in `raw`, all but its list links (a heap block is on
-    /// its shard's list already; others are linked after this), and returns it: `owner` is
-    /// `None` for the tracker's own (untracked) blocks, which are on no list.
+    /// Writes the header of the new block in `raw` and its guard, and returns it (a block from
+    /// outside the heap is linked on its shard's list after this): `owner` is `None` for the
+    /// tracker's own (untracked) blocks, which are on no list.
     ///
     /// # Safety
     /// `raw` came from `raw::acquire*`, which reserved `HEADER_SIZE` writable bytes in front of
@@ -301,8 +369,12 @@ impl BlockHeader {
             }
             let cookie = state ^ user ^ covered(header);
             (&raw mut (*header).cookie).write(AtomicUsize::new(cookie));
+            // One store of the 8 bytes that end where the guard ends: a short guard (the class
+            // leaves under 8 bytes, so the block holds more than 8) takes the user's last bytes
+            // with it, which the program has not written yet.
+            let guard_end = block.size + guard_len((packed >> (8 * CLASS_BYTE)) as u8, block.size);
             raw.user
-                .wrapping_add(block.size)
+                .wrapping_add(guard_end - GUARD_SIZE)
                 .cast::<u64>()
                 .write_unaligned(GUARD);
         }
@@ -310,29 +382,45 @@ impl BlockHeader {
     }
 
     /// The user's bytes of a live block: `size` of them, then the guard.
-    fn guard(&self) -> *mut u64 {
-        Self::user_ptr(self as *const _ as *mut _)
-            .wrapping_add(self.size())
-            .cast()
+    fn guard(&self) -> *mut u8 {
+        Self::user_ptr(self as *const _ as *mut _).wrapping_add(self.size())
     }
 
-    /// Whether the guard behind the user's bytes is as written.
+    /// How many guard bytes lie behind the user's bytes.
+    #[inline(always)]
+    pub fn guard_len(&self) -> usize {
+        guard_len(self.packed_byte(CLASS_BYTE), self.size())
+    }
+
+    /// Whether the guard behind the user's bytes is as written. Reads the 8 bytes that end where
+    /// the guard ends, as `write` wrote them, so never the next block's header (another cache
+    /// line, maybe another thread's): the guard is their top `guard_len` bytes.
     #[inline]
     pub fn guard_intact(&self) -> bool {
-        // SAFETY: a live block's header was written with its guard behind its user bytes.
-        unsafe { self.guard().read_unaligned() == GUARD }
+        let len = self.guard_len();
+        // SAFETY: a live block's header was written with its guard behind its user bytes, and
+        // the block holds 8 bytes up to the guard's end (see `write`).
+        let word = unsafe {
+            self.guard()
+                .wrapping_add(len)
+                .wrapping_sub(GUARD_SIZE)
+                .cast::<u64>()
+                .read_unaligned()
+        };
+        (word ^ GUARD) & GUARD_MASKS[len] == 0
     }
 
     /// The guard's bytes as they are now.
-    pub fn guard_bytes(&self) -> [u8; GUARD_SIZE] {
+    pub fn guard_bytes(&self) -> Vec<u8> {
         // SAFETY: as in guard_intact.
-        unsafe { self.guard().read_unaligned() }.to_ne_bytes()
+        unsafe { core::slice::from_raw_parts(self.guard(), self.guard_len()) }.to_vec()
     }
 
     /// Writes the guard again (after its damage was reported), so it is reported once.
     pub fn restore_guard(&mut self) {
-        // SAFETY: as in guard_intact.
-        unsafe { self.guard().write_unaligned(GUARD) }
+        // SAFETY: as in guard_intact; only the guard's own bytes are written (the user's in
+        // front of it and the next block's behind it are left as they are).
+        unsafe { core::ptr::write_bytes(self.guard(), GUARD_BYTE, self.guard_len()) }
     }
 
     /// The cookie's bytes as they are now (the 8 bytes in front of the user pointer).
@@ -360,19 +448,73 @@ impl BlockHeader {
     }
 
     /// Whether the cookie says the block is one of ours in any state (live, freed, claimed,
-    /// untracked): the check a header must pass before its links are followed.
+    /// untracked, damaged and reported): the check a header must pass before its links are
+    /// followed.
     pub fn cookie_valid(&self) -> bool {
         let cookie = self.cookie.load(Ordering::Relaxed);
         // SAFETY: the header is readable (we are reading it).
         cookie == unsafe { Self::freed_cookie_at(self) }
+            || cookie == DAMAGED ^ self.address()
             || [LIVE, CLAIMED, UNTRACKED].contains(&(cookie ^ self.expected(0)))
+    }
+
+    /// Marks a heap block whose header was reported damaged beyond repair: it is left alone from
+    /// then on (its memory stays unused).
+    pub fn mark_damaged(&mut self) {
+        let damaged = DAMAGED ^ self.address();
+        self.cookie.store(damaged, Ordering::Relaxed);
+    }
+
+    /// Repairs a header whose first word alone was changed (a write past the end of the block
+    /// in front of it, which reaches that word first) from its cookie, which covers the word
+    /// unrotated: the cookie of any state, xor what it covers beyond the word, gives the word
+    /// back. Taken as such only when the word it gives back makes sense (a free heap block's
+    /// link: null or a block of the heap; a live or claimed block's thread: one that has run)
+    /// and, for a live or claimed block, the other fields hold together; `None` otherwise.
+    ///
+    /// # Safety
+    /// `header` is a block of the heap (readable), and nobody else changes it meanwhile.
+    #[cold]
+    pub unsafe fn front_overrun(header: *mut BlockHeader) -> Option<FirstWordDamage> {
+        // SAFETY: guaranteed by the caller.
+        let h = unsafe { &mut *header };
+        let cookie = h.cookie.load(Ordering::Relaxed);
+        let first = header.cast::<usize>();
+        // SAFETY: guaranteed by the caller.
+        let found = unsafe { first.read() };
+        let address = h.address();
+        let free_link = cookie ^ FREED ^ address;
+        let was = if free_link != found
+            && free_link.is_multiple_of(16)
+            && (free_link == 0 || super::heap::contains(free_link))
+        {
+            free_link
+        } else {
+            // SAFETY: as above.
+            let beyond = unsafe { covered_beyond_first_word(header) };
+            let threads = 1..super::guard::next_thread_number();
+            [LIVE, CLAIMED]
+                .into_iter()
+                .map(|state| cookie ^ state ^ address ^ beyond)
+                .find(|&was| {
+                    was != found
+                        && threads.contains(&((was >> 32) as u32))
+                        && super::integrity::fields_hold_together(h)
+                })?
+        };
+        // SAFETY: as above.
+        unsafe { first.write(was) };
+        Some(FirstWordDamage {
+            found: found.to_ne_bytes(),
+            was: was.to_ne_bytes(),
+        })
     }
 
     /// The cookie a freed block at `header` carries: a heap block's covers its free-list link
     /// (word [`FREE_LINK_WORD`]), other blocks' only their address.
     ///
     /// # Safety
-    /// The 48 bytes at `header` are readable.
+    /// The 32 bytes at `header` are readable.
     unsafe fn freed_cookie_at(header: *const BlockHeader) -> usize {
         let address = Self::user_ptr(header as *mut _) as usize;
         let link = if super::heap::contains(header as usize) {
@@ -526,6 +668,24 @@ impl BlockHeader {
             Lookup::Live(header, cookie)
         } else if cookie == h.expected(UNTRACKED) {
             Lookup::Untracked(header)
+        } else if cookie == DAMAGED ^ addr {
+            Lookup::Damaged
+        } else if let Some(damage) = super::heap::contains(header as usize)
+            .then(|| {
+                // SAFETY: a block of the heap, in mapped pages; repaired only when its cookie
+                // vouches for what it writes back.
+                unsafe { Self::front_overrun(header) }
+            })
+            .flatten()
+        {
+            // A write past the end of the block in front is that block's error: reported now,
+            // while it may still be live (a signal handler inside the tracker leaves it to the
+            // next report); the block is what its repaired header says.
+            super::integrity::found_front_overrun(header as usize, damage);
+            if !super::guard::inside() {
+                super::integrity::report_found();
+            }
+            Self::lookup(user)
         } else if let Some(damaged) = {
             // SAFETY: as above: the header's words are readable.
             unsafe { &*header }.underrun_bytes()
@@ -536,7 +696,7 @@ impl BlockHeader {
             unsafe { Self::freed_cookie_at(header) }
         } || cookie == h.expected(CLAIMED)
         {
-            // SAFETY: a FREED (or CLAIMED) cookie means bytes 24..48 are still our header (the
+            // SAFETY: a FREED (or CLAIMED) cookie means bytes 8..32 are still our header (the
             // heap's free lists use the bytes before them; see the layout above).
             let h = unsafe { &*header };
             Lookup::Freed {
@@ -553,7 +713,7 @@ impl BlockHeader {
             // Its span's blocks all came back and its pages may be gone with the header: the
             // size is the class's room, the stacks unknown.
             Lookup::Freed {
-                size: block.size - HEADER_SIZE - GUARD_SIZE,
+                size: block.size - HEADER_SIZE,
                 alloc_stack: StackId(0),
                 previous_free_stack: StackId(0),
             }

@@ -2,18 +2,14 @@
 //! free list per thread and class in front of each span's free list, so a tracked
 //! `new`/`delete` pair costs no glibc call, no lock and no atomic read-modify-write.
 //!
-//! A block here is header and user bytes together (`total` bytes, rounded up to its class).
+//! A block here is header and user bytes together (`total` bytes, rounded up to its class), on
+//! no list while live: the report and `check_heap()` walk the spans (`spans::for_each_block`).
+//! A `delete` of one of the thread's own blocks and the `new` that reuses it touch only the
+//! block and the thread's own list heads.
 //!
-//! A free block in a thread's lists stays *parked* on the thread's shard list, its cookie saying
-//! `FREED` (the report skips it): a `delete` of one of the thread's own blocks and the `new` that
-//! reuses it then change no list neighbours, whose cache misses were the largest cost of a pair.
-//! Blocks join the thread's shard list when a list of them comes to the thread (`refill`) and
-//! leave it when a list goes back to the class (`retire_full_list`, thread exit). Blocks on their
-//! span's free list are on no shard list.
-//!
-//! A free block keeps its shard-list links (bytes 0..16) and its site, stack, size and cookie
-//! (24..48), so a second `delete` still finds `FREED` until the block is handed out again; word
-//! 2 links it to the next block of its free list.
+//! A free block keeps its site, stack, size and cookie (bytes 8..32), so a second `delete` still
+//! finds `FREED` until the block is handed out again; word 0 links it to the next block of its
+//! free list.
 //!
 //! Memory moves between a thread and its class's spans (`spans`) in whole lists of up to
 //! [`batch_blocks`] blocks, under the class lock (once per batch, not per call). A thread holds at
@@ -28,7 +24,7 @@
 //! serves, which also finds the block any address falls into (bad frees of pointers inside a
 //! block, smashed headers).
 
-use super::header::{BlockHeader, HEADER_SIZE};
+use super::header::{BlockHeader, GUARD_SIZE, HEADER_SIZE};
 use super::live_list::HeldShard;
 use super::spans::{self, SPAN_BYTES};
 use crate::sys::PAGE_SIZE;
@@ -108,7 +104,7 @@ const CLASSES: [(usize, u32); CLASS_COUNT] = {
     classes
 };
 
-const fn size_of_class(class: usize) -> usize {
+pub(super) const fn size_of_class(class: usize) -> usize {
     if class < FINE_CLASSES {
         return (class + 1) * 16;
     }
@@ -181,7 +177,9 @@ impl List {
         let mut block = self.head;
         while good.count < self.count {
             // SAFETY: the head, or a block a vouched-for link led to: a block of the heap.
-            let Some(next) = (unsafe { BlockHeader::free_link(block.cast()) }) else {
+            let Some(next) = (unsafe { BlockHeader::free_link(block.cast()) })
+                .or_else(|| super::integrity::repair_free_link(block))
+            else {
                 super::integrity::found_corruption(
                     block as usize,
                     super::integrity::Corrupted::FreeList,
@@ -215,6 +213,7 @@ impl List {
         let next = if bounds.contains(&(block as usize)) {
             // SAFETY: in the heap, so readable.
             unsafe { BlockHeader::free_link(block.cast()) }
+                .or_else(|| super::integrity::repair_free_link(block))
         } else {
             None
         };
@@ -297,8 +296,8 @@ fn thread_heap() -> &'static ThreadHeap {
 }
 
 /// A free block of class `class` (header included, 16-aligned, its user pointer never
-/// page-aligned), parked on `mine` (the calling thread's shard, held): the caller makes it live
-/// without linking it. `None` when no memory could be mapped.
+/// page-aligned), for the calling thread, which holds its shard (`mine`): a walk of the heap
+/// waits until the caller has made the block live. `None` when no memory could be mapped.
 #[inline]
 pub fn take(class: u8, mine: &mut HeldShard<'_>) -> Option<*mut u8> {
     let class = class as usize;
@@ -308,14 +307,16 @@ pub fn take(class: u8, mine: &mut HeldShard<'_>) -> Option<*mut u8> {
     if count == 0 {
         (head, count) = match lists.spare.replace(null_mut()) {
             spare if !spare.is_null() => (spare, batch_blocks(class)),
-            _ => refill(class, mine)?,
+            _ => refill(class)?,
         };
     }
     // The link to the next block lies in this free block, where an overrun of the block in
     // front may have reached: followed only when the block's freed cookie vouches for it. The
     // head itself came from such a link, or from a list checked when it came to the thread.
     // SAFETY: `head` is the first of `count > 0` free blocks of the heap this thread holds.
-    let Some(next) = (unsafe { BlockHeader::free_link(head.cast()) }) else {
+    let Some(next) = (unsafe { BlockHeader::free_link(head.cast()) })
+        .or_else(|| super::integrity::repair_free_link(head))
+    else {
         return take_after_damage(class, mine, head);
     };
     lists.active.set(next);
@@ -335,20 +336,19 @@ fn take_after_damage(class: usize, mine: &mut HeldShard<'_>, bad: *mut u8) -> Op
     take(class as u8, mine)
 }
 
-/// Takes back a block of class `class` that is on `mine` (the calling thread's shard, held) and
-/// marks it freed; it stays there, parked.
+/// Takes back a block of class `class` for the calling thread's lists, which holds its shard
+/// (`_mine`), and marks it freed.
 ///
 /// # Safety
-/// `block` is a block from [`take`] of this class, on the list of `mine`, and nobody uses it
-/// any more.
+/// `block` is a block from [`take`] of this class, and nobody uses it any more.
 #[inline]
-pub unsafe fn park(block: *mut u8, class: u8, mine: &mut HeldShard<'_>) {
+pub unsafe fn park(block: *mut u8, class: u8, _mine: &mut HeldShard<'_>) {
     let class = class as usize;
     let lists = &thread_heap().classes[class];
     let mut head = lists.active.get();
     let mut count = lists.active_count.get();
     if count == batch_blocks(class) {
-        retire_full_list(class, lists, head, mine);
+        retire_full_list(class, lists, head);
         (head, count) = (null_mut(), 0);
     }
     // SAFETY: guaranteed by the caller: the block is free and now this thread's.
@@ -357,60 +357,49 @@ pub unsafe fn park(block: *mut u8, class: u8, mine: &mut HeldShard<'_>) {
     lists.active_count.set(count + 1);
 }
 
-/// A full active list becomes the spare; a spare already there leaves the shard list and goes
-/// back to the class.
+/// A full active list becomes the spare; a spare already there goes back to the class.
 #[cold]
 #[inline(never)]
-fn retire_full_list(class: usize, lists: &ThreadLists, full: *mut u8, mine: &mut HeldShard<'_>) {
+fn retire_full_list(class: usize, lists: &ThreadLists, full: *mut u8) {
     super::guard::arm_thread_exit();
     let spare = lists.spare.replace(full);
     if !spare.is_null() {
-        // SAFETY: the spare's blocks are free, this thread's, and parked on `mine`.
+        // SAFETY: the spare's blocks are free and this thread's.
         unsafe {
-            let list = List {
-                head: spare,
-                count: batch_blocks(class),
-            }
-            .checked();
-            if list.count > 0 {
-                unpark(list, mine);
-                give_back(class, list);
-            }
-        }
+            give_back_checked(
+                class,
+                List {
+                    head: spare,
+                    count: batch_blocks(class),
+                },
+            )
+        };
     }
 }
 
-/// Takes a list's blocks off the shard list they are parked on.
+/// Gives the blocks of a thread's list back to the class, up to the first whose link was
+/// damaged (`List::checked`).
 ///
 /// # Safety
-/// The list's blocks are free, held by the caller and parked on `mine`.
-unsafe fn unpark(list: List, mine: &mut HeldShard<'_>) {
+/// The list's blocks are free, of class `class`, and held by the caller.
+unsafe fn give_back_checked(class: usize, list: List) {
     // SAFETY: guaranteed by the caller.
     unsafe {
-        for block in list.blocks() {
-            mine.unlink(block as *mut BlockHeader);
+        let list = list.checked();
+        if list.count > 0 {
+            give_back(class, list);
         }
     }
 }
 
-/// A list for an empty thread, parked on `mine`: blocks given back to the class's spans, else
-/// freshly carved ones. The class lock is let go before the shard list is touched.
+/// A list for an empty thread: blocks given back to the class's spans, else freshly carved ones.
 #[cold]
 #[inline(never)]
-fn refill(class: usize, mine: &mut HeldShard<'_>) -> Option<(*mut u8, u32)> {
+fn refill(class: usize) -> Option<(*mut u8, u32)> {
     super::guard::arm_thread_exit();
     let wanted = refill_blocks(class, &thread_heap().classes[class]);
     let list = spans::take_blocks(class, wanted);
-    if list.count == 0 {
-        return None;
-    }
-    // SAFETY: the list's blocks are free, this thread's now, and on no shard list.
-    unsafe {
-        for block in list.blocks() {
-            mine.link(block as *mut BlockHeader);
-        }
-    }
-    Some((list.head, list.count))
+    (list.count > 0).then_some((list.head, list.count))
 }
 
 /// Where the first block of the span at `span_start` starts, from the span's start: a colour
@@ -445,20 +434,19 @@ pub(super) fn carve_skips(block: usize) -> bool {
     (block + HEADER_SIZE).is_multiple_of(PAGE_SIZE)
 }
 
-/// Gives a list of blocks on no shard list back to its class's spans.
+/// Gives a list of blocks back to its class's spans.
 ///
 /// # Safety
-/// The list's blocks are of class `class`, free, checked, on no shard list, and used by nobody.
+/// The list's blocks are of class `class`, free, checked, and used by nobody.
 unsafe fn give_back(class: usize, list: List) {
     // SAFETY: guaranteed by the caller.
     unsafe { spans::give_back(class, list) }
 }
 
-/// Gives back one freed block that is on no shard list (freed off another thread's list).
+/// Gives back one freed block that no thread's lists hold (freed for another thread's shard).
 ///
 /// # Safety
-/// `block` is a block from [`take`] of class `class`, marked freed, on no shard list, and nobody
-/// uses it any more.
+/// `block` is a block from [`take`] of class `class`, marked freed, and nobody uses it any more.
 pub unsafe fn give_back_block(block: *mut u8, class: u8) {
     let mut list = EMPTY;
     // SAFETY: guaranteed by the caller.
@@ -497,7 +485,7 @@ pub fn block_of_free_span(user: usize) -> Option<HeapBlock> {
 /// into blocks of that class.
 fn carved_block_containing(addr: usize, span_start: usize, class: usize) -> Option<HeapBlock> {
     let size = class_size(class);
-    let span_end = span_start + SPAN_BYTES;
+    let span_end = span_start + SPAN_BYTES - GUARD_SIZE;
     let mut block = span_start + first_block_offset(span_start, class);
     while block + size <= span_end {
         if carve_skips(block) {
@@ -516,9 +504,9 @@ fn carved_block_containing(addr: usize, span_start: usize, class: usize) -> Opti
     None
 }
 
-/// Thread exit (`guard`): the thread's lists leave `mine` (its shard, held) and go back to
-/// their classes.
-pub fn give_back_thread_lists(mine: &mut HeldShard<'_>) {
+/// Thread exit (`guard`): the thread's lists go back to their classes; `_mine`, its shard, is
+/// held.
+pub fn give_back_thread_lists(_mine: &mut HeldShard<'_>) {
     for (class, lists) in thread_heap().classes.iter().enumerate() {
         let active = List {
             head: lists.active.replace(null_mut()),
@@ -530,14 +518,8 @@ pub fn give_back_thread_lists(mine: &mut HeldShard<'_>) {
         };
         for list in [active, spare] {
             if !list.head.is_null() {
-                // SAFETY: the thread's own free blocks, parked on its shard.
-                unsafe {
-                    let list = list.checked();
-                    if list.count > 0 {
-                        unpark(list, mine);
-                        give_back(class, list);
-                    }
-                }
+                // SAFETY: the thread's own free blocks.
+                unsafe { give_back_checked(class, list) };
             }
         }
     }
@@ -604,14 +586,14 @@ mod tests {
     }
 
     #[test]
-    fn a_parked_block_is_reused_and_blocks_never_overlap() {
+    fn a_freed_block_is_reused_and_blocks_never_overlap() {
         let class = class_for(100, 0, 16).unwrap();
         with_my_shard(|mine| {
             let a = take(class, mine).unwrap();
             let b = take(class, mine).unwrap();
             assert!(b as usize + 112 <= a as usize || a as usize + 112 <= b as usize);
             assert!((a as usize).is_multiple_of(16));
-            // SAFETY: both came from take(class) just above, are parked on `mine` and used by
+            // SAFETY: both came from take(class) just above, are this thread's and used by
             // nobody.
             unsafe { park(a, class, mine) };
             assert_eq!(take(class, mine), Some(a));
@@ -624,7 +606,7 @@ mod tests {
     }
 
     #[test]
-    fn a_free_block_whose_link_changed_is_never_handed_out_again() {
+    fn a_free_block_whose_link_changed_is_repaired_and_one_whose_header_went_is_left_alone() {
         let class = class_for(10 * 1024, 0, 16).unwrap(); // a class no other test uses
         with_my_shard(|mine| {
             let blocks: [*mut u8; 3] = core::array::from_fn(|_| take(class, mine).unwrap());
@@ -633,9 +615,22 @@ mod tests {
                 unsafe { park(block, class, mine) };
             }
             // An overrun of the block in front of blocks[0] rewrites its link, to another free
-            // block (blocks[1] would be lost) that lies in the heap and carries a freed cookie.
+            // block (blocks[1] would be lost) that lies in the heap and carries a freed cookie:
+            // the cookie, which covers the link, gives it back.
             // SAFETY: blocks[0] is a free block of the heap this thread holds.
             unsafe { *word(blocks[0], NEXT_BLOCK) = blocks[2] as usize };
+            let taken: [*mut u8; 3] = core::array::from_fn(|_| take(class, mine).unwrap());
+            assert_eq!(taken, blocks, "the damaged link was not repaired");
+            for &block in taken.iter().rev() {
+                // SAFETY: each came from take(class) just above and is used by nobody.
+                unsafe { park(block, class, mine) };
+            }
+            // Now the cookie goes too: the block and those behind it are never handed out.
+            // SAFETY: as above.
+            unsafe {
+                *word(blocks[0], NEXT_BLOCK) = blocks[2] as usize;
+                *word(blocks[0], 3) ^= 0x4242;
+            }
             let taken: [*mut u8; 12] = core::array::from_fn(|_| take(class, mine).unwrap());
             assert!(
                 taken.iter().all(|block| !blocks.contains(block)),
@@ -646,10 +641,11 @@ mod tests {
                 unsafe { park(block, class, mine) };
             }
         });
+        crate::tracker::integrity::report_found();
     }
 
     #[test]
-    fn blocks_parked_by_an_exited_thread_are_handed_out_again() {
+    fn free_blocks_of_an_exited_thread_are_handed_out_again() {
         let class = class_for(30 * 1024, 0, 16).unwrap(); // a class no other test uses
         let blocks = std::thread::spawn(move || {
             with_my_shard(|mine| {
@@ -678,12 +674,8 @@ mod tests {
         let (given, held) = with_my_shard(|mine| {
             let blocks: [*mut u8; 4] = core::array::from_fn(|_| take(class, mine).unwrap());
             for &block in &blocks[..3] {
-                // SAFETY: fresh from take(class), parked on `mine`, used by nobody; off the
-                // shard list it may go back to the class.
-                unsafe {
-                    mine.unlink(block as *mut BlockHeader);
-                    give_back_block(block, class);
-                }
+                // SAFETY: fresh from take(class) and used by nobody.
+                unsafe { give_back_block(block, class) };
             }
             // The fourth stays out, so that its span keeps serving the class.
             (

@@ -4,7 +4,7 @@
 
 use super::errors::{self, Damage, ErrorKind, MemoryError};
 use super::guard::{self, Inside};
-use super::header::{BlockHeader, GUARD_BYTE, GUARD_SIZE};
+use super::header::{far_links, BlockHeader, FirstWordDamage, GUARD, GUARD_BYTE, HEADER_SIZE};
 use super::live_list::{HeldShard, StoppedWorld};
 use super::BlockKind;
 use crate::stack::{StackId, StartFrame};
@@ -37,6 +37,10 @@ impl FoundBy {
 
 pub const CHECK_HEAP_DETAIL: &str = "found by check_heap()";
 pub const REPORT_DETAIL: &str = "found by the report's heap check";
+/// An overrun found where it landed, in the header of the next block, when that block was freed
+/// or handed out again (or carved: a span's guard word).
+const FOUND_BEHIND_DETAIL: &str =
+    "found in the header behind the block, when the block there was freed or handed out; repaired";
 
 /// The error about the live block at `header`, with what its header tells.
 pub fn block_error(
@@ -78,11 +82,8 @@ fn inspect(header: *mut BlockHeader, found_by: FoundBy, problems: &mut Vec<Memor
         });
     }
     if !h.guard_intact() {
-        let damage = Damage::between(
-            h.size() as isize,
-            &h.guard_bytes(),
-            &[GUARD_BYTE; GUARD_SIZE],
-        );
+        let found = h.guard_bytes();
+        let damage = Damage::against_fill(h.size() as isize, &found, GUARD_BYTE);
         h.restore_guard();
         problems.push(MemoryError {
             damage,
@@ -103,8 +104,129 @@ pub fn report_at_delete(header: *mut BlockHeader, freed_with: BlockKind, start: 
     report_all(problems, super::capture_stack_of(start), freed_with);
 }
 
+/// Every live block (on the shards' lists and in the heap), checked and repaired on the way;
+/// `visit` sees each.
+pub fn check_live_blocks(
+    world: &StoppedWorld,
+    found_by: FoundBy,
+    problems: &mut Vec<MemoryError>,
+    mut visit: impl FnMut(*mut BlockHeader),
+) {
+    for held in world.shards() {
+        check_list(&held, found_by, problems, &mut visit);
+    }
+    check_heap_blocks(world, found_by, problems, visit);
+}
+
+/// Every live block of the heap, checked (and repaired) on the way, and the headers and guard
+/// words between them; `visit` sees each live block. Damage beside the blocks (a header that
+/// is no state of ours, a changed guard word) is looked for only where nobody can be writing
+/// one: every shard settled (a thread the world could not stop may be in the middle of a new
+/// header) and the span's class lock held (blocks given back to a class are relinked).
+fn check_heap_blocks(
+    world: &StoppedWorld,
+    found_by: FoundBy,
+    problems: &mut Vec<MemoryError>,
+    mut visit: impl FnMut(*mut BlockHeader),
+) {
+    let settled = world.all_settled() && !super::live_list::settling_stopped();
+    super::spans::for_each_block(settled, |found, still| match found {
+        super::spans::Found::Block(header) => {
+            // SAFETY: a block carved from a span, which nobody changes but by a claim while the
+            // world is stopped and its class lock held (see `for_each_block`).
+            let h = unsafe { &mut *header };
+            if h.is_live() || h.underrun_bytes().is_some() {
+                inspect(header, found_by, problems);
+                visit(header);
+            } else if settled && still && !h.cookie_valid() {
+                problems.push(damaged_heap_header(header, found_by));
+            }
+        }
+        super::spans::Found::GuardWord(word) => {
+            // SAFETY: a guard word inside a span, readable.
+            let found = unsafe { word.read() };
+            if settled && still && found != GUARD {
+                // SAFETY: under its class lock, nobody else writes it.
+                unsafe { word.write(GUARD) };
+                let damage = FirstWordDamage {
+                    found: found.to_ne_bytes(),
+                    was: GUARD.to_ne_bytes(),
+                };
+                problems.push(MemoryError {
+                    detail: found_by
+                        .detail()
+                        .or(Some(Corrupted::OverrunFromFront.detail())),
+                    ..front_overrun_error(word as usize, damage)
+                });
+            }
+        }
+    });
+}
+
+/// The error for a heap header found damaged by a walk: repaired when only its first word went
+/// (a write past the end of the block in front), else marked damaged and left alone.
+fn damaged_heap_header(header: *mut BlockHeader, found_by: FoundBy) -> MemoryError {
+    // SAFETY: a block of the heap, which nobody changes meanwhile (see check_heap_blocks).
+    if let Some(damage) = unsafe { BlockHeader::front_overrun(header) } {
+        let error = front_overrun_error(header as usize, damage);
+        return MemoryError {
+            detail: error.detail.or(found_by.detail()),
+            ..error
+        };
+    }
+    let found = header_bytes(header);
+    // SAFETY: as above; from now on the block is left alone.
+    unsafe { (*header).mark_damaged() };
+    corruption_error(header, Corrupted::Header, found, BlockKind::New, StackId(0))
+}
+
+/// The error for damage that a write past the end of the block in front of `at` did (to the
+/// first word of the header there, or to a guard word of a span): an overrun of that block
+/// when it is live, else heap corruption at `at`. Has no stack yet.
+pub fn front_overrun_error(at: usize, damage: FirstWordDamage) -> MemoryError {
+    let front = super::heap::block_containing(at - 1).filter(|b| b.start + b.size == at);
+    if let Some(front) = front {
+        let header = front.start as *mut BlockHeader;
+        // SAFETY: a block of the heap, readable; only read.
+        if unsafe { (*header).is_live() } {
+            let offset = at - BlockHeader::user_ptr(header) as usize;
+            return MemoryError {
+                damage: Damage::between(offset as isize, &damage.found, &damage.was),
+                ..block_error(ErrorKind::Overrun, header, BlockKind::New, StackId(0))
+            };
+        }
+    }
+    MemoryError {
+        detail: Some(Corrupted::OverrunFromFront.detail()),
+        damage: Damage::between(-(HEADER_SIZE as isize), &damage.found, &damage.was),
+        ..MemoryError::at_free(
+            ErrorKind::HeapCorruption,
+            (at + HEADER_SIZE) as *mut u8,
+            BlockKind::New,
+            StackId(0),
+        )
+    }
+}
+
+/// The link of the free heap block `block` once a write past the end of the block in front,
+/// which changed it, is undone from its cookie (and recorded for the report); `None` when the
+/// header holds no such damage.
+#[cold]
+#[inline(never)]
+pub fn repair_free_link(block: *mut u8) -> Option<*mut u8> {
+    let header = block.cast::<BlockHeader>();
+    if !super::heap::contains(block as usize) {
+        return None;
+    }
+    // SAFETY: a block of the heap that the caller holds (a free block of its lists).
+    let damage = unsafe { BlockHeader::front_overrun(header) }?;
+    found_front_overrun(block as usize, damage);
+    // SAFETY: as above.
+    unsafe { BlockHeader::free_link(header) }
+}
+
 /// Every live block of `held`'s list, checked (and repaired) on the way; `visit` sees each.
-pub fn check_list(
+fn check_list(
     held: &HeldShard<'_>,
     found_by: FoundBy,
     problems: &mut Vec<MemoryError>,
@@ -139,9 +261,7 @@ pub fn check_heap(start: StartFrame) -> usize {
     let mut problems = Vec::new();
     {
         let world = StoppedWorld::stop(guard::thread_number());
-        for held in world.shards() {
-            check_list(&held, FoundBy::CheckHeap, &mut problems, |_| {});
-        }
+        check_live_blocks(&world, FoundBy::CheckHeap, &mut problems, |_| {});
     }
     let count = problems.len() + found_count();
     report_found();
@@ -159,7 +279,7 @@ fn found_count() -> usize {
 /// What of the tracker's own records was found damaged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Corrupted {
-    /// A block's list links (its header's first 16 bytes); the list was rebuilt around it.
+    /// A block's list links (the 16 bytes in front of its header); the list was rebuilt around it.
     Links,
     /// The list links of blocks beside this one; the blocks between them are no longer listed.
     LostBlocks,
@@ -167,15 +287,19 @@ pub enum Corrupted {
     FreeList,
     /// A block's whole header (size, stack, check word), seen when it was freed.
     Header,
+    /// The first bytes of a heap header (or a span's guard word) behind a block that is no
+    /// longer live: written past its end; repaired.
+    OverrunFromFront,
 }
 
 impl Corrupted {
     fn detail(self) -> &'static str {
         match self {
-            Corrupted::Links => "the list links in this block's header were overwritten (by an overrun of the block in front of it in memory?); the tracker's list was repaired",
+            Corrupted::Links => "the list links in front of this block's header were overwritten (by an overrun of the block in front of it in memory?); the tracker's list was repaired",
             Corrupted::LostBlocks => "the list links of the blocks next to this one were overwritten; blocks between them are no longer listed in reports",
             Corrupted::FreeList => "a free block's header was overwritten (by an overrun of the block in front of it in memory?); the heap leaves it and the blocks listed behind it unused",
             Corrupted::Header => "this block's header (size, stack, check word) was overwritten (by an overrun of the block in front of it in memory?); the block is no longer tracked and is left alone",
+            Corrupted::OverrunFromFront => "the bytes in front of this address were overwritten past the end of the block in front of them, which is no longer live (a write after its delete?); restored",
         }
     }
 }
@@ -187,6 +311,8 @@ struct Corruption {
     header: usize,
     what: Corrupted,
     found: Option<[u8; 16]>,
+    /// For [`Corrupted::OverrunFromFront`]: the word as found and as it was.
+    front: Option<FirstWordDamage>,
 }
 
 /// Damaged records found and not yet reported: a leaf lock (nothing else is taken under it),
@@ -221,6 +347,23 @@ pub fn found_corruption(header: usize, what: Corrupted) {
         Corrupted::LostBlocks => None,
         _ => header_bytes(header as *mut BlockHeader),
     };
+    log_corruption(header, what, found, None);
+}
+
+/// Records a write past the end of the block in front of `at` (found and repaired where a heap
+/// header or a span's guard word lies), to be reported by [`report_found`]: as an overrun of
+/// that block, when it is still live then.
+#[cold]
+pub fn found_front_overrun(at: usize, damage: FirstWordDamage) {
+    log_corruption(at, Corrupted::OverrunFromFront, None, Some(damage));
+}
+
+fn log_corruption(
+    header: usize,
+    what: Corrupted,
+    found: Option<[u8; 16]>,
+    front: Option<FirstWordDamage>,
+) {
     let mut log = found_log();
     let seen = |e: &Option<Corruption>| e.is_some_and(|c| c.header == header && c.what == what);
     if log.entries.iter().any(seen) {
@@ -232,6 +375,7 @@ pub fn found_corruption(header: usize, what: Corrupted) {
                 header,
                 what,
                 found,
+                front,
             })
         }
         None => log.dropped += 1,
@@ -241,11 +385,17 @@ pub fn found_corruption(header: usize, what: Corrupted) {
     // Said at once, without allocating (a shard is held): the full error, with its stacks, comes
     // at the next free that leaves the heap, bad free, stats(), check_heap() or report.
     let mut line = crate::sys::StackBuffer::<160>::new();
-    let _ = writeln!(
-        line,
-        "k15-memory: heap_corruption at {:#x} ({what:?}); details follow in the report",
-        header + super::header::HEADER_SIZE
-    );
+    let _ = match front {
+        Some(_) => writeln!(
+            line,
+            "k15-memory: a write past the end of a block reached {header:#x}; details follow in the report"
+        ),
+        None => writeln!(
+            line,
+            "k15-memory: heap_corruption at {:#x} ({what:?}); details follow in the report",
+            header + HEADER_SIZE
+        ),
+    };
     line.flush_to_stderr();
 }
 
@@ -269,13 +419,22 @@ fn report_found_now() {
         (entries, core::mem::take(&mut log.dropped))
     };
     for c in entries {
-        errors::report(corruption_error(
-            c.header as *mut BlockHeader,
-            c.what,
-            c.found,
-            BlockKind::New,
-            StackId(0),
-        ));
+        errors::report(match c.front {
+            Some(damage) => {
+                let error = front_overrun_error(c.header, damage);
+                MemoryError {
+                    detail: error.detail.or(Some(FOUND_BEHIND_DETAIL)),
+                    ..error
+                }
+            }
+            None => corruption_error(
+                c.header as *mut BlockHeader,
+                c.what,
+                c.found,
+                BlockKind::New,
+                StackId(0),
+            ),
+        });
     }
     if dropped > 0 {
         let line = format!("k15-memory: {dropped} more damaged headers found, not listed\n");
@@ -305,21 +464,28 @@ pub fn readable(p: *mut BlockHeader) -> bool {
         })
 }
 
-/// Whether the header at `p` is readable and one of ours: its cookie says so, or says a live
-/// block whose check word an underrun damaged.
-fn recognisable(p: *mut BlockHeader) -> bool {
-    // SAFETY: read once it is known to be readable.
-    readable(p) && unsafe { (*p).cookie_valid() || (*p).underrun_bytes().is_some() }
+/// Whether `p` could be a block on a shard list: outside the heap (whose blocks are on none),
+/// its header and the links in front of it readable.
+fn could_be_far_block(p: *mut BlockHeader) -> bool {
+    let links = far_links(p);
+    !super::heap::contains(p as usize) && readable(p) && readable(links.cast())
 }
 
-/// Whether `node` is a readable header whose back link leads to `from` (the block whose
+/// Whether the header at `p` is a far block's and one of ours: its cookie says so, or says a
+/// live block whose check word an underrun damaged.
+fn recognisable(p: *mut BlockHeader) -> bool {
+    // SAFETY: read once it is known to be readable.
+    could_be_far_block(p) && unsafe { (*p).cookie_valid() || (*p).underrun_bytes().is_some() }
+}
+
+/// Whether `node` could be a far block whose back link leads to `from` (the block whose
 /// forward link led to it).
 ///
 /// # Safety
 /// `from` is a header on a held list.
 pub unsafe fn links_back(node: *mut BlockHeader, from: *mut BlockHeader) -> bool {
     // SAFETY: read once it is known to be readable.
-    readable(node) && unsafe { (*node).prev == from }
+    could_be_far_block(node) && unsafe { (*far_links(node)).prev == from }
 }
 
 /// Rebuilds the list of `held` after a link was found damaged: forward from its head as long as
@@ -333,16 +499,16 @@ pub fn repair_list(held: &HeldShard<'_>) {
         let mut forward_end: *mut BlockHeader = null_mut();
         let mut node = head;
         while !node.is_null() && recognisable(node) {
-            let back = (*node).prev;
+            let back = (*far_links(node)).prev;
             if back != forward_end && recognisable(back) {
                 break; // a link into the middle of the list (or a cycle): not followed
             }
             if back != forward_end {
                 found_corruption(node as usize, Corrupted::Links);
-                (*node).prev = forward_end;
+                (*far_links(node)).prev = forward_end;
             }
             forward_end = node;
-            node = (*node).next;
+            node = (*far_links(node)).next;
         }
         if node.is_null() {
             held.set_ends(head, forward_end);
@@ -351,16 +517,16 @@ pub fn repair_list(held: &HeldShard<'_>) {
         let mut backward_start: *mut BlockHeader = null_mut();
         let mut node = tail;
         while !node.is_null() && node != forward_end && recognisable(node) {
-            let ahead = (*node).next;
+            let ahead = (*far_links(node)).next;
             if ahead != backward_start && recognisable(ahead) {
                 break;
             }
             if ahead != backward_start {
                 found_corruption(node as usize, Corrupted::Links);
-                (*node).next = backward_start;
+                (*far_links(node)).next = backward_start;
             }
             backward_start = node;
-            node = (*node).prev;
+            node = (*far_links(node)).prev;
         }
         if node != forward_end {
             found_corruption(
@@ -371,7 +537,7 @@ pub fn repair_list(held: &HeldShard<'_>) {
                 },
                 Corrupted::LostBlocks,
             );
-        } else if !forward_end.is_null() && (*forward_end).next != backward_start {
+        } else if !forward_end.is_null() && (*far_links(forward_end)).next != backward_start {
             found_corruption(forward_end as usize, Corrupted::Links);
         }
         if forward_end.is_null() {
@@ -384,7 +550,7 @@ pub fn repair_list(held: &HeldShard<'_>) {
                 },
             );
         } else {
-            (*forward_end).next = backward_start;
+            (*far_links(forward_end)).next = backward_start;
             held.set_ends(
                 head,
                 if backward_start.is_null() {
@@ -395,7 +561,7 @@ pub fn repair_list(held: &HeldShard<'_>) {
             );
         }
         if !backward_start.is_null() {
-            (*backward_start).prev = forward_end;
+            (*far_links(backward_start)).prev = forward_end;
         }
     }
 }
@@ -434,6 +600,10 @@ pub fn foreign_free_error(ptr: *mut u8, freed_with: BlockKind, free_stack: Stack
         };
     }
     if addr == user && !h.cookie_valid() {
+        if super::heap::contains(addr) {
+            // SAFETY: a heap block's header; marked so that it is reported once.
+            unsafe { (*header).mark_damaged() };
+        }
         return corruption_error(
             header,
             Corrupted::Header,
@@ -529,7 +699,7 @@ pub fn check_quarantine(found_by: FoundBy) {
 /// cookie is damaged (an underrun) and so no longer vouches for them: an offset and size that
 /// fit where the block lies, its guard intact, a site the table gave out.
 pub fn fields_hold_together(h: &BlockHeader) -> bool {
-    use super::header::{Placement, GUARD_SIZE, HEADER_SIZE};
+    use super::header::{Placement, GUARD_SIZE};
     use crate::sys::{page_is_mapped, PAGE_SIZE};
     let header = h as *const BlockHeader as usize;
     let user = header + HEADER_SIZE;
@@ -537,7 +707,7 @@ pub fn fields_hold_together(h: &BlockHeader) -> bool {
         Placement::Heap => super::heap::block_containing(header).is_some_and(|block| {
             block.start == header
                 && block.class == h.class()
-                && h.size() <= block.size - HEADER_SIZE - GUARD_SIZE
+                && h.size() <= block.size - HEADER_SIZE
         }),
         // The offset of a block from glibc lies in front of its header.
         placement => {

@@ -1,6 +1,8 @@
-//! The record of live blocks: intrusive doubly linked lists, one per shard, with the shard's
-//! counters, and how threads take turns on them. A shard's list also holds the free heap blocks
-//! its thread keeps for reuse, parked there with a `FREED` cookie (see `heap`); walks skip them.
+//! Shards: each thread's counters, its queue of frees of other threads' blocks, the list of its
+//! live blocks from outside the heap (intrusive, doubly linked through [`FarLinks`] in front of
+//! their headers), and how threads take turns on them. Blocks of the heap are on no list: the
+//! heap's spans are walked instead (`spans::for_each_block`), with the world stopped, and a
+//! shard held is what keeps its thread from changing heap headers meanwhile.
 //!
 //! Each thread owns a shard (claimed at its first allocation, given back at its exit) and
 //! changes it without any atomic read-modify-write: it sets the shard's `busy` flag with a plain
@@ -17,7 +19,7 @@
 //! Shards below [`GUEST_SHARDS`] are never owned: threads beyond the owned shards, and every
 //! thread where `membarrier` is unavailable, share them, each behind its spinlock.
 
-use super::header::BlockHeader;
+use super::header::{far_links, BlockHeader};
 use core::cell::UnsafeCell;
 use core::sync::atomic::{compiler_fence, AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 
@@ -342,12 +344,12 @@ impl HeldShard<'_> {
         // SAFETY: the shard is held, so the list and its nodes are ours to change.
         unsafe {
             let head = *s.head.get();
-            (*header).prev = core::ptr::null_mut();
-            (*header).next = head;
+            (*far_links(header)).prev = core::ptr::null_mut();
+            (*far_links(header)).next = head;
             if head.is_null() {
                 *s.tail.get() = header;
             } else {
-                (*head).prev = header;
+                (*far_links(head)).prev = header;
             }
             // The block is complete before the head names it: an exit report run by a signal
             // handler that interrupted this thread here walks the list as it stands.
@@ -374,16 +376,16 @@ impl HeldShard<'_> {
                     return;
                 }
             }
-            let (prev, next) = ((*header).prev, (*header).next);
+            let (prev, next) = ((*far_links(header)).prev, (*far_links(header)).next);
             if prev.is_null() {
                 *s.head.get() = next;
             } else {
-                (*prev).next = next;
+                (*far_links(prev)).next = next;
             }
             if next.is_null() {
                 *s.tail.get() = prev;
             } else {
-                (*next).prev = prev;
+                (*far_links(next)).prev = prev;
             }
         }
     }
@@ -397,16 +399,16 @@ impl HeldShard<'_> {
         let s = self.shard;
         // SAFETY: a neighbour is read only once it passes `could_be_header`.
         unsafe {
-            let (prev, next) = ((*header).prev, (*header).next);
+            let (prev, next) = ((*far_links(header)).prev, (*far_links(header)).next);
             let prev_agrees = if prev.is_null() {
                 *s.head.get() == header
             } else {
-                super::integrity::could_be_header(prev) && (*prev).next == header
+                super::integrity::could_be_header(prev) && (*far_links(prev)).next == header
             };
             let next_agrees = if next.is_null() {
                 *s.tail.get() == header
             } else {
-                super::integrity::could_be_header(next) && (*next).prev == header
+                super::integrity::could_be_header(next) && (*far_links(next)).prev == header
             };
             prev_agrees && next_agrees
         }
@@ -466,9 +468,8 @@ impl HeldShard<'_> {
         true
     }
 
-    /// Every block on the list, head first: live ones and the free heap blocks parked on it
-    /// (see `heap`). Each link is checked before it is followed; a damaged list is repaired and
-    /// reported (`integrity`) on the way.
+    /// Every block on the list, head first. Each link is checked before it is followed; a
+    /// damaged list is repaired and reported (`integrity`) on the way.
     pub fn blocks(&self) -> impl Iterator<Item = *mut BlockHeader> + '_ {
         // SAFETY: the shard is held for as long as the iterator borrows `self`.
         let mut node = unsafe { *self.shard.head.get() };
@@ -480,7 +481,7 @@ impl HeldShard<'_> {
             }
             // SAFETY: `current` is a header on the held list (checked when it was reached).
             unsafe {
-                node = (*current).next;
+                node = (*far_links(current)).next;
                 if !node.is_null()
                     && !super::integrity::links_back(node, current)
                     && !repaired
@@ -488,7 +489,7 @@ impl HeldShard<'_> {
                 {
                     super::integrity::repair_list(self);
                     repaired = true;
-                    node = (*current).next;
+                    node = (*far_links(current)).next;
                 }
                 if !node.is_null() && !super::integrity::links_back(node, current) {
                     node = core::ptr::null_mut(); // still damaged after a repair: stop here
@@ -604,6 +605,11 @@ impl StoppedWorld {
             world.settle_pending();
         }
         world
+    }
+
+    /// Whether every shard is held: no thread may be in the middle of a change.
+    pub fn all_settled(&self) -> bool {
+        self.unsettled.0.iter().all(|&bits| bits == 0)
     }
 
     /// Whether blocks of shard `index` may be taken off its list: the shard is held, and

@@ -204,7 +204,7 @@ pub unsafe extern "C" fn k15_memory_c_realloc(
             // SAFETY: a glibc block, resized by glibc.
             return unsafe { glibc::realloc(ptr as *mut c_void, size) } as *mut u8;
         }
-        Lookup::Freed { .. } | Lookup::Foreign => {
+        Lookup::Freed { .. } | Lookup::Foreign | Lookup::Damaged => {
             deallocate(ptr, BlockKind::Realloc, start); // reports it
             return core::ptr::null_mut();
         }
@@ -235,7 +235,7 @@ pub extern "C" fn k15_memory_c_usable_size(ptr: *mut u8) -> usize {
             (*header).size()
         },
         Lookup::Foreign if is_glibc_block(ptr) => glibc_usable_size(ptr),
-        Lookup::Freed { .. } | Lookup::Foreign => 0,
+        Lookup::Freed { .. } | Lookup::Foreign | Lookup::Damaged => 0,
     }
 }
 

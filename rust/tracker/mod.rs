@@ -90,7 +90,7 @@ unsafe fn allocate_inside(
         return allocate_elsewhere(held, *new_block, align, hot, owner(me, seq, alloc_stack));
     };
     let owner = owner(me, seq, alloc_stack);
-    // SAFETY: `block` is fresh from the heap and parked on this shard's list already; `file` is
+    // SAFETY: `block` is fresh from the heap (on no list: the heap's walk finds it); `file` is
     // as the caller guarantees.
     unsafe { BlockHeader::write(&block, new_block, Some(owner)) };
     held.count_allocation(size);
@@ -137,8 +137,7 @@ unsafe fn allocate_elsewhere(
         }
         return core::ptr::null_mut();
     };
-    // SAFETY: `block` is fresh: a heap block is parked on this shard's list already, others are
-    // on no list; `file` is as the caller guarantees.
+    // SAFETY: `block` is fresh and on no list; `file` is as the caller guarantees.
     unsafe {
         let header = BlockHeader::write(&block, &new_block, Some(owner));
         if block.placement != Placement::Heap {
@@ -188,6 +187,7 @@ pub fn deallocate(ptr: *mut u8, kind: BlockKind, start: impl Fn() -> StartFrame 
                 raw::release(header, raw_offset);
             }
         }
+        Lookup::Damaged => {} // reported when the damage was found; the block is left alone
         Lookup::Underrun { header, .. } => {
             integrity::report_at_delete(header, kind, start());
             // SAFETY: the header is ours (its cookie was repaired just above).
@@ -446,9 +446,9 @@ pub fn apply_deferred_frees() {
     }
 }
 
-/// Frees a block on the calling thread's own shard (`held`): a heap block stays on the list,
-/// parked (see `heap`), so neither this free nor the allocation that reuses it touches the list;
-/// unless freed blocks go into `quarantine`.
+/// Frees a block on the calling thread's own shard (`held`): a heap block goes to the thread's
+/// lists (see `heap`), unless freed blocks go into `quarantine`; another block leaves the
+/// shard's list.
 ///
 /// # Safety
 /// `header` is a live block on the list of `held`, the calling thread's shard, and nobody else
@@ -462,13 +462,16 @@ unsafe fn free_on_own_list(
     // SAFETY: guaranteed by the caller.
     let h = unsafe { &mut *header };
     held.count_free(h.size());
-    if h.placement() == Placement::Heap && !quarantine {
-        // SAFETY: a heap block of class `h.class` on the list of `held`, which park marks freed.
+    let in_heap = h.placement() == Placement::Heap;
+    if in_heap && !quarantine {
+        // SAFETY: a heap block of class `h.class` of this thread, which park marks freed.
         unsafe { heap::park(header as *mut u8, h.class(), &mut held) };
         return;
     }
-    // SAFETY: guaranteed by the caller.
-    unsafe { held.unlink(header) };
+    if !in_heap {
+        // SAFETY: guaranteed by the caller.
+        unsafe { held.unlink(header) };
+    }
     h.mark_freed();
     drop(held);
     // SAFETY: the block is off its list and marked freed; this thread owns its memory now.
@@ -523,8 +526,10 @@ unsafe fn free_off_list(
 ) {
     // SAFETY: guaranteed by the caller.
     let h = unsafe { &mut *header };
-    // SAFETY: guaranteed by the caller.
-    unsafe { held.unlink(header) };
+    if h.placement() != Placement::Heap {
+        // SAFETY: guaranteed by the caller.
+        unsafe { held.unlink(header) };
+    }
     held.count_free(h.size());
     if !h.is_claimed() {
         budget::credit_block(h.size()); // a claimed block's bytes went back when it was claimed
@@ -621,7 +626,8 @@ fn record_free_stack(header: *mut BlockHeader, start: StartFrame) {
     if matches!(placement, Placement::Heap | Placement::Mapped) {
         let _inside = Inside::enter();
         let stack = capture_stack_of(start);
-        // SAFETY: every block has room for its guard (8 bytes) behind its user bytes.
+        // SAFETY: every block has room for at least 4 bytes at its user pointer (a heap block
+        // of 0 bytes gets a class with room).
         unsafe { user.cast::<StackId>().write_unaligned(stack) };
     }
 }

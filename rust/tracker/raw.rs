@@ -27,14 +27,15 @@ pub struct RawBlock {
     pub class: u8,
 }
 
-/// A block of the heap for `size` bytes aligned to `align`, with a header in front and a guard
-/// behind, parked on `mine`, the calling thread's shard (see `heap`): `None` when the heap does
+/// A block of the heap for `size` bytes aligned to `align`, with a header in front and what its
+/// class leaves behind as the guard, for the thread holding `mine`, its shard (see `heap`): `None` when the heap does
 /// not serve that size or alignment (over 128 KiB, or aligned over 64) or has no memory left.
 /// Apart from [`acquire_elsewhere`], so that the common path keeps the block in registers.
 #[inline(always)]
 pub fn acquire_from_heap(size: usize, align: usize, mine: &mut HeldShard<'_>) -> Option<RawBlock> {
     // No overflow: the heap's sizes are far below usize::MAX, and larger ones are refused first.
-    let class = heap::class_for(size, HEADER_SIZE + GUARD_SIZE, align)?;
+    // The guard is what the class leaves; a block of 0 bytes still gets room (a free stack).
+    let class = heap::class_for(size.max(1), HEADER_SIZE, align)?;
     let raw = heap::take(class, mine)?;
     Some(RawBlock {
         user: raw.wrapping_add(HEADER_SIZE),

@@ -4,15 +4,22 @@
 //!
 //! Blocks move here only in the heap's slow paths (a thread's list refilled or given back, a
 //! block freed off another thread's list), under the class lock, so a `new`/`delete` pair of a
-//! thread never comes here. A span counts the blocks it has handed out (live, parked on a
-//! thread's list, quarantined); when that count falls to 0 every block it ever carved is on its
-//! free list, and the span leaves its class.
+//! thread never comes here. A span counts the blocks it has handed out (live, on a thread's
+//! lists, quarantined); when that count falls to 0 every block it ever carved is on its free
+//! list, and the span leaves its class.
+//!
+//! Behind the last block carved from a span, and in the gaps carving leaves, lies a guard word
+//! ([`GUARD`]), checked when the next block is carved there and by every walk
+//! ([`for_each_block`]): the guard of a block whose class leaves it no slack is the next block's
+//! header, and where there is no next block yet, this word. A span keeps [`GUARD_SIZE`] bytes
+//! at its end for it.
 
+use super::header::{BlockHeader, GUARD, GUARD_SIZE};
 use super::heap::{self, List};
 use crate::sys;
 use core::ptr::null_mut;
 use core::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
 
 /// Every span's size (and alignment from the reservation's start); the largest class holds 8.
 pub const SPAN_BYTES: usize = 1 << 20;
@@ -124,6 +131,19 @@ pub fn free_span(addr: usize) -> Option<(usize, usize)> {
     (byte & FREE != 0).then(|| (span_start(index), (byte & !FREE) as usize))
 }
 
+/// A class lock, unless it stays held past the tracker's patience (`live_list::Patience`).
+fn class_lock_within(class: usize) -> Option<MutexGuard<'static, ClassSpans>> {
+    let mut waited = super::live_list::Patience::new();
+    loop {
+        match CLASSES[class].try_lock() {
+            Ok(guard) => return Some(guard),
+            Err(TryLockError::Poisoned(poisoned)) => return Some(poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) if waited.more() => {}
+            Err(TryLockError::WouldBlock) => return None,
+        }
+    }
+}
+
 /// What a class's lock protects: its spans with blocks to hand out (free or never carved),
 /// linked through [`Span::next`] and [`Span::prev`].
 struct ClassSpans {
@@ -209,24 +229,107 @@ pub fn take_blocks(class: usize, wanted: u32) -> List {
             unsafe { list.push(block) };
             s.handed_out += 1;
         }
-        while list.count < wanted && s.carved as usize + size <= SPAN_BYTES {
+        while list.count < wanted && can_carve(s, size) {
             let block = start + s.carved as usize;
+            check_guard_word(block);
             if heap::carve_skips(block) {
                 s.carved += heap::LARGEST_ALIGN as u32;
+                write_guard_word(start + s.carved as usize);
                 continue;
             }
             s.carved += size as u32;
             // SAFETY: a block of this class inside the span, never handed to anyone (or handed
             // out before the span was freed, all of them back since); pushing marks it freed.
             unsafe { list.push(block as *mut u8) };
+            write_guard_word(start + s.carved as usize);
             s.handed_out += 1;
         }
-        if s.free.count == 0 && s.carved as usize + size > SPAN_BYTES {
+        if s.free.count == 0 && !can_carve(s, size) {
             // SAFETY: on this class's list, under its lock.
             unsafe { class_spans.remove(index) };
         }
     }
     list
+}
+
+/// Whether a block of `size` bytes can still be carved from span `s`, leaving room for the
+/// guard word behind it.
+fn can_carve(s: &Span, size: usize) -> bool {
+    s.carved as usize + size + GUARD_SIZE <= SPAN_BYTES
+}
+
+/// Writes the guard word at `at`, behind the last block carved from a span (or a gap).
+fn write_guard_word(at: usize) {
+    // SAFETY: `at` lies in a span, below its end by at least the guard word (`can_carve`),
+    // under its class lock: bytes nobody else uses.
+    unsafe { (at as *mut u64).write(GUARD) };
+}
+
+/// Checks the guard word at `at` before a block is carved there: a write past the end of the
+/// block in front reached it (recorded, for the report).
+fn check_guard_word(at: usize) {
+    // SAFETY: as in write_guard_word.
+    let found = unsafe { (at as *const u64).read() };
+    if found != GUARD {
+        super::integrity::found_front_overrun(
+            at,
+            super::header::FirstWordDamage {
+                found: found.to_ne_bytes(),
+                was: GUARD.to_ne_bytes(),
+            },
+        );
+    }
+}
+
+/// What a walk of the heap finds.
+pub enum Found {
+    /// A block carved from a span (in any state).
+    Block(*mut BlockHeader),
+    /// The guard word behind the last block carved from a span, or in a gap carving left.
+    GuardWord(*mut u64),
+}
+
+/// Walks every span serving a class, with the world stopped (so no thread changes a header
+/// but through a claim, or by giving blocks back to a class, whose lock is taken for each span).
+/// `visit` learns whether the span was held still: not when `locked` is false (an exit from a
+/// signal handler that may hold a class lock) or its class lock stayed held past the tracker's
+/// patience (its holder is this very thread, interrupted, or stuck); the span table is then read
+/// as it is.
+pub fn for_each_block(locked: bool, mut visit: impl FnMut(Found, bool)) {
+    let spans = (CARVED.bytes.load(Ordering::Acquire) / SPAN_BYTES) as u32;
+    for index in 0..spans {
+        let class = match owner(index).load(Ordering::Acquire) {
+            0 => continue,
+            byte if byte & FREE != 0 => continue,
+            byte => byte as usize - 1,
+        };
+        let class_lock = locked.then(|| class_lock_within(class)).flatten();
+        let still = class_lock.is_some();
+        if owner(index).load(Ordering::Acquire) != class as u8 + 1 {
+            continue; // freed before the lock was had
+        }
+        // SAFETY: an entry of a span handed out; read as one value (the class lock, when held,
+        // keeps it still).
+        let carved = unsafe {
+            (&raw const (*SPANS.load(Ordering::Relaxed).add(index as usize)).carved).read_volatile()
+        };
+        let start = span_start(index);
+        let end = start + carved as usize;
+        let size = heap::class_size(class);
+        let mut block = start + heap::first_block_offset(start, class);
+        while block < end {
+            if heap::carve_skips(block) {
+                visit(Found::GuardWord(block as *mut u64), still);
+                block += heap::LARGEST_ALIGN;
+            } else {
+                visit(Found::Block(block as *mut BlockHeader), still);
+                block += size;
+            }
+        }
+        if block == end && end + GUARD_SIZE <= start + SPAN_BYTES {
+            visit(Found::GuardWord(end as *mut u64), still);
+        }
+    }
 }
 
 /// Gives blocks of class `class` back to their spans: each span whose blocks are then all back
@@ -252,7 +355,7 @@ pub unsafe fn give_back(class: usize, list: List) {
             );
             continue;
         }
-        let had_blocks = s.free.count > 0 || s.carved as usize + size <= SPAN_BYTES;
+        let had_blocks = s.free.count > 0 || can_carve(s, size);
         // SAFETY: the block is free and the caller's to give.
         unsafe { s.free.push(block) };
         s.handed_out -= 1;
@@ -323,6 +426,8 @@ fn new_span(class: usize) -> Option<u32> {
             next: NO_SPAN,
         };
     }
+    // SAFETY: a span nobody serves yet, whose `carved` was just set.
+    write_guard_word(span_start(index) + unsafe { span(index) }.carved as usize);
     owner(index).store(class as u8 + 1, Ordering::Release);
     Some(index)
 }
@@ -423,4 +528,52 @@ pub(crate) fn lock_for_fork() -> (
 ) {
     let classes = (0..heap::CLASS_COUNT).map(class_lock).collect();
     (classes, region())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fully_carved_span_keeps_a_guard_word_behind_its_last_block_that_walks_visit() {
+        let class = heap::class_for(50 * 1024, 0, 16).unwrap() as usize; // a class no other test uses
+        let size = heap::class_size(class);
+        // More blocks than one span holds: the first span is carved to its end.
+        let list = take_blocks(class, (SPAN_BYTES / size) as u32 + 4);
+        // SAFETY: the list's blocks are free and this test's.
+        let blocks: Vec<usize> = unsafe { list.blocks() }.map(|b| b as usize).collect();
+        let first = blocks.iter().map(|&b| span_index(b)).min().unwrap();
+        let (carved, full) = {
+            let _lock = class_lock(class);
+            // SAFETY: a span of this class, under its lock.
+            let s = unsafe { span(first) };
+            (span_start(first) + s.carved as usize, !can_carve(s, size))
+        };
+        assert!(full, "the first span was not carved to its end");
+        let last = blocks
+            .iter()
+            .copied()
+            .filter(|&b| span_index(b) == first)
+            .max();
+        assert_eq!(
+            last.map(|b| b + size),
+            Some(carved),
+            "no block ends where carving did"
+        );
+        assert!(carved + GUARD_SIZE <= span_start(first) + SPAN_BYTES);
+        // SAFETY: inside the span, below its end (checked above).
+        assert_eq!(unsafe { (carved as *const u64).read() }, GUARD);
+        let mut visited = false;
+        for_each_block(true, |found, _| {
+            if let Found::GuardWord(word) = found {
+                visited |= word as usize == carved;
+            }
+        });
+        assert!(
+            visited,
+            "the walk skipped the guard word behind the span's last block"
+        );
+        // SAFETY: the blocks came from take_blocks for this class, free, checked and unused.
+        unsafe { give_back(class, list) };
+    }
 }

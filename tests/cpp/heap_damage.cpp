@@ -93,7 +93,7 @@ std::uint64_t held_blocks = 0;
     release(block);
     release(after);
     release(victim);
-    std::printf("smashed: %s\n", victim == block + 256 ? "neighbour" : "elsewhere");
+    std::printf("smashed: %s\n", victim == block + 240 ? "neighbour" : "elsewhere");
 }
 
 [[gnu::noinline]] void interior_delete() {

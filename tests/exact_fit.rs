@@ -1,0 +1,141 @@
+//! One-byte overruns of blocks that fill their size class exactly, where no guard bytes lie
+//! behind the block: the next block's header (live or free) or a span's guard word is the guard,
+//! and the report names the block in front, with its size, the offset and the byte.
+
+mod support;
+
+use serde_json::Value;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+const SOURCE: &str = "tests/cpp/exact_fit.cpp";
+
+fn program() -> &'static PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let dir = support::scratch("exact_fit");
+        support::build(&dir, "exact_fit", &[SOURCE], &[])
+    })
+}
+
+/// Runs one overrun and returns its only error, after checking that the program went on to
+/// its last line and that the error names the block in front: its address, size, the offset
+/// of the byte (its size: the byte right behind it), the byte and where it was allocated.
+fn only_overrun(how: &str, size: usize) -> (support::Run, Value) {
+    let report = format!("{how}_{size}");
+    let run = support::run_with(
+        program(),
+        &report,
+        "malloc=0",
+        &[],
+        &[how, &size.to_string()],
+    );
+    let what = format!("{how} {size}");
+    let stdout = run.stdout();
+    assert!(
+        run.output.status.success(),
+        "{what}: {stdout}{}",
+        run.stderr()
+    );
+    assert!(stdout.contains("last line"), "{what}: {stdout}");
+    assert_eq!(run.error_kinds(), ["overrun"], "{what}: {}", run.text);
+    let error = run.errors()[0].clone();
+    let front = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("front "))
+        .expect("the front block's address");
+    assert_eq!(error["address"], front, "{what}: not the block in front");
+    assert_eq!(error["size"], size, "{what}");
+    assert_eq!(error["offset"], size, "{what}");
+    assert_eq!(error["bytes"], "58", "{what}");
+    assert_eq!(error["file"], SOURCE, "{what}");
+    assert_eq!(
+        error["line"],
+        support::line_of(SOURCE, "// ALLOC make"),
+        "{what}"
+    );
+    assert_eq!(run.leaks().len(), 0, "{what}: {}", run.text);
+    (run, error)
+}
+
+/// Sizes that fill their class exactly (with the 32-byte header: multiples of 16 up to 480,
+/// then a quarter-step class).
+const EXACT_FITS: [usize; 6] = [16, 32, 48, 96, 208, 608];
+
+#[test]
+fn an_exact_fit_overrun_into_a_live_neighbour_is_found_at_its_delete() {
+    for size in EXACT_FITS {
+        let (_, error) = only_overrun("delete", size);
+        assert!(
+            error["detail"]
+                .as_str()
+                .unwrap()
+                .starts_with("found in the header behind the block"),
+            "{size}: {error}"
+        );
+    }
+}
+
+#[test]
+fn an_exact_fit_overrun_into_a_free_neighbour_is_found_when_it_is_reused() {
+    for size in EXACT_FITS {
+        let (run, _) = only_overrun("reuse", size);
+        let stdout = run.stdout();
+        assert!(stdout.contains("reused yes"), "{size}: {stdout}");
+        assert!(stdout.contains("check_heap 1"), "{size}: {stdout}");
+    }
+}
+
+#[test]
+fn check_heap_finds_an_exact_fit_overrun_into_a_live_neighbour() {
+    for size in EXACT_FITS {
+        let (run, error) = only_overrun("check_heap", size);
+        assert!(run.stdout().contains("check_heap 1"), "{size}");
+        assert_eq!(error["detail"], "found by check_heap()", "{size}");
+    }
+}
+
+#[test]
+fn check_heap_finds_an_overrun_of_the_last_block_of_a_span() {
+    for size in [16, 5088] {
+        let (run, error) = only_overrun("span_end", size);
+        assert!(run.stdout().contains("check_heap 1"), "{size}");
+        assert_eq!(error["detail"], "found by check_heap()", "{size}");
+    }
+}
+
+#[test]
+fn walks_of_the_heap_while_200_threads_allocate_and_free_across_threads_find_every_block() {
+    let dir = support::scratch("walk_stress");
+    let exe = support::build(&dir, "walk_stress", &["tests/cpp/walk_stress.cpp"], &[]);
+    let leak_line = support::line_of("tests/cpp/walk_stress.cpp", "// LEAK");
+    for attempt in 0..4 {
+        let run = support::run_with(&exe, "walk_stress", "malloc=0:stack_depth=4", &[], &[]);
+        let what = format!("attempt {attempt}");
+        let stdout = run.stdout();
+        assert!(
+            run.output.status.success(),
+            "{what}: {:?} {stdout}{}",
+            run.output.status,
+            run.stderr()
+        );
+        assert!(
+            stdout.contains("damage 0"),
+            "{what}: {stdout}\n{}",
+            run.text
+        );
+        assert!(stdout.contains("walks some"), "{what}: {stdout}");
+        assert!(run.error_kinds().is_empty(), "{what}: {}", run.text);
+        let mut sizes: Vec<u64> = run
+            .leaks()
+            .iter()
+            .map(|leak| {
+                assert_eq!(leak["line"], leak_line, "{what}: {leak}");
+                leak["size"].as_u64().unwrap()
+            })
+            .collect();
+        sizes.sort_unstable();
+        let expected: Vec<u64> = (1000..1200).collect();
+        assert_eq!(sizes, expected, "{what}: the report lost or made up blocks");
+    }
+}
