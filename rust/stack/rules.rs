@@ -449,3 +449,60 @@ impl WordMap {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The direct search of `.eh_frame_hdr` finds the FDE gimli's finds, for addresses all over
+    /// the code of this test program and of libc (and none where gimli finds none).
+    #[test]
+    fn the_direct_table_search_finds_gimlis_fde() {
+        let snap = super::super::modules::current_or_scan().expect("modules");
+        let here = the_direct_table_search_finds_gimlis_fde as usize;
+        let libc_fn = libc::malloc as usize;
+        let mut searched = 0;
+        for pc in [here, libc_fn] {
+            let code = snap.module_of(pc).expect("a known module");
+            let s = snap.sections_of(pc).expect("its sections");
+            let bytes = |(addr, len): (usize, usize)| {
+                // SAFETY: mapped read-only sections of a loaded module, as in `rule_of`.
+                unsafe { core::slice::from_raw_parts(addr as *const u8, len) }
+            };
+            let bases = BaseAddresses::default()
+                .set_eh_frame_hdr(s.eh_frame_hdr.0 as u64)
+                .set_eh_frame(s.eh_frame.0 as u64)
+                .set_text(s.code_start as u64);
+            let hdr = EhFrameHdr::new(bytes(s.eh_frame_hdr), LittleEndian)
+                .parse(&bases, 8)
+                .unwrap();
+            let eh_frame = EhFrame::new(bytes(s.eh_frame), LittleEndian);
+            let step = (code.len() / 20_000).max(1);
+            for probe in (code.start as u64 - 64..code.end as u64 + 64).step_by(step) {
+                let theirs = hdr
+                    .table()
+                    .unwrap()
+                    .fde_for_address(&eh_frame, &bases, probe, EhFrame::cie_from_offset)
+                    .ok();
+                // None only below the first function, where gimli finds no FDE either.
+                let Some(ours) =
+                    search_table(bytes(s.eh_frame_hdr), s.eh_frame_hdr.0 as u64, probe)
+                else {
+                    assert!(theirs.is_none(), "{probe:#x}");
+                    continue;
+                };
+                let offset = (ours.1 - s.eh_frame.0 as u64) as usize;
+                let fde = eh_frame
+                    .fde_from_offset(&bases, EhFrameOffset(offset), EhFrame::cie_from_offset)
+                    .unwrap();
+                assert_eq!(fde.initial_address(), ours.0, "{probe:#x}");
+                match theirs {
+                    Some(theirs) => assert_eq!(theirs.offset(), offset, "{probe:#x}"),
+                    None => assert!(!fde.contains(probe), "{probe:#x}"),
+                }
+                searched += 1;
+            }
+        }
+        assert!(searched > 30_000);
+    }
+}
