@@ -34,8 +34,10 @@ const RESTORES_BP: u8 = 2;
 /// The walk from the frame on depends on its rbp.
 const BP_MATTERS: u8 = 4;
 
-/// One frame of a walk and where the step from it read the stack.
+/// One frame of a walk and where the step from it read the stack. A cache line each: walks
+/// index and count frames, and 64 bytes make that shifts.
 #[derive(Clone, Copy)]
+#[repr(align(64))]
 struct Frame {
     pc: usize,
     sp: u64,
@@ -153,7 +155,7 @@ impl LastWalk {
     }
 
     /// Takes over `frames[..=k]` behind the `i` frames of the walk in progress if every read of
-    /// the steps from `frames[k]` on gives the same again; the walk's frame count.
+    /// the steps that gave them gives the same again; the walk's frame count.
     #[inline(never)]
     fn splice(
         &mut self,
@@ -166,29 +168,37 @@ impl LastWalk {
         if self.truncated && total < out.len() {
             return None; // the last walk stopped short of what this one may hold
         }
-        if let Err(failed) = self.repeats_from(k, stack) {
+        let n = total.min(out.len());
+        if let Err(failed) = self.repeats(i, k, n, stack, out) {
             // Every candidate from `failed` outward would check the same step again.
             self.limit = failed;
             return None;
         }
-        let n = total.min(out.len());
-        for (o, f) in out[i..n].iter_mut().zip(self.frames[..=k].iter().rev()) {
-            o.write(f.pc);
-        }
-        if total <= MAX_DEPTH {
+        if total <= MAX_DEPTH && (i > 0 || k + 1 < self.len) {
             self.keep(k + 1, i, out);
         } // else the last walk stays: a record is only ever used once its reads check again
         Some(n)
     }
 
-    /// `Ok` if the steps from `frames[k]` to the end of the last walk read the same again on
-    /// `stack`; else the index of the frame whose step reads otherwise.
-    fn repeats_from(&self, k: usize, stack: Stack) -> Result<(), usize> {
+    /// Writes `frames[k]` and its callers to `out[i..n]` if the steps which gave them (and the
+    /// last walk's end, if this walk ends there too) read the same again on `stack`; else `Err`
+    /// with the index of the frame whose step reads otherwise. Frames beyond `n` are not
+    /// checked: a walk that stops at its depth never makes their steps.
+    fn repeats(
+        &self,
+        i: usize,
+        k: usize,
+        n: usize,
+        stack: Stack,
+        out: &mut [MaybeUninit<usize>],
+    ) -> Result<(), usize> {
         if !stack.holds_from(self.frames[k].low) {
             return Err(k + 1);
         }
-        for j in (1..=k).rev() {
-            let (f, caller) = (&self.frames[j], &self.frames[j - 1]);
+        let outermost = k + i + 1 - n;
+        let chain = &self.frames[outermost..=k];
+        let steps = chain[1..].iter().zip(chain).rev();
+        for (t, (f, caller)) in steps.enumerate() {
             // SAFETY: every read of the steps from `frames[k]` outward but the last one's lies at
             // or above `frames[k].low`, which the stack holds, and read before on this thread.
             let same = unsafe {
@@ -196,10 +206,11 @@ impl LastWalk {
                     && (f.bp_at == 0 || stack.read_again(f.bp_at) == caller.bp)
             };
             if !same {
-                return Err(j);
+                return Err(k - t);
             }
         }
-        let end_same = self.truncated
+        let ends_here = outermost == 0 && n < out.len();
+        let end_same = !ends_here
             || self.end_at[..self.end_reads]
                 .iter()
                 .zip(&self.end_val[..self.end_reads])
@@ -208,11 +219,13 @@ impl LastWalk {
                     FAILED => stack.read(a & !FAILED).is_err(),
                     _ => stack.read(a & !UNUSED).is_ok(),
                 });
-        if end_same {
-            Ok(())
-        } else {
-            Err(0)
+        if !end_same {
+            return Err(0);
         }
+        for (o, f) in out[i..n].iter_mut().zip(self.frames[..=k].iter().rev()) {
+            o.write(f.pc);
+        }
+        Ok(())
     }
 
     /// The step from frame `i` by `rule` is being made: [`LastWalk::note_read`] records its reads.

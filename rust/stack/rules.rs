@@ -459,8 +459,8 @@ mod tests {
     #[test]
     fn the_direct_table_search_finds_gimlis_fde() {
         let snap = super::super::modules::current_or_scan().expect("modules");
-        let here = the_direct_table_search_finds_gimlis_fde as usize;
-        let libc_fn = libc::malloc as usize;
+        let here = the_direct_table_search_finds_gimlis_fde as *const () as usize;
+        let libc_fn = libc::malloc as *const () as usize;
         let mut searched = 0;
         for pc in [here, libc_fn] {
             let code = snap.module_of(pc).expect("a known module");
