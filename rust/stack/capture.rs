@@ -7,10 +7,11 @@
 //!
 //! A step is one probe of the module's compiled rules ([`super::rules`]) and one or two reads
 //! of the stack; only a return address met for the first time, one outside the modules known
-//! so far, or a rule the table leaves to framehop takes the slow path. There is no incremental
-//! walk: a memo of the previous walk (verifying the stack words each remembered step read)
-//! cost more on yaml-cpp's test suite than it saved (3.46 G against 3.22 G instructions with it
-//! off), since checking a remembered step reads the same words a compiled step reads.
+//! so far, or a rule the table leaves to framehop takes the slow path. Before each step the walk
+//! looks for its frame in the thread's last walk ([`super::last_walk`]): once it reaches one
+//! (same pc and sp), it takes over the last walk's outer frames if the words their steps read
+//! read the same again, a load and a compare per frame where a step is a probe and a chain of
+//! dependent loads.
 //!
 //! Unwinder caches (a framehop rule cache plus gimli's fixed-size CFI evaluation context, tens of KiB each)
 //! live in a static pool of [`POOL`] slots, each behind a try-lock. Only slow steps need one: a
