@@ -285,22 +285,27 @@ impl LastWalk {
 
     /// The walk in progress becomes the last walk: its `i` frames in front of `frames[..outer]`.
     fn keep(&mut self, outer: usize, i: usize, out: &[MaybeUninit<usize>]) {
-        let mut caller = outer.checked_sub(1).map(|c| self.frames[c]);
+        // What a frame needs of its caller: whether its rbp counts, and its `low` (none for the
+        // outermost frame, whose step ended the walk and is checked read by read).
+        let (mut caller_bp_matters, mut caller_low) = match outer.checked_sub(1) {
+            Some(c) => (
+                self.frames[c].flags & BP_MATTERS != 0,
+                Some(self.frames[c].low),
+            ),
+            None => (false, None),
+        };
         for (t, (f, o)) in self.fresh[..i].iter().zip(&out[..i]).enumerate().rev() {
-            // SAFETY: the walk initialised `out[..i]`.
-            let pc = unsafe { o.assume_init() };
             let restores = f.flags & RESTORES_BP != 0;
-            let caller_bp_matters = caller.is_some_and(|c| c.flags & BP_MATTERS != 0);
             let bp_matters = f.flags & USES_BP != 0 || (!restores && caller_bp_matters);
-            let frame = Frame {
-                pc,
+            let low = caller_low.map_or(u64::MAX, |low| {
+                low.min(f.ra_at)
+                    .min(if restores { f.bp_at } else { u64::MAX })
+            });
+            self.frames[outer + i - 1 - t] = Frame {
+                // SAFETY: the walk initialised `out[..i]`.
+                pc: unsafe { o.assume_init() },
                 flags: f.flags | if bp_matters { BP_MATTERS } else { 0 },
-                // The outermost frame's step ended the walk: its reads are checked one by one.
-                low: caller.map_or(u64::MAX, |c| {
-                    c.low
-                        .min(f.ra_at)
-                        .min(if restores { f.bp_at } else { u64::MAX })
-                }),
+                low,
                 // A restored rbp that no later step uses need only be read, which `low` covers.
                 bp_at: if restores && caller_bp_matters {
                     f.bp_at
@@ -309,8 +314,7 @@ impl LastWalk {
                 },
                 ..*f
             };
-            self.frames[outer + i - 1 - t] = frame;
-            caller = Some(frame);
+            (caller_bp_matters, caller_low) = (bp_matters, Some(low));
         }
         self.len = outer + i;
         self.reusable = self.len.saturating_sub(self.barrier);
