@@ -7,10 +7,11 @@
 //!
 //! A step is one probe of the module's compiled rules ([`super::rules`]) and one or two reads
 //! of the stack; only a return address met for the first time, one outside the modules known
-//! so far, or a rule the table leaves to framehop takes the slow path. There is no incremental
-//! walk: a memo of the previous walk (verifying the stack words each remembered step read)
-//! cost more on yaml-cpp's test suite than it saved (3.46 G against 3.22 G instructions with it
-//! off), since checking a remembered step reads the same words a compiled step reads.
+//! so far, or a rule the table leaves to framehop takes the slow path. Before each step the walk
+//! looks for its frame in the thread's last walk ([`super::last_walk`]): once it reaches one
+//! (same pc and sp), it takes over the last walk's outer frames if the words their steps read
+//! read the same again, a load and a compare per frame where a step is a probe and a chain of
+//! dependent loads.
 //!
 //! Unwinder caches (a framehop rule cache plus gimli's fixed-size CFI evaluation context, tens of KiB each)
 //! live in a static pool of [`POOL`] slots, each behind a try-lock. Only slow steps need one: a
@@ -295,15 +296,6 @@ fn unwind_as(
     };
     match snap {
         Some(snap) => {
-            let again = last
-                .as_deref()
-                .and_then(|l| l.repeat(snap_id(snap), start, |a| stack.read(a), out));
-            if let Some(n) = again {
-                #[cfg(test)]
-                REPEATED.with(|r| r.set(r.get() + 1));
-                return n;
-            }
-            let last = last.and_then(|l| l.worth_keeping(start).then_some(l));
             let mut pool = PoolCache { hint, held: None };
             dwarf_walk(start, stack, snap, &mut pool, Steps::Rules, last, out)
         }
@@ -361,8 +353,10 @@ impl CacheSource for Cache {
 thread_local! {
     /// Cache slots the calling thread holds (tests only): none once a walk is over.
     pub(super) static SLOTS_HELD: Cell<usize> = const { Cell::new(0) };
-    /// Captures of the calling thread answered by repeating its last walk (tests only).
+    /// Walks of the calling thread that took over the rest of its last walk (tests only).
     pub(super) static REPEATED: Cell<usize> = const { Cell::new(0) };
+    /// Of those, the walks that took it over from a frame above their start (tests only).
+    pub(super) static TAKEN_OVER_INSIDE: Cell<usize> = const { Cell::new(0) };
 }
 
 /// Both unwinders from `start` through [`unwind_as`], each checked to give its cache slot back
@@ -459,7 +453,7 @@ impl Stack {
 
     /// One aligned word of the stack inside the range, or `Err` (also for an empty range).
     #[inline(always)]
-    fn read(self, addr: u64) -> Result<u64, ()> {
+    pub(super) fn read(self, addr: u64) -> Result<u64, ()> {
         let a = addr as usize;
         if a.is_multiple_of(8) && a.wrapping_sub(self.lo) <= self.last && self.last != 0 {
             // SAFETY: `[a, a+8)` is aligned and inside this thread's mapped stack, above the
@@ -469,6 +463,26 @@ impl Stack {
         } else {
             Err(())
         }
+    }
+
+    /// Whether every aligned word from `low` up that an earlier walk of this thread read lies
+    /// inside the range (so [`Stack::read_again`] may read it).
+    #[inline(always)]
+    pub(super) fn holds_from(self, low: u64) -> bool {
+        low as usize >= self.lo && self.last != 0
+    }
+
+    /// A word an earlier walk of this thread read successfully, at or above a `low` that
+    /// [`Stack::holds_from`] accepted: aligned and inside the range, so no check is left.
+    ///
+    /// # Safety
+    /// As said: `addr` was read by [`Stack::read`] of a walk of this thread (same stack top),
+    /// and `holds_from(low)` holds for some `low <= addr`.
+    #[inline(always)]
+    pub(super) unsafe fn read_again(self, addr: u64) -> u64 {
+        // SAFETY: aligned and below the top (it read before, on this thread's stack), and at or
+        // above this walk's start sp: mapped and readable, as for `read`.
+        unsafe { ptr::read_volatile(addr as *const u64) }
     }
 }
 
@@ -572,10 +586,19 @@ fn dwarf_walk(
         bp: start.fp as u64,
     };
     if let Some(l) = last.as_deref_mut() {
-        l.begin(snap_id(snap), start, out.len());
+        l.begin(snap_id(snap));
     }
     let mut n = 0;
     loop {
+        if let Some(l) = last.as_deref_mut() {
+            if let Some(total) = l.take_over(n, (regs.pc, regs.sp, regs.bp), stack, out) {
+                #[cfg(test)]
+                REPEATED.with(|r| r.set(r.get() + 1));
+                #[cfg(test)]
+                TAKEN_OVER_INSIDE.with(|r| r.set(r.get() + usize::from(n > 0)));
+                return total;
+            }
+        }
         // A pc with a compiled rule was found in a module of this snapshot when the rule was
         // made: the common step checks nothing else.
         let rule = match steps {
@@ -592,27 +615,21 @@ fn dwarf_walk(
                 }
                 match last.as_deref_mut() {
                     Some(l) => {
-                        if rule.uses_bp() {
-                            l.note_bp_used();
-                        }
-                        let caller = caller_by_rule(rule, regs, &mut |a| {
+                        l.note_step(n - 1, rule);
+                        caller_by_rule(rule, regs, &mut |a| {
                             let got = stack.read(a);
-                            l.note_read(a, got);
+                            l.note_read(n - 1, a, got);
                             got
-                        });
-                        if caller.is_some() && rule.restores_bp() {
-                            l.note_bp_restored();
-                        }
-                        caller
+                        })
                     }
                     None => caller_by_rule(rule, regs, &mut |a| stack.read(a)),
                 }
             }
             _ => {
-                if let Some(l) = last.as_deref_mut() {
-                    l.drop_walk();
-                }
                 let (pc_known, caller) = slow_step(&mut snap, steps, regs, caches, stack);
+                if let Some(l) = last.as_deref_mut() {
+                    l.note_slow_step(n, snap_id(snap));
+                }
                 if !pc_known {
                     break;
                 }
@@ -631,7 +648,7 @@ fn dwarf_walk(
         }
     }
     if let Some(l) = last {
-        l.end(out, n);
+        l.end(snap_id(snap), out, n);
     }
     n
 }

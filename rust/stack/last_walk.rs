@@ -1,174 +1,322 @@
-//! The thread's last DWARF walk, kept so that a capture that provably repeats it is answered without unwinding.
+//! The thread's last DWARF walk, kept so that a walk that reaches one of its frames again takes over the rest of it when that provably repeats.
 //!
-//! A walk made of compiled-rule steps only is a function of its start (pc and sp, and rbp if a
-//! step used it before a step restored it from the stack), of the module snapshot (whose rules
-//! never change once made) and of the stack words its steps read. [`LastWalk`] keeps those
-//! reads: a capture from the same start whose reads all give the same values again has the same
-//! frames. A saved rbp that a step restores but no later step uses (code built without frame
-//! pointers keeps loop counters and pointers in rbp) need not be the same: only that its read
-//! succeeds, which it does, being the same in-bounds address as before. Checking them is a row of independent loads, where a walk's steps wait on each other
-//! (each step's reads depend on the one before), which is what a hot allocation site that
-//! captures the same chain over and over saves. A walk with a slow step (a rule compiled on the
-//! way, framehop, a module rescan) is not kept, and neither is one from another call site than
-//! the walk before it: keeping costs a few stores per step, and on code whose consecutive
-//! allocations come from different sites (yaml-cpp's test suite: 1.5% of walks repeated) it
-//! would be paid for nothing.
+//! A step by a compiled rule is a function of its frame's pc, sp and (if the rule uses it) rbp,
+//! of the module snapshot (whose rules never change once made) and of the one or two stack
+//! words it reads. So when a walk reaches a frame with the pc and sp of a frame of the last walk
+//! (and its rbp, where the rest of that walk depends on it), and every word the last walk read
+//! from that frame outward reads the same again, the rest of the walk is the last walk's rest:
+//! its frames are taken over without unwinding. Consecutive allocations share most of their
+//! outer frames (yaml-cpp's test suite: four frames in five), and checking a recorded step is a
+//! load and a compare, where making it is a probe of the rule table and a chain of dependent
+//! loads. A saved rbp that a step restores but no later step uses (`-O2` code keeps loop
+//! counters in rbp) need only read again, whatever its value: compiled rules tell which.
+//!
+//! Frames below a slow step (a rule compiled on the way, framehop, a module rescan) are never
+//! taken over from: their steps were not recorded.
 
 use core::mem::MaybeUninit;
 
-use super::{StartFrame, MAX_DEPTH};
+use super::capture::Stack;
+use super::rules::Rule;
+use super::MAX_DEPTH;
 
-/// A compiled step reads the return address and at most the saved rbp.
-const MAX_READS: usize = 2 * MAX_DEPTH;
-
-/// Marks a failed read in [`LastWalk::addr`]: reads that succeed are of aligned addresses. A
+/// Marks a failed read in a recorded address: reads that succeed are of aligned addresses. A
 /// failed read of an odd address checks the even one below it again, which can only make a
-/// repeat fail, never pass wrongly (an odd address never reads).
+/// check fail, never pass wrongly (an odd address never reads).
 const FAILED: u64 = 1;
-
-/// Marks a read in [`LastWalk::addr`] whose value no later step used (a restored rbp).
+/// Marks a read whose value no later step uses (a restored rbp): it need only read again.
 const UNUSED: u64 = 2;
 
+/// [`Frame::flags`]: the step from the frame computed its CFA from rbp.
+const USES_BP: u8 = 1;
+/// The step from the frame read the caller's rbp (at [`Frame::bp_at`]).
+const RESTORES_BP: u8 = 2;
+/// The walk from the frame on depends on its rbp.
+const BP_MATTERS: u8 = 4;
+
+/// One frame of a walk and where the step from it read the stack. A cache line each: walks
+/// index and count frames, and 64 bytes make that shifts.
+#[derive(Clone, Copy)]
+#[repr(align(64))]
+struct Frame {
+    pc: usize,
+    sp: u64,
+    bp: u64,
+    /// The address of the caller's return address.
+    ra_at: u64,
+    /// The address of the caller's saved rbp where its value counts (else 0).
+    bp_at: u64,
+    /// The lowest address the steps from this frame outward read (the last one's excepted).
+    low: u64,
+    flags: u8,
+}
+
+impl Frame {
+    const EMPTY: Frame = Frame {
+        pc: 0,
+        sp: 0,
+        bp: 0,
+        ra_at: 0,
+        bp_at: 0,
+        low: 0,
+        flags: 0,
+    };
+}
+
 pub(super) struct LastWalk {
-    /// Whether the fields below describe a whole walk of compiled steps.
-    kept: bool,
     /// The snapshot's address (snapshots are never freed, so it names one).
     snap: usize,
-    start: (usize, usize, usize),
-    /// Whether some step depended on the start's rbp.
-    bp_used: bool,
-    /// The read the current rbp came from, plus one (0: the start's rbp).
-    bp_read: usize,
-    depth: usize,
+    /// The last walk's frames, outermost first, so that a walk that takes over its outer part
+    /// writes only its own frames in front of it.
+    frames: [Frame; MAX_DEPTH],
     len: usize,
-    reads: usize,
-    addr: [u64; MAX_READS],
-    val: [u64; MAX_READS],
-    frames: [usize; MAX_DEPTH],
+    /// `frames[..reusable]` may be taken over from: every step from them outward was compiled.
+    reusable: usize,
+    /// The walk stopped at its depth: the step from `frames[0]` was not made.
+    truncated: bool,
+    /// Otherwise the reads of the step from `frames[0]`, which ended the walk.
+    end_at: [u64; 2],
+    end_val: [u64; 2],
+    end_reads: usize,
+    /// The walk in progress: its frames so far, innermost first (their pcs are in its output).
+    fresh: [Frame; MAX_DEPTH],
+    /// The candidates of the walk in progress are `frames[..cursor]`, below `limit`.
+    cursor: usize,
+    limit: usize,
+    /// `fresh[..barrier]` lie below a slow step and cannot be taken over from.
+    barrier: usize,
+    /// The reads of the step being made.
+    step_at: [u64; 2],
+    step_val: [u64; 2],
+    step_reads: usize,
 }
 
 impl LastWalk {
     pub(super) const EMPTY: LastWalk = LastWalk {
-        kept: false,
         snap: 0,
-        start: (0, 0, 0),
-        bp_used: false,
-        bp_read: 0,
-        depth: 0,
+        frames: [Frame::EMPTY; MAX_DEPTH],
         len: 0,
-        reads: 0,
-        addr: [0; MAX_READS],
-        val: [0; MAX_READS],
-        frames: [0; MAX_DEPTH],
+        reusable: 0,
+        truncated: true,
+        end_at: [0; 2],
+        end_val: [0; 2],
+        end_reads: 0,
+        fresh: [Frame::EMPTY; MAX_DEPTH],
+        cursor: 0,
+        limit: 0,
+        barrier: 0,
+        step_at: [0; 2],
+        step_val: [0; 2],
+        step_reads: 0,
     };
 
-    /// The frame count, with the frames in `out`, if a walk from `start` with `snap` would repeat
-    /// the kept one (`read` reads the stack as the walk would).
+    /// Starts a walk with the snapshot `snap`.
     #[inline]
-    pub(super) fn repeat(
-        &self,
-        snap: usize,
-        start: StartFrame,
-        read: impl Fn(u64) -> Result<u64, ()>,
+    pub(super) fn begin(&mut self, snap: usize) {
+        self.cursor = self.len;
+        self.limit = if snap == self.snap { self.reusable } else { 0 };
+        self.barrier = 0;
+    }
+
+    /// At frame `i` of the walk in progress, with registers `(pc, sp, bp)`: the walk's frame
+    /// count, with every frame in `out`, if the last walk's frames from here on repeat on
+    /// `stack`. Otherwise the frame is noted and the walk goes on.
+    #[inline(always)]
+    pub(super) fn take_over(
+        &mut self,
+        i: usize,
+        (pc, sp, bp): (usize, u64, u64),
+        stack: Stack,
         out: &mut [MaybeUninit<usize>],
     ) -> Option<usize> {
-        let (pc, sp, bp) = self.start;
-        if !self.kept
-            || self.snap != snap
-            || (pc, sp) != (start.pc, start.sp)
-            || (self.bp_used && bp != start.fp)
-            || self.depth != out.len()
-        {
+        // Both walks go up the stack: the candidate is the last walk's frame at this sp.
+        while self.cursor > 0 && self.frames[self.cursor - 1].sp < sp {
+            self.cursor -= 1;
+        }
+        if self.cursor > 0 && self.cursor <= self.limit {
+            let k = self.cursor - 1;
+            let f = &self.frames[k];
+            if f.sp == sp && f.pc == pc && (f.flags & BP_MATTERS == 0 || f.bp == bp) {
+                if let Some(n) = self.splice(i, k, stack, out) {
+                    return Some(n);
+                }
+            }
+        }
+        self.fresh[i] = Frame {
+            pc,
+            sp,
+            bp,
+            ra_at: 0,
+            bp_at: 0,
+            low: 0,
+            flags: 0,
+        };
+        None
+    }
+
+    /// Takes over `frames[..=k]` behind the `i` frames of the walk in progress if every read of
+    /// the steps that gave them gives the same again; the walk's frame count.
+    #[inline(never)]
+    fn splice(
+        &mut self,
+        i: usize,
+        k: usize,
+        stack: Stack,
+        out: &mut [MaybeUninit<usize>],
+    ) -> Option<usize> {
+        let total = i + k + 1;
+        if self.truncated && total < out.len() {
+            return None; // the last walk stopped short of what this one may hold
+        }
+        let n = total.min(out.len());
+        if let Err(failed) = self.repeats(i, k, n, stack, out) {
+            // Every candidate from `failed` outward would check the same step again.
+            self.limit = failed;
             return None;
         }
-        let same = self.addr[..self.reads]
-            .iter()
-            .zip(&self.val[..self.reads])
-            .all(|(&a, &v)| match a & (FAILED | UNUSED) {
-                0 => read(a) == Ok(v),
-                FAILED => read(a & !FAILED).is_err(),
-                _ => true,
-            });
-        if !same {
-            return None;
-        }
-        for (o, &f) in out.iter_mut().zip(&self.frames[..self.len]) {
-            o.write(f);
-        }
-        Some(self.len)
+        if total <= MAX_DEPTH && (i > 0 || k + 1 < self.len) {
+            self.keep(k + 1, i, out);
+        } // else the last walk stays: a record is only ever used once its reads check again
+        Some(n)
     }
 
-    /// Whether to keep the walk from `start`: only if it starts where the walk before it did.
-    #[inline]
-    pub(super) fn worth_keeping(&mut self, start: StartFrame) -> bool {
-        if self.start.0 == start.pc {
-            return true;
+    /// Writes `frames[k]` and its callers to `out[i..n]` if the steps which gave them (and the
+    /// last walk's end, if this walk ends there too) read the same again on `stack`; else `Err`
+    /// with the index of the frame whose step reads otherwise. Frames beyond `n` are not
+    /// checked: a walk that stops at its depth never makes their steps.
+    fn repeats(
+        &self,
+        i: usize,
+        k: usize,
+        n: usize,
+        stack: Stack,
+        out: &mut [MaybeUninit<usize>],
+    ) -> Result<(), usize> {
+        if !stack.holds_from(self.frames[k].low) {
+            return Err(k + 1);
         }
-        self.kept = false;
-        self.start.0 = start.pc;
-        false
+        let outermost = k + i + 1 - n;
+        let chain = &self.frames[outermost..=k];
+        let steps = chain[1..].iter().zip(chain).rev();
+        for (t, (f, caller)) in steps.enumerate() {
+            // SAFETY: every read of the steps from `frames[k]` outward but the last one's lies at
+            // or above `frames[k].low`, which the stack holds, and read before on this thread.
+            let same = unsafe {
+                stack.read_again(f.ra_at) == caller.pc as u64
+                    && (f.bp_at == 0 || stack.read_again(f.bp_at) == caller.bp)
+            };
+            if !same {
+                return Err(k - t);
+            }
+        }
+        let ends_here = outermost == 0 && n < out.len();
+        let end_same = !ends_here
+            || self.end_at[..self.end_reads]
+                .iter()
+                .zip(&self.end_val[..self.end_reads])
+                .all(|(&a, &v)| match a & (FAILED | UNUSED) {
+                    0 => stack.read(a) == Ok(v),
+                    FAILED => stack.read(a & !FAILED).is_err(),
+                    _ => stack.read(a & !UNUSED).is_ok(),
+                });
+        if !end_same {
+            return Err(0);
+        }
+        for (o, f) in out[i..n].iter_mut().zip(self.frames[..=k].iter().rev()) {
+            o.write(f.pc);
+        }
+        Ok(())
     }
 
-    /// Starts keeping the walk from `start`.
-    #[inline]
-    pub(super) fn begin(&mut self, snap: usize, start: StartFrame, depth: usize) {
-        self.kept = true;
-        self.snap = snap;
-        self.start = (start.pc, start.sp, start.fp);
-        self.bp_used = false;
-        self.bp_read = 0;
-        self.depth = depth;
-        self.reads = 0;
-    }
-
-    /// One read of a compiled step.
+    /// The step from frame `i` by `rule` is being made: [`LastWalk::note_read`] records its reads.
     #[inline(always)]
-    pub(super) fn note_read(&mut self, addr: u64, got: Result<u64, ()>) {
-        let r = self.reads;
-        if r == MAX_READS {
-            self.kept = false;
-            return;
+    pub(super) fn note_step(&mut self, i: usize, rule: Rule) {
+        let mut flags = 0;
+        if rule.uses_bp() {
+            flags |= USES_BP;
         }
-        (self.addr[r], self.val[r]) = match got {
+        if rule.restores_bp() {
+            flags |= RESTORES_BP;
+        }
+        self.fresh[i].flags = flags;
+        self.step_reads = 0;
+    }
+
+    /// One read of the step being made from frame `i`.
+    #[inline(always)]
+    pub(super) fn note_read(&mut self, i: usize, addr: u64, got: Result<u64, ()>) {
+        let r = self.step_reads;
+        if r == 0 {
+            self.fresh[i].ra_at = addr;
+        } else {
+            self.fresh[i].bp_at = addr;
+        }
+        (self.step_at[r & 1], self.step_val[r & 1]) = match got {
             Ok(v) => (addr, v),
             Err(()) => (addr | FAILED, 0),
         };
-        self.reads = r + 1;
+        self.step_reads = r + 1;
     }
 
-    /// A step used the current rbp: the read it came from (or the start's) counts.
+    /// Frame `i` was stepped by a slow step, which is not recorded, and the walk goes on with
+    /// the snapshot `snap` (a rescan may have replaced it).
     #[inline(always)]
-    pub(super) fn note_bp_used(&mut self) {
-        match self.bp_read {
-            0 => self.bp_used = true,
-            r => self.addr[r - 1] &= !UNUSED,
+    pub(super) fn note_slow_step(&mut self, i: usize, snap: usize) {
+        self.barrier = i + 1;
+        if snap != self.snap {
+            self.limit = 0;
         }
     }
 
-    /// The step just made gave the caller the rbp of its last read, which counts only if a
-    /// later step uses it.
-    #[inline(always)]
-    pub(super) fn note_bp_restored(&mut self) {
-        let r = self.reads;
-        if r > 0 && self.addr[r - 1] & FAILED == 0 {
-            self.addr[r - 1] |= UNUSED;
-            self.bp_read = r;
-        }
-    }
-
-    /// The walk took a slow step: it is not kept.
-    #[inline(always)]
-    pub(super) fn drop_walk(&mut self) {
-        self.kept = false;
-    }
-
-    /// The walk's frames, once it is over.
+    /// The walk ended with `n` frames in `out` (the last step's reads are the ones noted last).
     #[inline]
-    pub(super) fn end(&mut self, out: &[MaybeUninit<usize>], n: usize) {
-        for (f, o) in self.frames.iter_mut().zip(&out[..n]) {
-            // SAFETY: the walk initialised `out[..n]`.
-            *f = unsafe { o.assume_init() };
+    pub(super) fn end(&mut self, snap: usize, out: &[MaybeUninit<usize>], n: usize) {
+        self.snap = snap;
+        self.truncated = n == out.len();
+        self.end_reads = self.step_reads.min(2);
+        self.end_at = self.step_at;
+        self.end_val = self.step_val;
+        if self.end_reads == 2 && self.end_at[1] & FAILED == 0 {
+            // The caller's rbp of the last step: no step follows to use it.
+            self.end_at[1] |= UNUSED;
         }
-        self.len = n;
+        self.keep(0, n, out);
+    }
+
+    /// The walk in progress becomes the last walk: its `i` frames in front of `frames[..outer]`.
+    fn keep(&mut self, outer: usize, i: usize, out: &[MaybeUninit<usize>]) {
+        // What a frame needs of its caller: whether its rbp counts, and its `low` (none for the
+        // outermost frame, whose step ended the walk and is checked read by read).
+        let (mut caller_bp_matters, mut caller_low) = match outer.checked_sub(1) {
+            Some(c) => (
+                self.frames[c].flags & BP_MATTERS != 0,
+                Some(self.frames[c].low),
+            ),
+            None => (false, None),
+        };
+        for (t, (f, o)) in self.fresh[..i].iter().zip(&out[..i]).enumerate().rev() {
+            let restores = f.flags & RESTORES_BP != 0;
+            let bp_matters = f.flags & USES_BP != 0 || (!restores && caller_bp_matters);
+            let low = caller_low.map_or(u64::MAX, |low| {
+                low.min(f.ra_at)
+                    .min(if restores { f.bp_at } else { u64::MAX })
+            });
+            self.frames[outer + i - 1 - t] = Frame {
+                // SAFETY: the walk initialised `out[..i]`.
+                pc: unsafe { o.assume_init() },
+                flags: f.flags | if bp_matters { BP_MATTERS } else { 0 },
+                low,
+                // A restored rbp that no later step uses need only be read, which `low` covers.
+                bp_at: if restores && caller_bp_matters {
+                    f.bp_at
+                } else {
+                    0
+                },
+                ..*f
+            };
+            (caller_bp_matters, caller_low) = (bp_matters, Some(low));
+        }
+        self.len = outer + i;
+        self.reusable = self.len.saturating_sub(self.barrier);
     }
 }

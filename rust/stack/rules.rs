@@ -22,8 +22,8 @@ use core::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use super::map_once;
 
 use gimli::{
-    BaseAddresses, CfaRule, EhFrame, EhFrameHdr, LittleEndian, RegisterRule, UnwindContext,
-    UnwindSection, X86_64,
+    BaseAddresses, CfaRule, EhFrame, EhFrameHdr, EhFrameOffset, EndianSlice, FrameDescriptionEntry,
+    LittleEndian, RegisterRule, UnwindContext, UnwindSection, X86_64,
 };
 
 /// Slots of a map: 1 MiB of address space, pages touched as keys arrive.
@@ -236,46 +236,118 @@ impl Rules {
             .set_eh_frame_hdr(s.eh_frame_hdr.0 as u64)
             .set_eh_frame(s.eh_frame.0 as u64)
             .set_text(s.code_start as u64);
-        let hdr = EhFrameHdr::new(bytes(s.eh_frame_hdr), LittleEndian)
-            .parse(&bases, 8)
-            .ok()?;
         let eh_frame = EhFrame::new(bytes(s.eh_frame), LittleEndian);
         // A return address points after the call: the call itself is at `pc - 1`.
         let probe = pc as u64 - 1;
-        let fde = hdr
-            .table()?
-            .fde_for_address(&eh_frame, &bases, probe, EhFrame::cie_from_offset)
-            .ok()?;
-        let rows = match self.by_fde.get(fde.initial_address()) {
-            Some(packed) => self
-                .rows
-                .get((packed >> 32) as usize, packed as u32 as usize),
+        let found = search_table(bytes(s.eh_frame_hdr), s.eh_frame_hdr.0 as u64, probe);
+        let compiled = |start| {
+            self.by_fde.get(start).map(|packed| {
+                self.rows
+                    .get((packed >> 32) as usize, packed as u32 as usize)
+            })
+        };
+        let rows = match found.and_then(|(start, _)| compiled(start)) {
+            Some(rows) => rows,
             None => {
-                // Count first, then fill: the rows go to the arena in one claim.
-                let mut count = 0;
-                let mut table = fde.rows(&eh_frame, &bases, ctx).ok()?;
-                while let Ok(Some(_)) = table.next_row() {
-                    count += 1;
-                }
-                let (at, out) = self.rows.claim(count)?;
-                let mut table = fde.rows(&eh_frame, &bases, ctx).ok()?;
-                let mut n = 0;
-                while let (Ok(Some(row)), true) = (table.next_row(), n < out.len()) {
-                    let rule = rule_of_row(row).unwrap_or(Rule::FRAMEHOP_STEP);
-                    // Rows that differ only in registers a step never reads are one row here.
-                    if n == 0 || out[n - 1][1] != rule.0 {
-                        out[n] = [row.start_address(), rule.0];
-                        n += 1;
+                let fde = match found {
+                    Some((_, fde_at)) => {
+                        let offset =
+                            usize::try_from(fde_at.checked_sub(s.eh_frame.0 as u64)?).ok()?;
+                        eh_frame
+                            .fde_from_offset(
+                                &bases,
+                                EhFrameOffset(offset),
+                                EhFrame::cie_from_offset,
+                            )
+                            .ok()?
                     }
+                    None => EhFrameHdr::new(bytes(s.eh_frame_hdr), LittleEndian)
+                        .parse(&bases, 8)
+                        .ok()?
+                        .table()?
+                        .fde_for_address(&eh_frame, &bases, probe, EhFrame::cie_from_offset)
+                        .ok()?,
+                };
+                match compiled(fde.initial_address()) {
+                    Some(rows) => rows,
+                    None => self.compile(&fde, &eh_frame, &bases, ctx)?,
                 }
-                self.by_fde
-                    .insert(fde.initial_address(), (at as u64) << 32 | n as u64);
-                &out[..n]
             }
         };
         let i = rows.partition_point(|r| r[0] <= probe).checked_sub(1)?;
-        Some(Rule(rows[i][1]))
+        // The last row marks the FDE's end: an address past it has no rule here.
+        (rows[i][1] != 0).then_some(Rule(rows[i][1]))
     }
+
+    /// Compiles every row of `fde` into the arena, then a row with no rule at its end, and
+    /// publishes them by the FDE's start.
+    fn compile(
+        &self,
+        fde: &FrameDescriptionEntry<EndianSlice<'_, LittleEndian>>,
+        eh_frame: &EhFrame<EndianSlice<'_, LittleEndian>>,
+        bases: &BaseAddresses,
+        ctx: &mut CfiContext,
+    ) -> Option<&[[u64; 2]]> {
+        // Count first, then fill: the rows go to the arena in one claim.
+        let mut count = 1;
+        let mut table = fde.rows(eh_frame, bases, ctx).ok()?;
+        while let Ok(Some(_)) = table.next_row() {
+            count += 1;
+        }
+        let (at, out) = self.rows.claim(count)?;
+        let mut table = fde.rows(eh_frame, bases, ctx).ok()?;
+        let mut n = 0;
+        while let (Ok(Some(row)), true) = (table.next_row(), n + 1 < out.len()) {
+            let rule = rule_of_row(row).unwrap_or(Rule::FRAMEHOP_STEP);
+            // Rows that differ only in registers a step never reads are one row here.
+            if n == 0 || out[n - 1][1] != rule.0 {
+                out[n] = [row.start_address(), rule.0];
+                n += 1;
+            }
+        }
+        out[n] = [fde.initial_address().wrapping_add(fde.len()), 0];
+        n += 1;
+        self.by_fde
+            .insert(fde.initial_address(), (at as u64) << 32 | n as u64);
+        Some(&out[..n])
+    }
+}
+
+/// The `.eh_frame_hdr` search table's entry for `probe`: the start of the last function that
+/// starts at or below it and the address of its FDE, read directly from the table in the one
+/// layout GNU toolchains write (a sorted array of 4-byte offsets from the header, found in a
+/// few compares where gimli's generic reader decodes every pointer it visits). `None` for any
+/// other layout (gimli then searches) or an address below the first function.
+fn search_table(hdr: &[u8], hdr_address: u64, probe: u64) -> Option<(u64, u64)> {
+    const UDATA4: u8 = 0x03;
+    const SDATA4: u8 = 0x0b;
+    const DATAREL_SDATA4: u8 = 0x3b;
+    let word = |at: usize| -> Option<[u8; 4]> { hdr.get(at..at + 4)?.try_into().ok() };
+    let [1, frame_ptr, UDATA4, DATAREL_SDATA4] = word(0)? else {
+        return None;
+    };
+    if frame_ptr & 0x0f != UDATA4 && frame_ptr & 0x0f != SDATA4 {
+        return None;
+    }
+    let count = u32::from_le_bytes(word(8)?) as usize;
+    let table = hdr.get(12..12 + count.checked_mul(8)?)?;
+    let entry = |i: usize| {
+        let at = |k: usize| {
+            let offset = i32::from_le_bytes([table[k], table[k + 1], table[k + 2], table[k + 3]]);
+            hdr_address.wrapping_add(offset as i64 as u64)
+        };
+        (at(8 * i), at(8 * i + 4))
+    };
+    let (mut lo, mut hi) = (0, count); // the entry sought is the last below `hi` that starts <= probe
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if entry(mid).0 <= probe {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo.checked_sub(1).map(entry)
 }
 
 /// What a step needs from one row of CFI, if it is expressible as a [`Rule`].
@@ -375,5 +447,62 @@ impl WordMap {
                 Err(_) => i = (i + 1) % SLOTS,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The direct search of `.eh_frame_hdr` finds the FDE gimli's finds, for addresses all over
+    /// the code of this test program and of libc (and none where gimli finds none).
+    #[test]
+    fn the_direct_table_search_finds_gimlis_fde() {
+        let snap = super::super::modules::current_or_scan().expect("modules");
+        let here = the_direct_table_search_finds_gimlis_fde as *const () as usize;
+        let libc_fn = libc::malloc as *const () as usize;
+        let mut searched = 0;
+        for pc in [here, libc_fn] {
+            let code = snap.module_of(pc).expect("a known module");
+            let s = snap.sections_of(pc).expect("its sections");
+            let bytes = |(addr, len): (usize, usize)| {
+                // SAFETY: mapped read-only sections of a loaded module, as in `rule_of`.
+                unsafe { core::slice::from_raw_parts(addr as *const u8, len) }
+            };
+            let bases = BaseAddresses::default()
+                .set_eh_frame_hdr(s.eh_frame_hdr.0 as u64)
+                .set_eh_frame(s.eh_frame.0 as u64)
+                .set_text(s.code_start as u64);
+            let hdr = EhFrameHdr::new(bytes(s.eh_frame_hdr), LittleEndian)
+                .parse(&bases, 8)
+                .unwrap();
+            let eh_frame = EhFrame::new(bytes(s.eh_frame), LittleEndian);
+            let step = (code.len() / 20_000).max(1);
+            for probe in (code.start as u64 - 64..code.end as u64 + 64).step_by(step) {
+                let theirs = hdr
+                    .table()
+                    .unwrap()
+                    .fde_for_address(&eh_frame, &bases, probe, EhFrame::cie_from_offset)
+                    .ok();
+                // None only below the first function, where gimli finds no FDE either.
+                let Some(ours) =
+                    search_table(bytes(s.eh_frame_hdr), s.eh_frame_hdr.0 as u64, probe)
+                else {
+                    assert!(theirs.is_none(), "{probe:#x}");
+                    continue;
+                };
+                let offset = (ours.1 - s.eh_frame.0 as u64) as usize;
+                let fde = eh_frame
+                    .fde_from_offset(&bases, EhFrameOffset(offset), EhFrame::cie_from_offset)
+                    .unwrap();
+                assert_eq!(fde.initial_address(), ours.0, "{probe:#x}");
+                match theirs {
+                    Some(theirs) => assert_eq!(theirs.offset(), offset, "{probe:#x}"),
+                    None => assert!(!fde.contains(probe), "{probe:#x}"),
+                }
+                searched += 1;
+            }
+        }
+        assert!(searched > 30_000);
     }
 }
