@@ -127,6 +127,26 @@ pub(crate) struct Sections {
     pub(crate) eh_frame: (usize, usize),
 }
 
+impl Sections {
+    /// The bytes of `.eh_frame_hdr` and of `.eh_frame`.
+    fn bytes(&self) -> (&'static [u8], &'static [u8]) {
+        let bytes = |(addr, len): (usize, usize)| {
+            // SAFETY: both ranges lie in mapped read-only segments of a loaded module (see
+            // modules.rs, which found them and documents the dlclose limit).
+            unsafe { core::slice::from_raw_parts(addr as *const u8, len) }
+        };
+        (bytes(self.eh_frame_hdr), bytes(self.eh_frame))
+    }
+
+    /// The bases gimli reads the sections' encoded pointers against.
+    fn bases(&self) -> BaseAddresses {
+        BaseAddresses::default()
+            .set_eh_frame_hdr(self.eh_frame_hdr.0 as u64)
+            .set_eh_frame(self.eh_frame.0 as u64)
+            .set_text(self.code_start as u64)
+    }
+}
+
 /// Where the compiled rows of every FDE met so far live: `(start address, rule)` pairs,
 /// appended with an atomic bump and never moved, so a published range stays valid.
 struct RowArena {
@@ -227,19 +247,12 @@ impl Rules {
         if s.eh_frame_hdr.1 == 0 || s.eh_frame.1 == 0 {
             return None;
         }
-        let bytes = |(addr, len): (usize, usize)| {
-            // SAFETY: both ranges lie in mapped read-only segments of a loaded module (see
-            // modules.rs, which found them and documents the dlclose limit).
-            unsafe { core::slice::from_raw_parts(addr as *const u8, len) }
-        };
-        let bases = BaseAddresses::default()
-            .set_eh_frame_hdr(s.eh_frame_hdr.0 as u64)
-            .set_eh_frame(s.eh_frame.0 as u64)
-            .set_text(s.code_start as u64);
-        let eh_frame = EhFrame::new(bytes(s.eh_frame), LittleEndian);
+        let (hdr_bytes, eh_frame_bytes) = s.bytes();
+        let bases = s.bases();
+        let eh_frame = EhFrame::new(eh_frame_bytes, LittleEndian);
         // A return address points after the call: the call itself is at `pc - 1`.
         let probe = pc as u64 - 1;
-        let found = search_table(bytes(s.eh_frame_hdr), s.eh_frame_hdr.0 as u64, probe);
+        let found = search_table(hdr_bytes, s.eh_frame_hdr.0 as u64, probe);
         let compiled = |start| {
             self.by_fde.get(start).map(|packed| {
                 self.rows
@@ -261,7 +274,7 @@ impl Rules {
                             )
                             .ok()?
                     }
-                    None => EhFrameHdr::new(bytes(s.eh_frame_hdr), LittleEndian)
+                    None => EhFrameHdr::new(hdr_bytes, LittleEndian)
                         .parse(&bases, 8)
                         .ok()?
                         .table()?
@@ -465,18 +478,12 @@ mod tests {
         for pc in [here, libc_fn] {
             let code = snap.module_of(pc).expect("a known module");
             let s = snap.sections_of(pc).expect("its sections");
-            let bytes = |(addr, len): (usize, usize)| {
-                // SAFETY: mapped read-only sections of a loaded module, as in `rule_of`.
-                unsafe { core::slice::from_raw_parts(addr as *const u8, len) }
-            };
-            let bases = BaseAddresses::default()
-                .set_eh_frame_hdr(s.eh_frame_hdr.0 as u64)
-                .set_eh_frame(s.eh_frame.0 as u64)
-                .set_text(s.code_start as u64);
-            let hdr = EhFrameHdr::new(bytes(s.eh_frame_hdr), LittleEndian)
+            let (hdr_bytes, eh_frame_bytes) = s.bytes();
+            let bases = s.bases();
+            let hdr = EhFrameHdr::new(hdr_bytes, LittleEndian)
                 .parse(&bases, 8)
                 .unwrap();
-            let eh_frame = EhFrame::new(bytes(s.eh_frame), LittleEndian);
+            let eh_frame = EhFrame::new(eh_frame_bytes, LittleEndian);
             let step = (code.len() / 20_000).max(1);
             for probe in (code.start as u64 - 64..code.end as u64 + 64).step_by(step) {
                 let theirs = hdr
@@ -485,9 +492,7 @@ mod tests {
                     .fde_for_address(&eh_frame, &bases, probe, EhFrame::cie_from_offset)
                     .ok();
                 // None only below the first function, where gimli finds no FDE either.
-                let Some(ours) =
-                    search_table(bytes(s.eh_frame_hdr), s.eh_frame_hdr.0 as u64, probe)
-                else {
+                let Some(ours) = search_table(hdr_bytes, s.eh_frame_hdr.0 as u64, probe) else {
                     assert!(theirs.is_none(), "{probe:#x}");
                     continue;
                 };
