@@ -180,15 +180,8 @@ impl Lines {
         sequences.sort_unstable_by_key(|sequence| sequence.start);
         let mut found = vec![None; probes.len()];
         for (i, &probe) in probes.iter().enumerate() {
-            let at = sequences.binary_search_by(|sequence| {
-                if probe < sequence.start {
-                    Ordering::Greater
-                } else if probe >= sequence.end {
-                    Ordering::Less
-                } else {
-                    Ordering::Equal
-                }
-            });
+            let at = sequences
+                .binary_search_by(|sequence| range_order(sequence.start, sequence.end, probe));
             if let Ok(at) = at {
                 found[i] = sequences[at].rows.iter().find(|r| r.0 == i).map(|r| r.1);
             }
@@ -315,17 +308,21 @@ impl Functions {
     fn find(&self, probe: u64) -> Option<gimli::UnitOffset> {
         let at = self
             .addresses
-            .binary_search_by(|(range, _)| {
-                if probe < range.begin {
-                    Ordering::Greater
-                } else if probe >= range.end {
-                    Ordering::Less
-                } else {
-                    Ordering::Equal
-                }
-            })
+            .binary_search_by(|(range, _)| range_order(range.begin, range.end, probe))
             .ok()?;
         Some(self.entries[self.addresses[at].1])
+    }
+}
+
+/// Where the range `begin..end` lies against `probe`, for a binary search of sorted, disjoint
+/// ranges: `Equal` when it holds the probe.
+fn range_order(begin: u64, end: u64, probe: u64) -> Ordering {
+    if probe < begin {
+        Ordering::Greater
+    } else if probe >= end {
+        Ordering::Less
+    } else {
+        Ordering::Equal
     }
 }
 
@@ -538,15 +535,9 @@ impl Function {
         loop {
             let depth = found.len();
             let at = rest.binary_search_by(|(range, call_depth, _)| {
-                call_depth.cmp(&depth).then_with(|| {
-                    if range.begin > probe {
-                        Ordering::Greater
-                    } else if range.end <= probe {
-                        Ordering::Less
-                    } else {
-                        Ordering::Equal
-                    }
-                })
+                call_depth
+                    .cmp(&depth)
+                    .then_with(|| range_order(range.begin, range.end, probe))
             });
             let Ok(at) = at else {
                 return found;

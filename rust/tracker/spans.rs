@@ -385,6 +385,41 @@ struct Region {
     returned: u32,
 }
 
+impl Region {
+    /// The top of the free spans kept resident (`kept`) or of those returned to the OS.
+    fn pop_free(&mut self, kept: bool) -> Option<u32> {
+        let top = if kept { self.kept } else { self.returned };
+        if top == NO_SPAN {
+            return None;
+        }
+        // SAFETY: a free span, on that stack, under the region lock.
+        let below = unsafe { span(top).next };
+        if kept {
+            self.kept = below;
+            self.kept_count -= 1;
+        } else {
+            self.returned = below;
+        }
+        Some(top)
+    }
+
+    /// Puts free span `index` on the stack of those kept resident (`kept`) or returned.
+    ///
+    /// # Safety
+    /// `index` is a free span on no stack, and the region lock is held (`self`).
+    unsafe fn push_free(&mut self, index: u32, kept: bool) {
+        let stack = if kept {
+            self.kept_count += 1;
+            &mut self.kept
+        } else {
+            &mut self.returned
+        };
+        // SAFETY: guaranteed by the caller.
+        unsafe { span(index).next = *stack };
+        *stack = index;
+    }
+}
+
 static REGION: Mutex<Region> = Mutex::new(Region {
     reserved: 0,
     usable: 0,
@@ -401,19 +436,9 @@ fn region() -> MutexGuard<'static, Region> {
 /// new one from the reservation.
 fn new_span(class: usize) -> Option<u32> {
     let mut region = region();
-    let index = if region.kept != NO_SPAN {
-        let index = region.kept;
-        // SAFETY: a free span, under the region lock.
-        region.kept = unsafe { span(index).next };
-        region.kept_count -= 1;
-        index
-    } else if region.returned != NO_SPAN {
-        let index = region.returned;
-        // SAFETY: as above.
-        region.returned = unsafe { span(index).next };
-        index
-    } else {
-        fresh_span(&mut region)?
+    let index = match region.pop_free(true).or_else(|| region.pop_free(false)) {
+        Some(index) => index,
+        None => fresh_span(&mut region)?,
     };
     // SAFETY: a span nobody serves, under the region lock; the class lock (held by the caller)
     // guards it from now on.
@@ -464,32 +489,20 @@ unsafe fn free(index: u32, class: usize) {
         // SAFETY: the span's blocks are all free and on no list but its own, which goes away.
         unsafe { sys::return_pages(span_start(index) as *mut u8, SPAN_BYTES) };
     }
-    let stack = if keep {
-        region.kept_count += 1;
-        &mut region.kept
-    } else {
-        &mut region.returned
-    };
-    let below = *stack;
-    *stack = index;
     // SAFETY: a free span now, under the region lock.
-    unsafe { span(index).next = below };
+    unsafe { region.push_free(index, keep) };
 }
 
 /// Every free span's pages go back to the OS, the kept ones too (at exit, before the report:
 /// memory the heap will hardly need again, and the symbolizer will).
 pub fn return_kept_spans() {
     let mut region = region();
-    while region.kept != NO_SPAN {
-        let index = region.kept;
+    while let Some(index) = region.pop_free(true) {
         // SAFETY: a free span, under the region lock: nobody serves it, so its pages may go.
         unsafe {
-            region.kept = span(index).next;
             sys::return_pages(span_start(index) as *mut u8, SPAN_BYTES);
-            span(index).next = region.returned;
+            region.push_free(index, false);
         }
-        region.returned = index;
-        region.kept_count -= 1;
     }
 }
 
