@@ -154,6 +154,9 @@ struct RowArena {
     used: AtomicUsize,
 }
 
+/// Rows [`Rules::compile`] evaluates an FDE into before it claims them in the arena.
+const COMPILE_BUFFER: usize = 64;
+
 /// Rows the arena holds at most: 64 MiB of address space, pages touched as FDEs are compiled.
 const ARENA_ROWS: usize = 1 << 22;
 
@@ -301,28 +304,54 @@ impl Rules {
         bases: &BaseAddresses,
         ctx: &mut CfiContext,
     ) -> Option<&[[u64; 2]]> {
-        // Count first, then fill: the rows go to the arena in one claim.
-        let mut count = 1;
-        let mut table = fde.rows(eh_frame, bases, ctx).ok()?;
-        while let Ok(Some(_)) = table.next_row() {
-            count += 1;
-        }
-        let (at, out) = self.rows.claim(count)?;
-        let mut table = fde.rows(eh_frame, bases, ctx).ok()?;
-        let mut n = 0;
-        while let (Ok(Some(row)), true) = (table.next_row(), n + 1 < out.len()) {
-            let rule = rule_of_row(row).unwrap_or(Rule::FRAMEHOP_STEP);
-            // Rows that differ only in registers a step never reads are one row here.
-            if n == 0 || out[n - 1][1] != rule.0 {
-                out[n] = [row.start_address(), rule.0];
-                n += 1;
+        // The CFI is evaluated once, into this buffer: nearly every FDE has a few rows (those
+        // with more are evaluated again, straight into the arena).
+        let mut buffer = [[0u64; 2]; COMPILE_BUFFER];
+        let (at, out) = match Self::rows_of(fde, eh_frame, bases, ctx, &mut buffer)? {
+            Ok(n) => {
+                let (at, out) = self.rows.claim(n)?;
+                out.copy_from_slice(&buffer[..n]);
+                (at, out)
             }
+            Err(count) => {
+                let (at, out) = self.rows.claim(count)?;
+                let n = Self::rows_of(fde, eh_frame, bases, ctx, out)?.ok()?;
+                (at, &mut out[..n])
+            }
+        };
+        self.by_fde
+            .insert(fde.initial_address(), (at as u64) << 32 | out.len() as u64);
+        Some(out)
+    }
+
+    /// Writes `fde`'s rows to `out` (rows that differ only in registers a step never reads are
+    /// one row here) and a row with no rule at the FDE's end: `Ok` with their number, or `Err`
+    /// with the number of rows (and end row) before merging if `out` is too short for them.
+    fn rows_of(
+        fde: &FrameDescriptionEntry<EndianSlice<'_, LittleEndian>>,
+        eh_frame: &EhFrame<EndianSlice<'_, LittleEndian>>,
+        bases: &BaseAddresses,
+        ctx: &mut CfiContext,
+        out: &mut [[u64; 2]],
+    ) -> Option<Result<usize, usize>> {
+        let mut table = fde.rows(eh_frame, bases, ctx).ok()?;
+        let (mut n, mut count) = (0, 1);
+        while let Ok(Some(row)) = table.next_row() {
+            count += 1;
+            let rule = rule_of_row(row).unwrap_or(Rule::FRAMEHOP_STEP);
+            if n > 0 && out.get(n - 1).is_some_and(|last| last[1] == rule.0) {
+                continue;
+            }
+            if let Some(slot) = out.get_mut(n) {
+                *slot = [row.start_address(), rule.0];
+            }
+            n += 1;
+        }
+        if n >= out.len() {
+            return Some(Err(count));
         }
         out[n] = [fde.initial_address().wrapping_add(fde.len()), 0];
-        n += 1;
-        self.by_fde
-            .insert(fde.initial_address(), (at as u64) << 32 | n as u64);
-        Some(&out[..n])
+        Some(Ok(n + 1))
     }
 }
 
