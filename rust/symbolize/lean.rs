@@ -280,13 +280,28 @@ impl Functions {
                 continue;
             };
             if abbrev.tag() != gimli::DW_TAG_subprogram {
-                walk.skip_attributes(abbrev.attributes()).ok()?;
+                match holds_no_code(abbrev) {
+                    true => {
+                        if let Some(next) = sibling(&mut walk, abbrev, offset)? {
+                            walk = unit.entries_raw(Some(next)).ok()?;
+                        }
+                    }
+                    false => walk.skip_attributes(abbrev.attributes()).ok()?,
+                }
                 continue;
             }
             let mut ranges = Ranges::default();
+            let mut next = None;
             for spec in abbrev.attributes() {
                 let attr = walk.read_attribute(*spec).ok()?;
                 ranges.note(unit, &attr)?;
+                next = next.or(sibling_of(&attr, offset));
+            }
+            // Below a subprogram lie its parameters, variables, blocks and inlined calls, but
+            // no code of another function (compilers emit that of local classes and lambdas at
+            // namespace scope too): read again by `Function::read` for the ones kept.
+            if let Some(next) = next.filter(|_| abbrev.has_children()) {
+                walk = unit.entries_raw(Some(next)).ok()?;
             }
             let index = entries.len();
             let mut kept = false;
@@ -311,6 +326,46 @@ impl Functions {
             .binary_search_by(|(range, _)| range_order(range.begin, range.end, probe))
             .ok()?;
         Some(self.entries[self.addresses[at].1])
+    }
+}
+
+/// Whether the entries below an entry of this kind are all declarations: a type's members
+/// are, as compilers emit the code of member functions (and of lambdas) at namespace scope,
+/// naming their declaration by `DW_AT_specification`.
+fn holds_no_code(abbrev: &gimli::Abbreviation) -> bool {
+    abbrev.has_children()
+        && matches!(
+            abbrev.tag(),
+            gimli::DW_TAG_class_type
+                | gimli::DW_TAG_structure_type
+                | gimli::DW_TAG_union_type
+                | gimli::DW_TAG_enumeration_type
+        )
+}
+
+/// Reads the attributes of the entry at `offset` (whose abbreviation was just read): the
+/// offset of its next sibling, where `DW_AT_sibling` states one past it (`Some(None)` if not).
+fn sibling(
+    walk: &mut gimli::EntriesRaw<'_, Slice>,
+    abbrev: &gimli::Abbreviation,
+    offset: gimli::UnitOffset,
+) -> Option<Option<gimli::UnitOffset>> {
+    let mut next = None;
+    for spec in abbrev.attributes() {
+        let attr = walk.read_attribute(*spec).ok()?;
+        next = next.or(sibling_of(&attr, offset));
+    }
+    Some(next)
+}
+
+/// The next sibling of the entry at `offset`, if `attr` is its `DW_AT_sibling` and points past it.
+fn sibling_of(
+    attr: &gimli::Attribute<Slice>,
+    offset: gimli::UnitOffset,
+) -> Option<gimli::UnitOffset> {
+    match (attr.name(), attr.value()) {
+        (gimli::DW_AT_sibling, AttributeValue::UnitRef(to)) if to.0 > offset.0 => Some(to),
+        _ => None,
     }
 }
 
