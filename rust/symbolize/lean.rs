@@ -273,17 +273,29 @@ impl Functions {
         let mut entries = Vec::new();
         let mut addresses = Vec::new();
         let mut walk = unit.entries_raw(None).ok()?;
+        // The depth of the next entry is `base + walk.next_depth()` (a jump starts a new walk),
+        // and that of the outermost subprogram around it, if any.
+        let mut base = 0;
+        let mut in_function: Option<isize> = None;
         while !walk.is_empty() {
             scope.count();
             let offset = walk.next_offset();
+            let depth = base + walk.next_depth();
+            if in_function.is_some_and(|outer| depth <= outer) {
+                in_function = None;
+            }
             let Some(abbrev) = walk.read_abbreviation().ok()? else {
                 continue;
             };
+            if abbrev.tag() == gimli::DW_TAG_subprogram && in_function.is_none() {
+                in_function = Some(depth);
+            }
             if abbrev.tag() != gimli::DW_TAG_subprogram {
-                match holds_no_code(abbrev) {
+                match holds_no_code(abbrev, in_function.is_some()) {
                     true => {
                         if let Some(next) = sibling(&mut walk, abbrev, offset)? {
                             walk = unit.entries_raw(Some(next)).ok()?;
+                            base = depth;
                         }
                     }
                     false => walk.skip_attributes(abbrev.attributes()).ok()?,
@@ -291,17 +303,9 @@ impl Functions {
                 continue;
             }
             let mut ranges = Ranges::default();
-            let mut next = None;
             for spec in abbrev.attributes() {
                 let attr = walk.read_attribute(*spec).ok()?;
                 ranges.note(unit, &attr)?;
-                next = next.or(sibling_of(&attr, offset));
-            }
-            // Below a subprogram lie its parameters, variables, blocks and inlined calls, but
-            // no code of another function (compilers emit that of local classes and lambdas at
-            // namespace scope too): read again by `Function::read` for the ones kept.
-            if let Some(next) = next.filter(|_| abbrev.has_children()) {
-                walk = unit.entries_raw(Some(next)).ok()?;
             }
             let index = entries.len();
             let mut kept = false;
@@ -329,18 +333,24 @@ impl Functions {
     }
 }
 
-/// Whether the entries below an entry of this kind are all declarations: a type's members
-/// are, as compilers emit the code of member functions (and of lambdas) at namespace scope,
-/// naming their declaration by `DW_AT_specification`.
-fn holds_no_code(abbrev: &gimli::Abbreviation) -> bool {
+/// Whether no function's code lies among the entries below an entry of this kind (inside a
+/// function's entry or not): an inlined call holds its parameters, blocks, variables and the
+/// calls inlined into it (a local class of the inlined function lies in that function's own
+/// entry), a call site its parameters, and a type outside any function its members'
+/// declarations (their code lies at namespace scope, naming the declaration). Code may lie
+/// below a type inside a function: g++ puts a local class's member functions there.
+fn holds_no_code(abbrev: &gimli::Abbreviation, in_function: bool) -> bool {
     abbrev.has_children()
-        && matches!(
-            abbrev.tag(),
+        && match abbrev.tag() {
+            gimli::DW_TAG_inlined_subroutine
+            | gimli::DW_TAG_call_site
+            | gimli::DW_TAG_GNU_call_site => true,
             gimli::DW_TAG_class_type
-                | gimli::DW_TAG_structure_type
-                | gimli::DW_TAG_union_type
-                | gimli::DW_TAG_enumeration_type
-        )
+            | gimli::DW_TAG_structure_type
+            | gimli::DW_TAG_union_type
+            | gimli::DW_TAG_enumeration_type => !in_function,
+            _ => false,
+        }
 }
 
 /// Reads the attributes of the entry at `offset` (whose abbreviation was just read): the
@@ -353,20 +363,11 @@ fn sibling(
     let mut next = None;
     for spec in abbrev.attributes() {
         let attr = walk.read_attribute(*spec).ok()?;
-        next = next.or(sibling_of(&attr, offset));
+        if let (gimli::DW_AT_sibling, AttributeValue::UnitRef(to)) = (attr.name(), attr.value()) {
+            next = Some(to).filter(|to| to.0 > offset.0);
+        }
     }
     Some(next)
-}
-
-/// The next sibling of the entry at `offset`, if `attr` is its `DW_AT_sibling` and points past it.
-fn sibling_of(
-    attr: &gimli::Attribute<Slice>,
-    offset: gimli::UnitOffset,
-) -> Option<gimli::UnitOffset> {
-    match (attr.name(), attr.value()) {
-        (gimli::DW_AT_sibling, AttributeValue::UnitRef(to)) if to.0 > offset.0 => Some(to),
-        _ => None,
-    }
 }
 
 /// Where the range `begin..end` lies against `probe`, for a binary search of sorted, disjoint
