@@ -273,14 +273,33 @@ impl Functions {
         let mut entries = Vec::new();
         let mut addresses = Vec::new();
         let mut walk = unit.entries_raw(None).ok()?;
+        // The depth of the next entry is `base + walk.next_depth()` (a jump starts a new walk),
+        // and that of the outermost subprogram around it, if any.
+        let mut base = 0;
+        let mut in_function: Option<isize> = None;
         while !walk.is_empty() {
             scope.count();
             let offset = walk.next_offset();
+            let depth = base + walk.next_depth();
+            if in_function.is_some_and(|outer| depth <= outer) {
+                in_function = None;
+            }
             let Some(abbrev) = walk.read_abbreviation().ok()? else {
                 continue;
             };
+            if abbrev.tag() == gimli::DW_TAG_subprogram && in_function.is_none() {
+                in_function = Some(depth);
+            }
             if abbrev.tag() != gimli::DW_TAG_subprogram {
-                walk.skip_attributes(abbrev.attributes()).ok()?;
+                match holds_no_code(abbrev, in_function.is_some()) {
+                    true => {
+                        if let Some(next) = sibling(&mut walk, abbrev, offset)? {
+                            walk = unit.entries_raw(Some(next)).ok()?;
+                            base = depth;
+                        }
+                    }
+                    false => walk.skip_attributes(abbrev.attributes()).ok()?,
+                }
                 continue;
             }
             let mut ranges = Ranges::default();
@@ -312,6 +331,43 @@ impl Functions {
             .ok()?;
         Some(self.entries[self.addresses[at].1])
     }
+}
+
+/// Whether no function's code lies among the entries below an entry of this kind (inside a
+/// function's entry or not): an inlined call holds its parameters, blocks, variables and the
+/// calls inlined into it (a local class of the inlined function lies in that function's own
+/// entry), a call site its parameters, and a type outside any function its members'
+/// declarations (their code lies at namespace scope, naming the declaration). Code may lie
+/// below a type inside a function: g++ puts a local class's member functions there.
+fn holds_no_code(abbrev: &gimli::Abbreviation, in_function: bool) -> bool {
+    abbrev.has_children()
+        && match abbrev.tag() {
+            gimli::DW_TAG_inlined_subroutine
+            | gimli::DW_TAG_call_site
+            | gimli::DW_TAG_GNU_call_site => true,
+            gimli::DW_TAG_class_type
+            | gimli::DW_TAG_structure_type
+            | gimli::DW_TAG_union_type
+            | gimli::DW_TAG_enumeration_type => !in_function,
+            _ => false,
+        }
+}
+
+/// Reads the attributes of the entry at `offset` (whose abbreviation was just read): the
+/// offset of its next sibling, where `DW_AT_sibling` states one past it (`Some(None)` if not).
+fn sibling(
+    walk: &mut gimli::EntriesRaw<'_, Slice>,
+    abbrev: &gimli::Abbreviation,
+    offset: gimli::UnitOffset,
+) -> Option<Option<gimli::UnitOffset>> {
+    let mut next = None;
+    for spec in abbrev.attributes() {
+        let attr = walk.read_attribute(*spec).ok()?;
+        if let (gimli::DW_AT_sibling, AttributeValue::UnitRef(to)) = (attr.name(), attr.value()) {
+            next = Some(to).filter(|to| to.0 > offset.0);
+        }
+    }
+    Some(next)
 }
 
 /// Where the range `begin..end` lies against `probe`, for a binary search of sorted, disjoint

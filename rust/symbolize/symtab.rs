@@ -23,6 +23,21 @@ struct Gap<'data> {
     lowest: Option<u64>,
 }
 
+impl Gap<'_> {
+    /// Whether a named symbol at `address` of `rank` would be kept instead of the one kept.
+    fn better(&self, address: u64, rank: Rank) -> bool {
+        self.named
+            .is_none_or(|(at, best, ..)| address > at || (address == at && rank < best))
+    }
+
+    /// Whether an entry at `address` of `rank` changes anything the gap keeps.
+    fn changed_by(&self, address: u64, rank: Rank) -> bool {
+        self.highest.is_none_or(|h| address > h)
+            || self.lowest.is_none_or(|l| address < l)
+            || self.better(address, rank)
+    }
+}
+
 /// For each of `probes`, the name of the symbol of `object` whose range holds it, as
 /// `object.symbol_map().containing(probe)` would answer (its `.symtab`, else `.dynsym`; a
 /// symbol without size reaches to the next entry).
@@ -34,15 +49,12 @@ pub(super) fn containing<'data>(
     let mut sorted = probes.to_vec();
     sorted.sort_unstable();
     let mut gaps = vec![Gap::default(); sorted.len() + 1];
-    let mut note = |address: u64, named: Option<(Rank, u64, &'data str)>| {
-        let gap = &mut gaps[sorted.partition_point(|&p| p < address)];
+    let gap_of = |address: u64| sorted.partition_point(|&p| p < address);
+    let note = |gap: &mut Gap<'data>, address: u64, named: Option<(Rank, u64, &'data str)>| {
         gap.highest = Some(gap.highest.map_or(address, |h| h.max(address)));
         gap.lowest = Some(gap.lowest.map_or(address, |l| l.min(address)));
         if let Some((rank, size, name)) = named {
-            let better = gap
-                .named
-                .is_none_or(|(at, best, ..)| address > at || (address == at && rank < best));
-            if better {
+            if gap.better(address, rank) {
                 gap.named = Some((address, rank, size, name));
             }
         }
@@ -60,9 +72,6 @@ pub(super) fn containing<'data>(
         if !symbol.is_definition() {
             continue;
         }
-        let Some(name) = symbol.name().ok().filter(|name| !name.is_empty()) else {
-            continue;
-        };
         let mut priority = match symbol.kind() {
             SymbolKind::Text | SymbolKind::Data => 0,
             SymbolKind::Unknown => 1,
@@ -79,11 +88,22 @@ pub(super) fn containing<'data>(
                 SymbolScope::Dynamic => 0,
             };
         let rank = (priority, usize::MAX - symbol.index().0);
-        note(symbol.address(), Some((rank, symbol.size(), name)));
+        let address = symbol.address();
+        let gap = &mut gaps[gap_of(address)];
+        // A name is read (a search for its end in the string table) only for a symbol that
+        // changes what its gap keeps: a few per gap, of the table's tens of thousands.
+        if !gap.changed_by(address, rank) {
+            continue;
+        }
+        let Some(name) = symbol.name().ok().filter(|name| !name.is_empty()) else {
+            continue;
+        };
+        note(gap, address, Some((rank, symbol.size(), name)));
     }
     // Section ends bound the guessed size of a symbol without one.
     for section in object.sections() {
-        note(section.address().saturating_add(section.size()), None);
+        let end = section.address().saturating_add(section.size());
+        note(&mut gaps[gap_of(end)], end, None);
     }
     trim();
     // Per sorted probe: the best symbol at the highest named address at or below it, the

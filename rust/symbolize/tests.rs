@@ -560,15 +560,46 @@ __attribute__((noinline)) size_t spread(int n) {
 }
 }  // namespace
 template <typename T> __attribute__((noinline)) T twice(T value) { return value + value; }
+// Code whose entries lie below a type or a function in some compilers' output: an out-of-line
+// member, a local class's member and a lambda, none of them inlined, each with an inlined call
+// (a function the lean path missed would show no inlined frame).
+__attribute__((always_inline)) inline int scaled(int v) { return std::printf("%d\n", v) * v; }
+struct Counter {
+  int total = 0;
+  __attribute__((noinline)) void add(int n);
+  __attribute__((noinline)) int doubled() const { return scaled(total) * 2; }
+};
+void Counter::add(int n) { total += scaled(n); }
+__attribute__((noinline)) int local_work(int n) {
+  struct Local {
+    __attribute__((noinline)) static int triple(int v) { return scaled(v) + 1; }
+  };
+  auto square = [n](int v) __attribute__((noinline)) { return scaled(v) + n; };
+  return Local::triple(n) + square(n);
+}
 int main(int argc, char**) {
-  std::printf("%zu %d %g\n", spread(argc * 40), twice(argc), twice(argc * 1.5));
+  Counter counter;
+  counter.add(argc);
+  std::printf("%zu %d %g %d %d\n", spread(argc * 40), twice(argc), twice(argc * 1.5),
+              local_work(argc), counter.doubled());
   return 0;
 }
 "#;
 
 #[test]
 fn lean_unit_lookup_agrees_with_addr2lines_context_at_every_address() {
-    let folder = std::env::temp_dir().join(format!("k15-lean-{}", std::process::id()));
+    lean_agrees_at_every_address("g++");
+}
+
+#[test]
+fn lean_unit_lookup_agrees_with_addr2lines_context_at_every_address_with_clang() {
+    lean_agrees_at_every_address("clang++-14");
+}
+
+/// [`INLINED_CPP`] built by `compiler`: the lean path (which jumps over the entries below
+/// types and functions) finds at every address of its code what addr2line's context finds.
+fn lean_agrees_at_every_address(compiler: &str) {
+    let folder = std::env::temp_dir().join(format!("k15-lean-{compiler}-{}", std::process::id()));
     std::fs::create_dir_all(&folder).unwrap();
     let source = folder.join("inlined.cpp");
     std::fs::write(&source, INLINED_CPP).unwrap();
@@ -576,12 +607,12 @@ fn lean_unit_lookup_agrees_with_addr2lines_context_at_every_address() {
     let source = source.to_string_lossy().into_owned();
     let flags = ["-O2", "-g", "-ffunction-sections", "-Wall", "-Wextra"];
     if tool(
-        "g++",
+        compiler,
         &[&flags[..], &[source.as_str(), "-o", exe.as_str()]].concat(),
     )
     .is_none()
     {
-        println!("g++ not found: test skipped");
+        println!("{compiler} not found: test skipped");
         return;
     }
     let text = text_section(&exe);
@@ -619,6 +650,26 @@ fn lean_unit_lookup_agrees_with_addr2lines_context_at_every_address() {
         .iter()
         .any(|n| n.starts_with("(anonymous namespace)::spread")));
     assert!(names.iter().any(|n| n == "double twice<double>(double)"));
+    // Each of them found by the lean walk: `scaled` inlined into it.
+    for own in [
+        "Counter::add(int)",
+        "Counter::doubled() const",
+        "local_work(int)::Local::triple(int)",
+    ] {
+        let found = batch.iter().any(|frames| {
+            frames.len() > 1
+                && frames[0].function.as_deref() == Some("scaled(int)")
+                && frames[1].function.as_deref() == Some(own)
+        });
+        assert!(found, "{own} with scaled(int) inlined not in {names:?}");
+    }
+    assert!(
+        names.iter().any(
+            |n| n.starts_with("local_work(int)::{lambda(int)#1}::operator()")
+                || n.starts_with("local_work(int)::$_0::operator()")
+        ),
+        "no lambda in {names:?}"
+    );
     assert!(lines.len() > 20);
     let _ = std::fs::remove_dir_all(&folder);
 }
