@@ -8,19 +8,28 @@
 //! stacks of 2.7 million frames (22 MiB as flat arrays, 5.2 MiB as nodes).
 //!
 //! Storage is two `MAP_NORESERVE` mappings made once (only touched pages cost memory):
-//! - an append-only arena of 12-byte nodes (the return address in 48 bits, the parent and the
-//!   next node of the chain in 24 bits each), claimed with an atomic bump and never reused or
-//!   changed once published, so ids stay valid forever;
-//! - a bucket array of `AtomicU32` chain heads indexed by a hash of (parent, return address),
-//!   each with a 6-bit filter of what its chain holds; `next` links a node to the rest of its
-//!   bucket's chain. A new node is written first and then
-//!   pushed with a CAS of the bucket head (Release), so a reader that sees the head (Acquire)
-//!   sees the node. A CAS that fails rescans only the nodes pushed since, so no child is ever
-//!   added twice: each (parent, return address) has one node, and each stack one id.
+//! - an append-only arena of 16-byte nodes (the return address in 48 bits, the parent and the
+//!   next node in 24 bits each, and a word heading the node's own children), claimed with an
+//!   atomic bump and never reused, so ids stay valid forever; only the children word changes
+//!   once a node is published;
+//! - a hash of `AtomicU32` chain heads indexed by (parent, return address), for the children of
+//!   wide parents only.
 //!
-//! Chains grow past one node per bucket only beyond 512 Ki nodes; nothing is ever full but the
-//! arena (16 Mi nodes, some 6 million distinct stacks), after which new stacks get `StackId(0)`,
-//! as does a stack with a return address at or above 2^48 (user-space code lies below 2^47).
+//! A node's first [`LIST_MAX`] children hang from the node itself, linked by `next`: adding a
+//! child to a node that this thread just created or read costs no cache miss (its line is hot,
+//! and a fresh node has no children to search), where a random bucket of a 2 MiB hash cost one
+//! on most of the 450,000 new nodes of yaml-cpp's suite. Children past the list go to the hash
+//! (`next` then links the bucket's chain); a lookup searches the list and, only when it is
+//! full, the hash. Both heads are [`Chain`] words: a first node, a filter of what the chain
+//! holds (a lookup whose mark is missing reads no node) and for a list its length. A new node
+//! is written first and then pushed with a CAS of the head (Release), so a reader that sees the
+//! head (Acquire) sees the node. A CAS that fails rescans only the nodes pushed since, and a
+//! list fills exactly once before the hash gets any of its node's children, so no child is
+//! ever added twice: each (parent, return address) has one node, and each stack one id.
+//!
+//! Nothing is ever full but the arena (16 Mi nodes, some 6 million distinct stacks), after
+//! which new stacks get `StackId(0)`, as does a stack with a return address at or above 2^48
+//! (user-space code lies below 2^47).
 //!
 //! Generations: when the module set changes (`dlopen`, `dlclose`), the same return addresses may
 //! be other code (a plugin reloaded at the same address), so stacks interned from then on hang
@@ -33,19 +42,26 @@ use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 
 use super::{map_once, StackId, MAX_DEPTH};
 
-const BUCKET_BITS: u32 = 19; // 512 Ki chain heads, 2 MiB of address space
+/// 64 Ki chain heads, 256 KiB of address space: the hash holds only the children of nodes with
+/// more than [`LIST_MAX`] of them (some 60,000 nodes on yaml-cpp's suite).
+const BUCKET_BITS: u32 = 16;
 const BUCKETS: usize = 1 << BUCKET_BITS;
-/// Arena size in nodes: 192 MiB of address space. Indexes must fit a node's 24-bit links.
+/// Arena size in nodes: 256 MiB of address space. Indexes must fit a node's 24-bit links.
 const ARENA_NODES: usize = 1 << 24;
 
-/// A node: the return address (bits 0..48), the parent's index and the next node of the chain
-/// above it (24 bits each), packed into three words; 12 bytes, where plain fields took 16.
-type Node = [u32; 3];
+/// A node: the return address (bits 0..48), the parent's index and the next node of its chain
+/// (24 bits each) packed into three words that never change once published, and the head of its
+/// children list.
+#[repr(C)]
+struct Node {
+    fields: [u32; 3],
+    children: AtomicU32,
+}
 
 /// Return addresses a node can hold: below 2^48.
 const RA_BITS: u32 = 48;
 
-fn pack(ra: usize, parent: u32, next: u32) -> Node {
+fn pack(ra: usize, parent: u32, next: u32) -> [u32; 3] {
     let ra = ra as u64;
     [
         ra as u32,
@@ -56,7 +72,7 @@ fn pack(ra: usize, parent: u32, next: u32) -> Node {
 
 static BUCKETS_PTR: AtomicPtr<AtomicU32> = AtomicPtr::new(ptr::null_mut());
 static ARENA: AtomicPtr<Node> = AtomicPtr::new(ptr::null_mut());
-/// Next free node of the arena; node 0 is the root and never stored.
+/// Next free node of the arena; node 0 is the root, holding no frame but the root's children.
 static BUMP: AtomicUsize = AtomicUsize::new(1);
 
 /// Maps the buckets and the arena if that has not happened yet. Returns false if mapping failed.
@@ -68,36 +84,69 @@ pub(super) fn init() -> bool {
         && !map_once(&BUCKETS_PTR, BUCKETS * 4).is_null()
 }
 
-/// Bits of a bucket word that hold the chain's first node (ids are below `ARENA_NODES`); the six
-/// above are a filter of the chain: the OR of each node's [`chain_mark`].
-const HEAD_BITS: u32 = 26;
-const HEAD: u32 = (1 << HEAD_BITS) - 1;
-const _: () = assert!(
-    ARENA_NODES <= 1 << HEAD_BITS,
-    "node ids must fit below the marks"
-);
+/// Bits of a chain head that hold the chain's first node; the ones above hold the chain's
+/// filter (and a list's length).
+const FIRST: u32 = (1 << 24) - 1;
+const _: () = assert!(ARENA_NODES <= 1 << 24, "node ids must fit a 24-bit link");
+
+/// Children a node holds in its own list; the rest go to the hash.
+const LIST_MAX: u32 = 4;
+/// A children word: first child (bits 0..24), length (24..27) and a 5-bit filter (27..32).
+const LIST_STEP: u32 = 1 << 24;
+const LIST_LENGTH: u32 = 7 << 24;
+const _: () = assert!(LIST_MAX * LIST_STEP <= LIST_LENGTH);
+
+/// How a chain's head word is laid out: what a push adds to it besides the node and its mark.
+#[derive(Clone, Copy)]
+struct Chain {
+    /// Added to the head word by each push: a list's length unit; 0 for a bucket.
+    step: u32,
+    /// The mark of the node looked up (or pushed) in the head's filter.
+    mark: u32,
+}
+
+impl Chain {
+    /// A node's own children list, for a child whose (parent, return address) hash is `hash`.
+    fn list(hash: u64) -> Chain {
+        Chain {
+            step: LIST_STEP,
+            mark: 1 << (27 + (hash >> 32) % 5) as u32,
+        }
+    }
+
+    /// A bucket of the hash (an 8-bit filter above the first node).
+    fn bucket(hash: u64) -> Chain {
+        Chain {
+            step: 0,
+            mark: 1 << (24 + (hash >> 40) % 8) as u32,
+        }
+    }
+
+    /// A list that holds [`LIST_MAX`] children takes no more.
+    fn full(self, word: u32) -> bool {
+        self.step != 0 && word & LIST_LENGTH == LIST_MAX * LIST_STEP
+    }
+}
 
 fn hash_of(parent: u32, ra: usize) -> u64 {
     (ra as u64 ^ u64::from(parent).rotate_left(40)).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
-fn bucket_of(parent: u32, ra: usize) -> usize {
-    (hash_of(parent, ra) >> (64 - BUCKET_BITS)) as usize
+fn bucket_of(hash: u64) -> usize {
+    (hash >> (64 - BUCKET_BITS)) as usize
 }
 
-/// The bit a node of (parent, return address) sets in its bucket word: a lookup whose bit is
-/// not set there knows the chain lacks its node without reading any (each read is a cache miss
-/// in a tree of hundreds of thousands of nodes, and most lookups are of new nodes).
-fn chain_mark(parent: u32, ra: usize) -> u32 {
-    1 << (HEAD_BITS + (hash_of(parent, ra) % 6) as u32)
-}
-
-/// A published node; the arena must be mapped and `id` published or checked against `BUMP`.
+/// Node `id`; the arena must be mapped and `id` published, checked against `BUMP` or the root.
 #[inline]
-fn node(arena: *mut Node, id: u32) -> (usize, u32, u32) {
-    // SAFETY: `id` came from a bucket chain (published with Release after its node was written)
-    // or was checked to be below BUMP; published nodes are never written again.
-    let [low, middle, high] = unsafe { arena.add(id as usize).read() };
+fn node_at(arena: *mut Node, id: u32) -> &'static Node {
+    // SAFETY: `id` came from a chain head (published with Release after its node was written),
+    // was checked to be below BUMP or is the root; the arena is mapped for the process lifetime
+    // and a published node's fields are never written again (its children word is atomic).
+    unsafe { &*arena.add(id as usize) }
+}
+
+/// A node's (return address, parent, next) fields.
+fn unpack([low, middle, high]: [u32; 3]) -> (usize, u32, u32) {
     let ra = u64::from(low) | u64::from(middle & 0xffff) << 32;
     (ra as usize, middle >> 16 | (high & 0xff) << 16, high >> 8)
 }
@@ -116,37 +165,64 @@ pub(super) fn child(parent: StackId, ra: usize) -> StackId {
         buckets = BUCKETS_PTR.load(Ordering::Acquire);
     }
     let arena = ARENA.load(Ordering::Acquire);
+    let hash = hash_of(parent.0, ra);
+    let mut mine = 0;
+    let list = &node_at(arena, parent.0).children;
+    if let Some(id) = find_or_push(arena, list, Chain::list(hash), parent.0, ra, &mut mine) {
+        return id;
+    }
     // SAFETY: the index is below BUCKETS and the array is mapped for the process lifetime.
-    let head = unsafe { &*buckets.add(bucket_of(parent.0, ra)) };
-    let mark = chain_mark(parent.0, ra);
+    let head = unsafe { &*buckets.add(bucket_of(hash)) };
+    find_or_push(arena, head, Chain::bucket(hash), parent.0, ra, &mut mine).unwrap_or(StackId(0))
+}
+
+/// Searches the chain headed by `head` for the node of (`parent`, `ra`) and pushes node `mine`
+/// (claimed first if 0) there if it is absent; `None` if absent from a full list.
+#[inline]
+fn find_or_push(
+    arena: *mut Node,
+    head: &AtomicU32,
+    chain: Chain,
+    parent: u32,
+    ra: usize,
+    mine: &mut u32,
+) -> Option<StackId> {
     let mut word = head.load(Ordering::Acquire);
-    let mut scanned = 0; // the head of the chain already searched
-    let mut mine = 0u32;
+    let mut scanned = 0; // the first node of the chain already searched
     loop {
-        let first = word & HEAD;
+        let first = word & FIRST;
         // Marks are only ever added, so a missing one rules out the whole chain.
-        let mut at = if word & mark != 0 { first } else { scanned };
+        let mut at = if word & chain.mark != 0 {
+            first
+        } else {
+            scanned
+        };
         while at != scanned {
-            let (node_ra, node_parent, next) = node(arena, at);
-            if node_ra == ra && node_parent == parent.0 {
-                return StackId(at);
+            let (node_ra, node_parent, next) = unpack(node_at(arena, at).fields);
+            if node_ra == ra && node_parent == parent {
+                return Some(StackId(at));
             }
             at = next;
         }
-        if mine == 0 {
+        if chain.full(word) {
+            return None;
+        }
+        if *mine == 0 {
             let claimed = BUMP.fetch_add(1, Ordering::Relaxed);
             if claimed >= ARENA_NODES {
-                return StackId(0);
+                return Some(StackId(0));
             }
-            mine = claimed as u32;
+            *mine = claimed as u32;
         }
+        let fresh = Node {
+            fields: pack(ra, parent, first),
+            children: AtomicU32::new(0),
+        };
         // SAFETY: node `mine` was claimed by this thread alone and is not published yet.
-        unsafe {
-            arena.add(mine as usize).write(pack(ra, parent.0, first));
-        }
-        let pushed = mine | (word & !HEAD) | mark;
+        unsafe { arena.add(*mine as usize).write(fresh) };
+        let pushed = *mine | ((word & !FIRST) + chain.step) | chain.mark;
         match head.compare_exchange(word, pushed, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => return StackId(mine),
+            Ok(_) => return Some(StackId(*mine)),
             // Someone pushed meanwhile, maybe this very node: search what they pushed.
             Err(now) => (scanned, word) = (first, now),
         }
@@ -240,7 +316,7 @@ impl Interned {
     /// [`child`], answered from the recent children when it can be.
     #[inline]
     fn child(&mut self, parent: StackId, ra: usize) -> StackId {
-        let slot = &mut self.recent[bucket_of(parent.0, ra) % RECENT];
+        let slot = &mut self.recent[bucket_of(hash_of(parent.0, ra)) % RECENT];
         if slot.ra == ra && slot.parent == parent.0 && slot.node != 0 {
             return StackId(slot.node);
         }
@@ -333,7 +409,7 @@ pub fn frames(id: StackId) -> Frames {
     }
     let mut at = id.0;
     while at != 0 && out.len < MAX_DEPTH {
-        let (ra, parent, _) = node(arena, at);
+        let (ra, parent, _) = unpack(node_at(arena, at).fields);
         // A parent always comes before its children; anything else is not a published node.
         if parent >= at {
             return Frames { len: 0, ..out };
@@ -370,8 +446,7 @@ mod tests {
         for ra in addresses {
             for parent in links {
                 for next in links {
-                    let mut arena = [pack(ra, parent, next)];
-                    assert_eq!(node(arena.as_mut_ptr(), 0), (ra, parent, next));
+                    assert_eq!(unpack(pack(ra, parent, next)), (ra, parent, next));
                 }
             }
         }

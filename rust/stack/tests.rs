@@ -909,3 +909,52 @@ fn each_unwinder_gives_its_cache_slot_back() {
         assert!(dwarf > 1 && fp >= 1, "{dwarf} {fp}");
     }
 }
+
+#[test]
+fn depot_racing_threads_store_each_stack_once() {
+    const THREADS: usize = 8;
+    for round in 0..40usize {
+        let base = 0x6100_0000 + round * 0x1_0000;
+        // Under two shared outer frames, middle frame `m` has m + 1 leaves: fan-outs below, at
+        // and past what a node's own list holds, and eight middles (the outer node's list
+        // overflows too). The middle stacks themselves are interned as well.
+        let mut stacks: Vec<Vec<usize>> = Vec::new();
+        for middle in 0..8 {
+            let outer = [base + 0x100 + middle, base + 2, base + 1];
+            stacks.push(outer.to_vec());
+            for leaf in 0..=middle {
+                stacks.push([&[base + 0x1000 + leaf][..], &outer].concat());
+            }
+        }
+        let barrier = std::sync::Barrier::new(THREADS);
+        let results: Vec<Vec<StackId>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..THREADS)
+                .map(|t| {
+                    let (stacks, barrier) = (&stacks, &barrier);
+                    s.spawn(move || {
+                        let mut ids = vec![StackId(0); stacks.len()];
+                        barrier.wait();
+                        // Each thread its own order, so that every insert has rivals.
+                        for k in 0..stacks.len() {
+                            let k = if t % 2 == 0 { k } else { stacks.len() - 1 - k };
+                            let i = (k + t * 5) % stacks.len();
+                            ids[i] = depot::intern(&stacks[i]);
+                        }
+                        ids
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for ids in &results[1..] {
+            assert_eq!(ids, &results[0], "threads got different ids for a stack");
+        }
+        let unique: std::collections::HashSet<_> = results[0].iter().collect();
+        assert_eq!(unique.len(), stacks.len(), "two stacks share an id");
+        for (stack, id) in stacks.iter().zip(&results[0]) {
+            assert_ne!(*id, StackId(0));
+            assert_eq!(frames(*id), &stack[..]);
+            assert_eq!(depot::intern(stack), *id, "the id of a stack changed");
+        }
+    }
+}
