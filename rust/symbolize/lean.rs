@@ -291,14 +291,11 @@ impl Functions {
                 in_function = Some(depth);
             }
             if abbrev.tag() != gimli::DW_TAG_subprogram {
-                match holds_no_code(abbrev, in_function.is_some()) {
-                    true => {
-                        if let Some(next) = sibling(&mut walk, abbrev, offset)? {
-                            walk = unit.entries_raw(Some(next)).ok()?;
-                            base = depth;
-                        }
-                    }
-                    false => walk.skip_attributes(abbrev.attributes()).ok()?,
+                if !holds_no_code(abbrev, in_function.is_some()) {
+                    walk.skip_attributes(abbrev.attributes()).ok()?;
+                } else if let Some(next) = sibling(&mut walk, abbrev, offset)? {
+                    walk = unit.entries_raw(Some(next)).ok()?;
+                    base = depth;
                 }
                 continue;
             }

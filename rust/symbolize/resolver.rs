@@ -353,11 +353,11 @@ impl Dwarf {
         }
     }
 
-    /// The address ranges of the units `.debug_aranges` does not list. Each unit's
-    /// abbreviations are parsed for this and dropped right after.
+    /// The address ranges of the units `.debug_aranges` does not list, each read from the
+    /// unit's first entry alone ([`ranges_unit`]).
     fn ranges_outside_aranges(&self, trim: &dyn Fn()) -> Vec<(u64, u64, usize)> {
-        /// Units read between two calls of `trim`: their headers, first entries and line
-        /// program headers are all that is read of them, a few pages each.
+        /// Units read between two calls of `trim`: their headers, first entries and those
+        /// entries' abbreviations are all that is read of them, a few pages each.
         const TRIM_EVERY: usize = 8;
         /// Unit headers walked past between two calls of `trim`.
         const HEADERS_PER_TRIM: usize = 16;
