@@ -77,6 +77,9 @@ pub struct Options {
     pub suppressions: Option<PathOption>,
     /// Whether the text lists reachable blocks (else one line with their total).
     pub show_reachable: bool,
+    /// Whether stacks keep the frames below `main` (libc's start-up and `_start`), as
+    /// valgrind's `--show-below-main`; off, a stack through `main` ends there.
+    pub show_below_main: bool,
     /// The leak kinds `exitcode` counts, as `LeakKind::bit`s.
     pub leak_kinds: u8,
     /// How many direct-leak sites the text lists (0: all).
@@ -101,6 +104,7 @@ impl Options {
         quarantine: 0,
         suppressions: None,
         show_reachable: true,
+        show_below_main: false,
         leak_kinds: LeakKind::Direct.bit() | LeakKind::Indirect.bit(),
         max_leaks: 0,
         malloc: true,
@@ -306,6 +310,7 @@ const KEYS: &[Key] = &[
         },
     },
     flag_key!(show_reachable),
+    flag_key!(show_below_main),
     Key {
         name: "leak_kinds",
         expected: "must be direct, indirect, reachable, all or none, by commas",

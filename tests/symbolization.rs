@@ -76,6 +76,9 @@ fn engine_sample_stacks_start_at_the_user_frame() {
         sky[1].2,
         support::line_of("samples/engine/main.cpp", "world.load_sky()")
     );
+    // As in valgrind, a stack through `main` ends there: libc's start-up and `_start` are not
+    // shown unless asked for (`show_below_main=1`, below).
+    assert_eq!(sky.len(), 2, "{sky:?}");
 
     let spawn = frames(&leak_at(&run, world, "K15_NEW Entity;")["stack"]);
     assert_eq!(spawn[0].0, "engine::World::spawn(int, char const*)");
@@ -347,8 +350,8 @@ fn peak_rss_kib(exe: &std::path::Path, options: &str) -> i64 {
 fn symbolizing_at_exit_loads_only_what_the_reported_stacks_need() {
     let dir = support::scratch("symbolization_memory");
     let exe = support::build(&dir, "engine", &support::ENGINE_SAMPLE, &["-O2"]);
-    // The report is complete: user frames with lines, and libc's frames below main.
-    let run = support::run(&exe, "");
+    // The report is complete: user frames with lines, and libc's frames below main, asked for.
+    let run = support::run(&exe, "show_below_main=1");
     let world = "samples/engine/world.cpp";
     let sky = frames(&leak_at(&run, world, "K15_NEW Vec3[64]")["stack"]);
     assert_eq!(sky[0].0, "engine::World::load_sky()");
@@ -362,7 +365,7 @@ fn symbolizing_at_exit_loads_only_what_the_reported_stacks_need() {
     // one module at a time, one unit at a time, only the units the stacks fall into
     // decompressed: about 4 MiB over the run without stacks, the depot and rules included.
     let without = peak_rss_kib(&exe, "stack_depth=0");
-    let with = peak_rss_kib(&exe, "");
+    let with = peak_rss_kib(&exe, "show_below_main=1");
     println!("peak RSS {with} KiB with stacks, {without} KiB without");
     assert!(
         with - without < 8 * 1024,
@@ -379,7 +382,7 @@ fn the_report_at_exit_fits_in_the_memory_the_heap_gave_up() {
         &["tests/cpp/report_peak.cpp"],
         &["-O2"],
     );
-    let run = support::run(&exe, "");
+    let run = support::run(&exe, "show_below_main=1");
     let leak = frames(&leak_at(&run, "tests/cpp/report_peak.cpp", "LEAKED AT THE END")["stack"]);
     assert!(
         leak.iter().any(|f| f.0.starts_with("__libc_start")),
@@ -388,7 +391,7 @@ fn the_report_at_exit_fits_in_the_memory_the_heap_gave_up() {
     // Best of three: page-cache and fault-around timing make single runs differ by a few pages.
     let best = |options: &str| (0..3).map(|_| peak_rss_kib(&exe, options)).min().unwrap();
     let silent = best("report=0");
-    let reported = best("");
+    let reported = best("show_below_main=1");
     println!("peak RSS {reported} KiB with the report, {silent} KiB without");
     assert!(
         reported - silent < 1024,

@@ -19,7 +19,7 @@ mod symtab;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::stack::StackId;
 
@@ -120,13 +120,92 @@ impl Symbolizer {
         }
         wanted.sort_unstable();
         wanted.dedup();
+        let (kept, loaded_for_cut) = if crate::options::get().show_below_main {
+            (HashMap::new(), None)
+        } else {
+            self.cut_below_main(&ids, &mut wanted)
+        };
         for group in wanted.chunk_by(|a, b| a.0 == b.0) {
             let addresses: Vec<usize> = group.iter().map(|w| w.1).collect();
             self.resolve_module(group[0].0, &addresses);
+            if loaded_for_cut == Some(group[0].0) {
+                self.debug[group[0].0] = None; // released like any module read for a batch
+            }
         }
         ids.into_iter()
-            .map(|id| (id, self.symbolize_stack(id)))
+            .map(|id| {
+                let depth = kept.get(&id).copied().unwrap_or(usize::MAX);
+                (id, self.symbolize_frames(id, depth))
+            })
             .collect()
+    }
+
+    /// How many frames each of `ids` keeps when the frames below `main` go (valgrind's
+    /// default): a stack through the executable's `main` ends there, `main` included; others
+    /// stay whole. `main` is found by the executable's symbol table, before any DWARF is read,
+    /// so that what lies below it costs nothing: `_start`, which no unit covers (finding that
+    /// out walks every unit `.debug_aranges` leaves out), and libc's start-up frames (its debug
+    /// file, compressed). `wanted` keeps only the addresses some stack still shows; the second
+    /// value is the module whose debug info was loaded here, kept for its batch.
+    fn cut_below_main(
+        &mut self,
+        ids: &[StackId],
+        wanted: &mut Vec<(usize, usize)>,
+    ) -> (HashMap<StackId, usize>, Option<usize>) {
+        let Some(exe) = self.map.modules.iter().position(|m| m.is_main) else {
+            return (HashMap::new(), None);
+        };
+        let bias = self.map.modules[exe].bias;
+        let unresolved: Vec<usize> = wanted.iter().filter(|w| w.0 == exe).map(|w| w.1).collect();
+        let probes: Vec<u64> = unresolved
+            .iter()
+            .map(|&address| probe(address.wrapping_sub(bias)))
+            .collect();
+        let mut loaded = None;
+        if self.debug[exe].is_none() && !probes.is_empty() {
+            let info = self.map.modules[exe]
+                .file
+                .as_deref()
+                .and_then(|file| DebugInfo::load_for(file, &probes));
+            loaded = info.is_some().then_some(exe);
+            self.debug[exe] = Some(info);
+        }
+        let names = match &mut self.debug[exe] {
+            Some(Some(info)) => info.symbol_names(&probes),
+            _ => Vec::new(),
+        };
+        let mut in_main: HashSet<usize> = unresolved
+            .iter()
+            .zip(&names)
+            .filter(|(_, name)| name.as_deref() == Some("main"))
+            .map(|(&address, _)| address)
+            .collect();
+        let mut kept = HashMap::new();
+        let mut shown = HashSet::new();
+        for &id in ids {
+            let frames = crate::stack::frames(id);
+            let mut depth = frames.len();
+            for (at, &address) in frames.iter().enumerate() {
+                if self.map.find(address, Some(id)) != Some(exe) {
+                    continue;
+                }
+                let resolved_main = || {
+                    self.cache
+                        .get(&(address, Some(exe)))
+                        .and_then(|frames| frames.last()?.function.as_deref())
+                        == Some("main")
+                };
+                if in_main.contains(&address) || resolved_main() {
+                    in_main.insert(address);
+                    depth = at + 1;
+                    break;
+                }
+            }
+            shown.extend(frames[..depth].iter().copied());
+            kept.insert(id, depth);
+        }
+        wanted.retain(|w| shown.contains(&w.1));
+        (kept, loaded)
     }
 
     /// Resolves `addresses`, all in module `index`, into the cache. Debug info loaded before
@@ -166,9 +245,14 @@ impl Symbolizer {
     /// after the first user frame everything stays. A stack made only of such frames is
     /// returned whole rather than empty.
     pub fn symbolize_stack(&mut self, stack: StackId) -> Vec<Frame> {
+        self.symbolize_frames(stack, usize::MAX)
+    }
+
+    /// [`Symbolizer::symbolize_stack`] of the stack's first `depth` return addresses.
+    fn symbolize_frames(&mut self, stack: StackId, depth: usize) -> Vec<Frame> {
         let return_addresses = crate::stack::frames(stack);
         let mut frames = Vec::with_capacity(return_addresses.len());
-        for &address in return_addresses.iter() {
+        for &address in return_addresses.iter().take(depth) {
             frames.extend_from_slice(self.resolve_in(address, Some(stack)));
         }
         let own = frames

@@ -80,6 +80,8 @@ pub(crate) struct Module {
     pub(crate) file: Option<PathBuf>,
     /// `dlpi_addr`: runtime address minus the address stated in the file (0 for non-PIE).
     pub(crate) bias: usize,
+    /// The executable (where `main` lies).
+    pub(crate) is_main: bool,
     window: Range<u32>,
 }
 
@@ -115,6 +117,7 @@ impl ModuleMap {
                 name: record.name.clone(),
                 file,
                 bias: record.bias,
+                is_main: record.is_main,
                 window: record.loaded..record.unloaded,
             });
             map.segments

@@ -12,7 +12,7 @@
 //! lets each unit's memory go before the next. Everything is released with the [`DebugInfo`].
 
 use std::borrow::Cow;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
@@ -605,6 +605,8 @@ pub(crate) struct DebugInfo {
     /// Symbol tables, the separate debug file's (which knows local functions) first; built
     /// from `objects` the first time DWARF leaves a function unnamed or bare.
     symbols: Option<Vec<SymbolMap<SymbolMapName<'static>>>>,
+    /// The answers of [`DebugInfo::symbol_names`] so far, by probe.
+    named: HashMap<u64, Option<String>>,
     objects: Vec<object::File<'static>>,
     storage: Vec<Storage>,
 }
@@ -628,6 +630,7 @@ impl DebugInfo {
         let mut info = DebugInfo {
             dwarf: None,
             symbols: None,
+            named: HashMap::new(),
             objects: Vec::new(),
             storage: Vec::new(),
         };
@@ -701,19 +704,39 @@ impl DebugInfo {
             .filter(|&i| outer_is_bare(&found[i]))
             .collect();
         let bare_probes: Vec<u64> = bare.iter().map(|&i| probes[i]).collect();
-        let mut names = vec![None; bare.len()];
-        for object in &self.objects {
-            let storage = &self.storage;
-            let trim = || storage.iter().for_each(Storage::trim);
-            let found_here = super::symtab::containing(object, &bare_probes, &trim);
-            for (name, here) in names.iter_mut().zip(found_here) {
-                *name = name.or(here);
-            }
-        }
+        let names = self.symbol_names(&bare_probes);
         for (&i, name) in bare.iter().zip(names) {
-            name_outer(&mut found[i], name.map(demangle_symbol));
+            name_outer(&mut found[i], name.as_deref().map(demangle_symbol));
         }
         found
+    }
+
+    /// The symbol-table name (as written, mangled) of the symbol holding each of `probes`: the
+    /// separate debug file's table first (it knows local functions). One pass over the tables
+    /// for the probes not asked before; answers are kept for later calls.
+    pub(crate) fn symbol_names(&mut self, probes: &[u64]) -> Vec<Option<String>> {
+        let mut new: Vec<u64> = probes
+            .iter()
+            .copied()
+            .filter(|p| !self.named.contains_key(p))
+            .collect();
+        new.sort_unstable();
+        new.dedup();
+        if !new.is_empty() {
+            let mut names = vec![None; new.len()];
+            for object in &self.objects {
+                let storage = &self.storage;
+                let trim = || storage.iter().for_each(Storage::trim);
+                let found_here = super::symtab::containing(object, &new, &trim);
+                for (name, here) in names.iter_mut().zip(found_here) {
+                    *name = name.or(here);
+                }
+            }
+            for (probe, name) in new.into_iter().zip(names) {
+                self.named.insert(probe, name.map(str::to_owned));
+            }
+        }
+        probes.iter().map(|p| self.named[p].clone()).collect()
     }
 
     /// Parses the line program of the unit holding `probe` before its functions, letting go

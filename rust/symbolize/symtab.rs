@@ -46,6 +46,20 @@ pub(super) fn containing<'data>(
     probes: &[u64],
     trim: &dyn Fn(),
 ) -> Vec<Option<&'data str>> {
+    match object {
+        // Typed for the one format that matters: `object::File`'s symbols dispatch over every
+        // format at each call, a third of the pass (yaml-cpp's tests: 1.3 -> 0.9 ms).
+        object::File::Elf64(elf) => containing_in(elf, probes, trim),
+        _ => containing_in(object, probes, trim),
+    }
+}
+
+/// [`containing`] over one format's symbols.
+fn containing_in<'data>(
+    object: &impl Object<'data>,
+    probes: &[u64],
+    trim: &dyn Fn(),
+) -> Vec<Option<&'data str>> {
     let mut sorted = probes.to_vec();
     sorted.sort_unstable();
     let mut gaps = vec![Gap::default(); sorted.len() + 1];

@@ -673,3 +673,42 @@ fn lean_agrees_at_every_address(compiler: &str) {
     assert!(lines.len() > 20);
     let _ = std::fs::remove_dir_all(&folder);
 }
+
+/// The one-pass symbol-table lookup names every address as `object`'s symbol map does: at each
+/// symbol's start, just before it, inside it and just past its end, in this test binary and in
+/// libc (whose `.dynsym` alone is in the file).
+#[test]
+fn symbol_table_pass_agrees_with_objects_symbol_map() {
+    use object::{Object, ObjectSymbol};
+    let libc = {
+        let mut symbolizer = Symbolizer::new();
+        symbolizer.resolve(libc::atoi as *const () as usize + 1)[0]
+            .module
+            .clone()
+    };
+    for path in [this_exe(), libc] {
+        let data = std::fs::read(&path).unwrap();
+        let file = object::File::parse(&*data).unwrap();
+        let mut probes: Vec<u64> = file
+            .symbols()
+            .chain(file.dynamic_symbols())
+            .filter(|s| s.address() != 0)
+            .flat_map(|s| {
+                let (start, size) = (s.address(), s.size());
+                [start - 1, start, start + size / 2, start + size]
+            })
+            .collect();
+        probes.sort_unstable();
+        probes.dedup();
+        let found = symtab::containing(&file, &probes, &|| {});
+        let map = file.symbol_map();
+        let mut named = 0;
+        for (&probe, name) in probes.iter().zip(&found) {
+            let expected = map.containing(probe).map(|s| s.name());
+            assert_eq!(*name, expected, "{path} at {probe:#x}");
+            named += usize::from(name.is_some());
+        }
+        println!("{path}: {named} of {} addresses named", probes.len());
+        assert!(named * 2 > probes.len(), "{path}");
+    }
+}
