@@ -177,6 +177,11 @@ fn main() {
         k15("k15, stack_depth=0", &tracked, "stack_depth=0"),
         k15("k15, default (DWARF stacks, report)", &tracked, ""),
         k15(
+            "k15, default, show_below_main=1",
+            &tracked,
+            "show_below_main=1",
+        ),
+        k15(
             "k15, stacks (frame pointers)",
             &tracked,
             "unwinder=frame_pointer",
