@@ -10,10 +10,11 @@ use std::cmp::Ordering;
 
 use addr2line::gimli::{self, AttributeValue, UnitRef};
 
+use super::line_program::{self, LineRow, Run};
 use super::resolver::{Location, Slice};
 
 /// Rows or entries read between two calls of `trim`.
-const TRIM_EVERY: usize = 4096;
+const TRIM_EVERY: usize = 65536;
 
 /// The source locations of each of `probes` (as [`super::resolver::DebugInfo::locate`] has
 /// them before the symbol table fills in), or `None` when something does not read as
@@ -120,6 +121,100 @@ struct Sequence {
     rows: Box<[(usize, Row)]>,
 }
 
+/// The rows of a line program as they come, kept where they are in effect at a probe.
+struct RowsAtProbes<'p> {
+    probes: &'p [u64],
+    /// Indexes of `probes`, by address, and those addresses.
+    order: Vec<usize>,
+    sorted: Vec<u64>,
+    sequences: Vec<Sequence>,
+    /// The rows kept in the sequence being read, and its start.
+    rows: Vec<(usize, Row)>,
+    start: Option<u64>,
+    /// The last row of the sequence being read, its address, and the first probe (in `sorted`)
+    /// at or above that address: addresses grow within a sequence, so each row moves it on
+    /// instead of searching.
+    last: Option<(u64, Row)>,
+    next_probe: usize,
+}
+
+impl<'p> RowsAtProbes<'p> {
+    fn new(probes: &'p [u64]) -> Self {
+        let mut order: Vec<usize> = (0..probes.len()).collect();
+        order.sort_unstable_by_key(|&i| probes[i]);
+        let sorted = order.iter().map(|&i| probes[i]).collect();
+        RowsAtProbes {
+            probes,
+            order,
+            sorted,
+            sequences: Vec::new(),
+            rows: Vec::new(),
+            start: None,
+            last: None,
+            next_probe: 0,
+        }
+    }
+
+    #[inline]
+    fn row(&mut self, row: LineRow) {
+        let address = row.address;
+        match self.last {
+            Some((at, previous)) if at < address => {
+                // The probes in `at..address` have the previous row.
+                while self
+                    .sorted
+                    .get(self.next_probe)
+                    .is_some_and(|&p| p < address)
+                {
+                    self.rows.push((self.order[self.next_probe], previous));
+                    self.next_probe += 1;
+                }
+            }
+            Some((at, _)) if at == address => {}
+            // A sequence's first row (or an address going back, which no compiler writes).
+            _ => self.next_probe = self.sorted.partition_point(|&p| p < address),
+        }
+        if row.end_sequence {
+            if let Some(start) = self.start.take().filter(|&start| start < address) {
+                self.sequences.push(Sequence {
+                    start,
+                    end: address,
+                    rows: std::mem::take(&mut self.rows).into_boxed_slice(),
+                });
+            }
+            self.rows.clear();
+            self.last = None;
+            return;
+        }
+        self.start.get_or_insert(address);
+        let kept = Row {
+            file: row.file,
+            line: row.line as u32,
+        };
+        self.last = Some((address, kept));
+    }
+
+    /// The row in effect at each probe, found by its sequence.
+    fn found(mut self) -> Vec<Option<Row>> {
+        self.sequences
+            .sort_unstable_by_key(|sequence| sequence.start);
+        let mut found = vec![None; self.probes.len()];
+        for (i, &probe) in self.probes.iter().enumerate() {
+            let at = self
+                .sequences
+                .binary_search_by(|sequence| range_order(sequence.start, sequence.end, probe));
+            if let Ok(at) = at {
+                found[i] = self.sequences[at]
+                    .rows
+                    .iter()
+                    .find(|r| r.0 == i)
+                    .map(|r| r.1);
+            }
+        }
+        found
+    }
+}
+
 /// The rows in effect at the probes, found through the sequences as addr2line finds them.
 struct Lines {
     found: Vec<Option<Row>>,
@@ -127,8 +222,9 @@ struct Lines {
 }
 
 impl Lines {
-    /// Runs the unit's line program once. Rows at one address fold into the last of them,
-    /// and a probe takes the last row at or below it in its sequence, as addr2line's table.
+    /// Runs the unit's line program once ([`super::line_program`]; gimli's rows where that
+    /// leaves the program to gimli). Rows at one address fold into the last of them, and a
+    /// probe takes the last row at or below it in its sequence, as addr2line's table.
     fn read(unit: UnitRef<'_, Slice>, probes: &[u64], scope: &Scope<'_>) -> Option<Lines> {
         let Some(program) = unit.line_program.clone() else {
             return Some(Lines {
@@ -136,59 +232,31 @@ impl Lines {
                 header: None,
             });
         };
-        let mut order: Vec<usize> = (0..probes.len()).collect();
-        order.sort_unstable_by_key(|&i| probes[i]);
-        // The probes in `from..to`, each with the row: into `rows`.
-        let take = |rows: &mut Vec<(usize, Row)>, from: u64, to: u64, row: Row| {
-            let first = order.partition_point(|&i| probes[i] < from);
-            let last = order.partition_point(|&i| probes[i] < to);
-            rows.extend(order[first..last].iter().map(|&i| (i, row)));
-        };
-        let mut sequences = Vec::new();
-        let mut rows = Vec::new();
-        let mut start = None;
-        let mut last: Option<(u64, Row)> = None;
-        let mut state = program.rows();
-        while let Some((_, row)) = state.next_row().ok()? {
+        let mut rows = RowsAtProbes::new(probes);
+        let header = match line_program::for_each_row(program.header(), |row| {
             scope.count();
-            let address = row.address();
-            if let Some((at, previous)) = last.filter(|&(at, _)| at < address) {
-                take(&mut rows, at, address, previous);
-            }
-            if row.end_sequence() {
-                if let Some(start) = start.take().filter(|&start| start < address) {
-                    sequences.push(Sequence {
-                        start,
-                        end: address,
-                        rows: std::mem::take(&mut rows).into_boxed_slice(),
+            rows.row(row);
+        }) {
+            Ok(()) => program.header().clone(),
+            Err(Run::Malformed) => return None,
+            Err(Run::Unsupported) => {
+                rows = RowsAtProbes::new(probes);
+                let mut state = program.rows();
+                while let Some((_, row)) = state.next_row().ok()? {
+                    scope.count();
+                    rows.row(LineRow {
+                        address: row.address(),
+                        file: row.file_index(),
+                        line: row.line().map_or(0, |line| line.get()),
+                        end_sequence: row.end_sequence(),
                     });
                 }
-                rows.clear();
-                last = None;
-                continue;
+                state.header().clone()
             }
-            start.get_or_insert(address);
-            let line = row.line().map_or(0, |line| line.get() as u32);
-            last = Some((
-                address,
-                Row {
-                    file: row.file_index(),
-                    line,
-                },
-            ));
-        }
-        sequences.sort_unstable_by_key(|sequence| sequence.start);
-        let mut found = vec![None; probes.len()];
-        for (i, &probe) in probes.iter().enumerate() {
-            let at = sequences
-                .binary_search_by(|sequence| range_order(sequence.start, sequence.end, probe));
-            if let Ok(at) = at {
-                found[i] = sequences[at].rows.iter().find(|r| r.0 == i).map(|r| r.1);
-            }
-        }
+        };
         Some(Lines {
-            found,
-            header: Some(state.header().clone()),
+            found: rows.found(),
+            header: Some(header),
         })
     }
 
@@ -299,11 +367,21 @@ impl Functions {
                 }
                 continue;
             }
+            // Only the address attributes are read; the runs of others between them are
+            // skipped (by their forms' sizes, where gimli knows them), not decoded.
             let mut ranges = Ranges::default();
-            for spec in abbrev.attributes() {
-                let attr = walk.read_attribute(*spec).ok()?;
-                ranges.note(unit, &attr)?;
+            let specs = abbrev.attributes();
+            let mut unread = 0;
+            for (at, spec) in specs.iter().enumerate() {
+                if let gimli::DW_AT_low_pc | gimli::DW_AT_high_pc | gimli::DW_AT_ranges =
+                    spec.name()
+                {
+                    walk.skip_attributes(&specs[unread..at]).ok()?;
+                    ranges.note(unit, &walk.read_attribute(*spec).ok()?)?;
+                    unread = at + 1;
+                }
             }
+            walk.skip_attributes(&specs[unread..]).ok()?;
             let index = entries.len();
             let mut kept = false;
             ranges.each(unit, |range| {

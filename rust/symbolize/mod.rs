@@ -11,6 +11,7 @@
 //! those addresses alone ([`sections`]) and dropped before the next.
 
 mod lean;
+mod line_program;
 pub mod modules;
 mod names;
 mod resolver;

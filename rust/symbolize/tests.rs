@@ -4,6 +4,8 @@ use std::hint::black_box;
 use std::io::Write;
 use std::process::{Command, Stdio};
 
+use addr2line::gimli;
+
 use super::*;
 
 /// The return addresses of the calling thread, innermost first (glibc's `backtrace`, which
@@ -711,4 +713,179 @@ fn symbol_table_pass_agrees_with_objects_symbol_map() {
         println!("{path}: {named} of {} addresses named", probes.len());
         assert!(named * 2 > probes.len(), "{path}");
     }
+}
+
+/// Every line program of a file (uncompressed `.debug_line` and `.debug_info`); `None` when
+/// gimli cannot read a unit header or its line program's header (the tests damage them).
+fn line_programs(
+    data: &'static [u8],
+) -> Option<Vec<gimli::IncompleteLineProgram<resolver::Slice>>> {
+    use object::{Object, ObjectSection};
+    let file = object::File::parse(data).ok()?;
+    let section = |id: gimli::SectionId| -> Result<resolver::Slice, ()> {
+        let bytes = file
+            .section_by_name(id.name())
+            .and_then(|s| s.data().ok())
+            .unwrap_or(&[]);
+        Ok(gimli::EndianSlice::new(bytes, gimli::RunTimeEndian::Little))
+    };
+    let dwarf = gimli::Dwarf::load(section).ok()?;
+    let mut units = dwarf.units();
+    let mut programs = Vec::new();
+    while let Some(header) = units.next().ok()? {
+        if let Some(program) = dwarf.unit(header).ok()?.line_program {
+            programs.push(program);
+        }
+    }
+    Some(programs)
+}
+
+/// The rows gimli's `LineRows` yields for `program`, and whether it read to the end.
+fn gimlis_rows(
+    program: &gimli::IncompleteLineProgram<resolver::Slice>,
+) -> (Vec<line_program::LineRow>, bool) {
+    let mut rows = Vec::new();
+    let mut state = program.clone().rows();
+    loop {
+        match state.next_row() {
+            Ok(Some((_, row))) => rows.push(line_program::LineRow {
+                address: row.address(),
+                file: row.file_index(),
+                line: row.line().map_or(0, |line| line.get()),
+                end_sequence: row.end_sequence(),
+            }),
+            Ok(None) => return (rows, true),
+            Err(_) => return (rows, false),
+        }
+    }
+}
+
+/// The rows of the line-program interpreter for `program`, and how it ended.
+fn interpreted_rows(
+    program: &gimli::IncompleteLineProgram<resolver::Slice>,
+) -> (Vec<line_program::LineRow>, Result<(), line_program::Run>) {
+    let mut rows = Vec::new();
+    let ended = line_program::for_each_row(program.header(), |row| rows.push(row));
+    (rows, ended)
+}
+
+/// Builds `INLINED_CPP` with `compiler` and `flags` into `folder`: the program's bytes, or
+/// `None` when the compiler is missing.
+fn built_program(
+    folder: &std::path::Path,
+    compiler: &str,
+    flags: &[&str],
+) -> Option<&'static [u8]> {
+    let source = folder.join("inlined.cpp");
+    std::fs::write(&source, INLINED_CPP).unwrap();
+    let exe = folder.join(format!("inlined-{compiler}{}", flags.concat()));
+    let (source, exe_path) = (source.to_string_lossy(), exe.to_string_lossy());
+    tool(
+        compiler,
+        &[flags, &[source.as_ref(), "-o", exe_path.as_ref()]].concat(),
+    )?;
+    Some(Box::leak(std::fs::read(&exe).unwrap().into_boxed_slice()))
+}
+
+/// The line-program interpreter yields gimli's rows, row for row, over every unit of C++ programs
+/// (g++ with DWARF 5 and DWARF 4, clang++) and of this Rust test binary (rustc's units and std's).
+#[test]
+fn line_program_rows_agree_with_gimlis() {
+    let folder = std::env::temp_dir().join(format!("k15-lines-{}", std::process::id()));
+    std::fs::create_dir_all(&folder).unwrap();
+    let mut files: Vec<(String, &'static [u8])> = Vec::new();
+    for (compiler, flags) in [
+        ("g++", &["-O2", "-g"][..]),
+        ("g++", &["-O2", "-gdwarf-4"][..]),
+        ("g++", &["-O0", "-g"][..]),
+        ("clang++-14", &["-O2", "-g"][..]),
+    ] {
+        match built_program(&folder, compiler, flags) {
+            Some(data) => files.push((format!("{compiler} {flags:?}"), data)),
+            None => println!("{compiler} not found: its programs are skipped"),
+        }
+    }
+    let this = Box::leak(std::fs::read(this_exe()).unwrap().into_boxed_slice());
+    files.push(("this test binary".into(), this));
+    assert!(files.len() >= 4, "g++ builds the test programs");
+    for (name, data) in files {
+        let (mut programs, mut rows) = (0, 0);
+        for program in line_programs(data).expect("gimli reads the units") {
+            let (expected, complete) = gimlis_rows(&program);
+            let (found, ended) = interpreted_rows(&program);
+            assert!(complete, "{name}: gimli reads every program");
+            assert_eq!(ended, Ok(()), "{name}");
+            assert_eq!(found, expected, "{name}");
+            programs += 1;
+            rows += found.len();
+        }
+        println!("{name}: {programs} line programs, {rows} rows agree");
+        assert!(
+            programs > 0 && rows > 100,
+            "{name}: {programs} programs, {rows} rows"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&folder);
+}
+
+/// A damaged line program never panics the interpreter: cut short or with bytes changed, it
+/// gives gimli's rows up to where gimli stops, and says so where gimli fails.
+#[test]
+fn a_damaged_line_program_gives_gimlis_rows_or_an_error() {
+    use object::{Object, ObjectSection};
+    let folder = std::env::temp_dir().join(format!("k15-lines-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&folder).unwrap();
+    let Some(data) = built_program(&folder, "g++", &["-O2", "-g"]) else {
+        panic!("g++ builds the test program");
+    };
+    let file = object::File::parse(data).unwrap();
+    let line = file.section_by_name(".debug_line").unwrap();
+    let (line_at, line_len) = line.file_range().unwrap();
+    let (line_at, line_len) = (line_at as usize, line_len as usize);
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut random = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let (mut failed, mut tried) = (0, 0);
+    for round in 0..300 {
+        let mut damaged = data.to_vec();
+        let section = &mut damaged[line_at..line_at + line_len];
+        if round % 3 == 0 {
+            // Cut short: the rest of the section zeroed (a program reads up to its length).
+            let cut = (random() as usize) % section.len();
+            section[cut..].fill(0);
+        } else {
+            for _ in 0..1 + round % 4 {
+                let at = (random() as usize) % section.len();
+                section[at] = random() as u8;
+            }
+        }
+        let damaged: &'static [u8] = Box::leak(damaged.into_boxed_slice());
+        let Some(programs) = line_programs(damaged) else {
+            continue; // the damage broke a header: gimli refused it before any program ran
+        };
+        for program in programs {
+            let (expected, complete) = gimlis_rows(&program);
+            let (found, ended) = interpreted_rows(&program);
+            tried += 1;
+            match ended {
+                Ok(()) => {
+                    assert!(complete, "gimli failed where the interpreter did not");
+                    assert_eq!(found, expected);
+                }
+                Err(line_program::Run::Malformed) => {
+                    assert!(!complete, "the interpreter failed where gimli did not");
+                    assert_eq!(found, expected);
+                    failed += 1;
+                }
+                Err(line_program::Run::Unsupported) => {}
+            }
+        }
+    }
+    println!("{tried} damaged programs run, {failed} refused as gimli refuses them");
+    assert!(tried > 200 && failed > 10, "{tried} run, {failed} refused");
+    let _ = std::fs::remove_dir_all(&folder);
 }
