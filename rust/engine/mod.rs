@@ -35,7 +35,7 @@ mod slots;
 pub mod stack;
 mod system_memory;
 #[cfg(test)]
-mod test_support;
+pub(crate) mod test_support;
 mod thread_slot;
 mod tracked;
 pub mod typed_pool;

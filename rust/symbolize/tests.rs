@@ -842,13 +842,8 @@ fn a_damaged_line_program_gives_gimlis_rows_or_an_error() {
     let line = file.section_by_name(".debug_line").unwrap();
     let (line_at, line_len) = line.file_range().unwrap();
     let (line_at, line_len) = (line_at as usize, line_len as usize);
-    let mut seed = 0x2545_f491_4f6c_dd1du64;
-    let mut random = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut rng = crate::engine::test_support::Rng::new(0x2545_f491_4f6c_dd1d);
+    let mut random = move || rng.next();
     let (mut failed, mut tried) = (0, 0);
     for round in 0..300 {
         let mut damaged = data.to_vec();
