@@ -244,12 +244,7 @@ impl Lines {
                 let mut state = program.rows();
                 while let Some((_, row)) = state.next_row().ok()? {
                     scope.count();
-                    rows.row(LineRow {
-                        address: row.address(),
-                        file: row.file_index(),
-                        line: row.line().map_or(0, |line| line.get()),
-                        end_sequence: row.end_sequence(),
-                    });
+                    rows.row(LineRow::of(row));
                 }
                 state.header().clone()
             }

@@ -3,9 +3,9 @@
 //! gimli decodes each instruction into an enum through its generic reader and then executes
 //! it; on the line programs of yaml-cpp's test units that was 3 ms of the report's 11. Here the
 //! common opcodes are decoded and executed in one loop over a byte slice. What this does not
-//! model (VLIW op indexes, `DW_LNE_define_file`) is said before any row is given, so the
-//! caller can run gimli's instead; bytes that do not read (where gimli's reader fails too) end
-//! the run with [`Run::Malformed`].
+//! model (VLIW op indexes, big-endian files, DWARF 4's `DW_LNE_define_file`) ends the run with
+//! [`Run::Unsupported`], so the caller runs gimli's instead; bytes that do not read (where
+//! gimli's reader fails too) end it with [`Run::Malformed`].
 
 use addr2line::gimli::{self, LineProgramHeader, Reader};
 
@@ -28,6 +28,18 @@ pub(super) struct LineRow {
     /// The line register as gimli keeps it (0: no line).
     pub(super) line: u64,
     pub(super) end_sequence: bool,
+}
+
+impl LineRow {
+    /// The same row as gimli's state machine gives it.
+    pub(super) fn of(row: &gimli::LineRow) -> LineRow {
+        LineRow {
+            address: row.address(),
+            file: row.file_index(),
+            line: row.line().map_or(0, |line| line.get()),
+            end_sequence: row.end_sequence(),
+        }
+    }
 }
 
 /// Calls `row` for every row of the program `header` heads, in order, as gimli's

@@ -748,12 +748,7 @@ fn gimlis_rows(
     let mut state = program.clone().rows();
     loop {
         match state.next_row() {
-            Ok(Some((_, row))) => rows.push(line_program::LineRow {
-                address: row.address(),
-                file: row.file_index(),
-                line: row.line().map_or(0, |line| line.get()),
-                end_sequence: row.end_sequence(),
-            }),
+            Ok(Some((_, row))) => rows.push(line_program::LineRow::of(row)),
             Ok(None) => return (rows, true),
             Err(_) => return (rows, false),
         }
