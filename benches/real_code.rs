@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const PACKAGE: &str = "yaml-cpp";
-const RUNS: usize = 7;
+const RUNS: usize = 15;
 
 fn run_ok(cmd: &mut Command, what: &str) {
     let out = cmd
@@ -194,27 +194,40 @@ fn main() {
         },
     ];
 
-    println!("\n{PACKAGE}'s test suite (980 tests, built -O2 -g), best of {RUNS} (CPU time and peak RSS each):");
-    println!(
-        "  {:<42} {:>9} {:>8} {:>10} {:>8}",
-        "variant", "CPU s", "vs plain", "peak MiB", "vs plain"
-    );
-    let mut baseline = None;
-    for v in &variants {
-        let (mut secs, mut rss) = (f64::INFINITY, i64::MAX);
-        for _ in 0..RUNS {
-            let (s, r) = run_once(v, &dir);
-            secs = secs.min(s);
-            rss = rss.min(r);
+    // Rounds of one run per variant, so that a slow spell of a shared machine falls on every
+    // variant alike; each variant's best and median over the rounds.
+    let mut runs: Vec<Vec<(f64, i64)>> = vec![Vec::with_capacity(RUNS); variants.len()];
+    for _ in 0..RUNS {
+        for (v, taken) in variants.iter().zip(&mut runs) {
+            taken.push(run_once(v, &dir));
         }
-        let (base_s, base_r) = *baseline.get_or_insert((secs, rss));
+    }
+    println!(
+        "\n{PACKAGE}'s test suite (980 tests, built -O2 -g), {RUNS} interleaved rounds: CPU time \
+         (best, median) and peak RSS (least):"
+    );
+    println!(
+        "  {:<42} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8}",
+        "variant", "best s", "vs plain", "median s", "vs plain", "peak MiB", "vs plain"
+    );
+    let summary = |taken: &[(f64, i64)]| {
+        let mut secs: Vec<f64> = taken.iter().map(|r| r.0).collect();
+        secs.sort_by(f64::total_cmp);
+        let rss = taken.iter().map(|r| r.1).min().unwrap_or(0);
+        (secs[0], secs[secs.len() / 2], rss)
+    };
+    let (base_best, base_median, base_rss) = summary(&runs[0]);
+    for (v, taken) in variants.iter().zip(&runs) {
+        let (best, median, rss) = summary(taken);
         println!(
-            "  {:<42} {:>9.3} {:>7.2}x {:>10.1} {:>7.2}x",
+            "  {:<42} {:>8.3} {:>7.2}x {:>8.3} {:>7.2}x {:>9.1} {:>7.2}x",
             v.name,
-            secs,
-            secs / base_s,
+            best,
+            best / base_best,
+            median,
+            median / base_median,
             rss as f64 / 1024.0,
-            rss as f64 / base_r as f64
+            rss as f64 / base_rss as f64
         );
     }
 }
