@@ -12,8 +12,8 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use super::registry::Registration;
 use super::system_memory::{SystemBox, SystemChunk};
 use super::{
-    align_up, AllocatorKind, AllocatorStats, BlockMeta, Counters, CreateError, FreeError,
-    LiveBlock, StatsSource,
+    align_up, lock_for_walk, AllocatorKind, AllocatorStats, BlockMeta, Busy, Counters, CreateError,
+    FreeError, LiveBlock, StatsSource,
 };
 
 const GRANULE: usize = 16;
@@ -90,14 +90,15 @@ impl StatsSource for BlockShared {
         stats
     }
 
-    fn for_each_live_block(&self, visit: &mut dyn FnMut(LiveBlock)) {
-        let arena = self.arena();
+    fn for_each_live_block(&self, visit: &mut dyn FnMut(LiveBlock)) -> Result<(), Busy> {
+        let arena = lock_for_walk(&self.arena)?;
         let base = arena.chunk.base() as usize;
         arena.walk(&mut |offset, header| {
             if header.cookie == LIVE ^ offset as u32 {
                 visit(header.meta.live_block(base + offset + HEADER));
             }
         });
+        Ok(())
     }
 }
 

@@ -19,7 +19,10 @@ macro_rules! registered_allocator {
                 $crate::engine::StatsSource::stats(&*self.$shared)
             }
 
-            fn for_each_live_block(&self, visit: &mut dyn FnMut($crate::engine::LiveBlock)) {
+            fn for_each_live_block(
+                &self,
+                visit: &mut dyn FnMut($crate::engine::LiveBlock),
+            ) -> Result<(), $crate::engine::Busy> {
                 $crate::engine::StatsSource::for_each_live_block(&*self.$shared, visit)
             }
         }
@@ -42,6 +45,8 @@ pub mod typed_pool;
 
 use std::fmt;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::time::{Duration, Instant};
 
 pub use block::{BlockAllocator, FreeSpace};
 pub use names::{c_name, static_name};
@@ -197,13 +202,14 @@ pub trait EngineAllocator {
     fn stats(&self) -> AllocatorStats;
 
     /// Calls `visit` for every live block, in no particular order, possibly while holding the allocator's
-    /// lock: `visit` must not call back into this allocator.
-    fn for_each_live_block(&self, visit: &mut dyn FnMut(LiveBlock));
+    /// lock: `visit` must not call back into this allocator. [`Busy`] if that lock stayed held.
+    fn for_each_live_block(&self, visit: &mut dyn FnMut(LiveBlock)) -> Result<(), Busy>;
 
-    /// Live blocks allocated since `since`, by epoch, then by address.
+    /// Live blocks allocated since `since`, by epoch, then by address (none if the allocator
+    /// stayed [`Busy`]).
     fn leaks_since(&self, since: Checkpoint) -> Vec<LiveBlock> {
         let mut blocks = Vec::new();
-        self.for_each_live_block(&mut |block| {
+        let _ = self.for_each_live_block(&mut |block| {
             if block.epoch >= since.0 {
                 blocks.push(block);
             }
@@ -314,5 +320,30 @@ trait StatsSource: Sync {
     fn stats(&self) -> AllocatorStats;
 
     /// As [`EngineAllocator::for_each_live_block`].
-    fn for_each_live_block(&self, visit: &mut dyn FnMut(LiveBlock));
+    fn for_each_live_block(&self, visit: &mut dyn FnMut(LiveBlock)) -> Result<(), Busy>;
+}
+
+/// A walk of live blocks found an allocator's lock held for all of [`WALK_LOCK_WAIT`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Busy;
+
+/// How long a walk of live blocks waits for a lock. One held this long is held by a thread that
+/// will never let go: a thread of the parent that `fork` left out of this child, or the very
+/// thread that a signal handler interrupted inside the allocator to call `exit`.
+const WALK_LOCK_WAIT: Duration = Duration::from_millis(200);
+
+/// `lock` for a walk of live blocks, waiting at most [`WALK_LOCK_WAIT`] for it, so that the
+/// report at exit never hangs on an allocator lock.
+fn lock_for_walk<T>(lock: &Mutex<T>) -> Result<MutexGuard<'_, T>, Busy> {
+    let deadline = Instant::now() + WALK_LOCK_WAIT;
+    loop {
+        match lock.try_lock() {
+            Ok(guard) => return Ok(guard),
+            Err(TryLockError::Poisoned(poisoned)) => return Ok(poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(TryLockError::WouldBlock) => return Err(Busy),
+        }
+    }
 }

@@ -29,7 +29,7 @@ use super::slots::{Chain, FreeList, Slots, SlotsView};
 use super::system_memory::{SystemBox, SystemChunk, SystemSlice};
 use super::thread_slot::{self, MAX_THREADS};
 use super::{
-    add_relaxed, AllocatorKind, AllocatorStats, Counters, CreateError, FreeError, LiveBlock,
+    add_relaxed, AllocatorKind, AllocatorStats, Busy, Counters, CreateError, FreeError, LiveBlock,
     StatsSource,
 };
 
@@ -456,10 +456,11 @@ impl StatsSource for PoolState {
         stats
     }
 
-    fn for_each_live_block(&self, visit: &mut dyn FnMut(LiveBlock)) {
+    fn for_each_live_block(&self, visit: &mut dyn FnMut(LiveBlock)) -> Result<(), Busy> {
         for class in self.classes.iter() {
             class.slots.for_each_live(visit);
         }
+        Ok(())
     }
 }
 

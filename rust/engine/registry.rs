@@ -4,7 +4,8 @@
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use super::{
-    AllocatorInfo, AllocatorKind, AllocatorStats, Checkpoint, CreateError, LiveBlock, StatsSource,
+    lock_for_walk, AllocatorInfo, AllocatorKind, AllocatorStats, Busy, Checkpoint, CreateError,
+    LiveBlock, StatsSource,
 };
 
 const MAX_ALLOCATORS: usize = 256;
@@ -143,16 +144,27 @@ impl Registry {
         totals
     }
 
-    /// Every live block of the registered allocators, then the retired ones.
-    fn for_each_live_block(&self, visit: &mut dyn FnMut(&AllocatorInfo, LiveBlock)) {
+    /// Every live block of the registered allocators, then the retired ones; the names of the
+    /// allocators that stayed [`Busy`].
+    fn for_each_live_block(
+        &self,
+        visit: &mut dyn FnMut(&AllocatorInfo, LiveBlock),
+    ) -> Vec<&'static str> {
+        let mut busy = Vec::new();
         for registered in self.slots.iter().flatten() {
             // SAFETY: registered sources are alive while in the registry (see `unsafe impl Send`).
             let source = unsafe { &*registered.source };
-            source.for_each_live_block(&mut |block| visit(&registered.info, block));
+            if source
+                .for_each_live_block(&mut |block| visit(&registered.info, block))
+                .is_err()
+            {
+                busy.push(registered.info.name);
+            }
         }
         for (info, block) in &self.retired_leaks {
             visit(info, *block);
         }
+        busy
     }
 }
 
@@ -225,7 +237,8 @@ impl Drop for Registration {
                 let source = unsafe { &*registered.source };
                 registry.retired.add(&source.stats());
                 let mut left = Vec::new();
-                source.for_each_live_block(&mut |block| left.push((self.info, block)));
+                // Busy only with a thread stuck inside the allocator being dropped.
+                let _ = source.for_each_live_block(&mut |block| left.push((self.info, block)));
                 registry.retired_leaks.extend(left);
             }
         }
@@ -271,16 +284,20 @@ pub fn memstats(reset: bool) -> MemStats {
 }
 
 /// Calls `visit` for every live block of every engine allocator, then for every block left live by an
-/// allocator already dropped. `visit` must not use the engine allocators or the registry.
-pub fn for_each_live_block(visit: &mut dyn FnMut(&AllocatorInfo, LiveBlock)) {
-    registry().for_each_live_block(visit)
+/// allocator already dropped. `visit` must not use the engine allocators or the registry. `Ok` with
+/// the names of the allocators whose lock stayed held (their blocks left out); [`Busy`] if the
+/// registry's did (nothing visited).
+pub fn for_each_live_block(
+    visit: &mut dyn FnMut(&AllocatorInfo, LiveBlock),
+) -> Result<Vec<&'static str>, Busy> {
+    Ok(lock_for_walk(&REGISTRY)?.for_each_live_block(visit))
 }
 
 /// Blocks allocated since `since` and still live (or left live by a dropped allocator), per allocator in
 /// order of creation; allocators without such blocks are left out.
 pub fn leaks_since(since: Checkpoint) -> Vec<AllocatorLeaks> {
     let mut all: Vec<AllocatorLeaks> = Vec::new();
-    for_each_live_block(&mut |info, block| {
+    let _ = for_each_live_block(&mut |info, block| {
         if block.epoch < since.0 {
             return;
         }

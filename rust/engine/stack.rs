@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use super::registry::Registration;
 use super::system_memory::{SystemBox, SystemChunk};
 use super::{
-    align_up, AllocatorKind, AllocatorStats, BlockMeta, Counters, CreateError, FreeError,
+    align_up, AllocatorKind, AllocatorStats, BlockMeta, Busy, Counters, CreateError, FreeError,
     LiveBlock, StatsSource,
 };
 
@@ -73,7 +73,7 @@ impl StatsSource for StackShared {
         stats
     }
 
-    fn for_each_live_block(&self, visit: &mut dyn FnMut(LiveBlock)) {
+    fn for_each_live_block(&self, visit: &mut dyn FnMut(LiveBlock)) -> Result<(), Busy> {
         let mut allocation = self.top_allocation();
         while allocation != 0 {
             let header = self.read_header(allocation as usize);
@@ -84,6 +84,7 @@ impl StatsSource for StackShared {
             );
             allocation = header.below;
         }
+        Ok(())
     }
 }
 

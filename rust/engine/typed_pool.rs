@@ -13,8 +13,8 @@ use super::size_class::slot_size;
 use super::slots::{FreeList, Slots};
 use super::system_memory::{SystemBox, SystemChunk};
 use super::{
-    AllocatorInfo, AllocatorKind, AllocatorStats, Counters, CreateError, EngineAllocator,
-    FreeError, LiveBlock, StatsSource,
+    lock_for_walk, AllocatorInfo, AllocatorKind, AllocatorStats, Busy, Counters, CreateError,
+    EngineAllocator, FreeError, LiveBlock, StatsSource,
 };
 
 /// Batches double in length, so 32 of them cover any realistic object count.
@@ -71,10 +71,11 @@ impl StatsSource for TypedShared {
         stats
     }
 
-    fn for_each_live_block(&self, visit: &mut dyn FnMut(LiveBlock)) {
-        for batch in self.batches().live() {
+    fn for_each_live_block(&self, visit: &mut dyn FnMut(LiveBlock)) -> Result<(), Busy> {
+        for batch in lock_for_walk(&self.batches)?.live() {
             batch.slots.for_each_live(visit);
         }
+        Ok(())
     }
 }
 
@@ -312,7 +313,7 @@ impl<T: 'static> EngineAllocator for TypedPool<T> {
         self.objects.stats()
     }
 
-    fn for_each_live_block(&self, visit: &mut dyn FnMut(LiveBlock)) {
+    fn for_each_live_block(&self, visit: &mut dyn FnMut(LiveBlock)) -> Result<(), Busy> {
         self.objects.for_each_live_block(visit)
     }
 }

@@ -30,7 +30,7 @@ pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
     writeln!(out, "  \"pid\": {},", std::process::id())?;
     writeln!(
         out,
-        "  \"summary\": {{ \"leaked_blocks\": {}, \"leaked_bytes\": {}, \"direct_blocks\": {}, \"direct_bytes\": {}, \"indirect_blocks\": {}, \"indirect_bytes\": {}, \"reachable_blocks\": {}, \"reachable_bytes\": {}, \"suppressed_blocks\": {}, \"suppressed_bytes\": {}, \"errors\": {}, \"total_allocations\": {}, \"peak_bytes\": {}, \"runtime_blocks\": {}, \"unsettled_threads\": {:?}, \"unrecorded_frees\": {} }},",
+        "  \"summary\": {{ \"leaked_blocks\": {}, \"leaked_bytes\": {}, \"direct_blocks\": {}, \"direct_bytes\": {}, \"indirect_blocks\": {}, \"indirect_bytes\": {}, \"reachable_blocks\": {}, \"reachable_bytes\": {}, \"suppressed_blocks\": {}, \"suppressed_bytes\": {}, \"errors\": {}, \"total_allocations\": {}, \"peak_bytes\": {}, \"runtime_blocks\": {}, \"unsettled_threads\": {:?}, \"unlisted_engine_allocators\": [{}], \"unrecorded_frees\": {} }},",
         leaked.blocks,
         leaked.bytes,
         direct.blocks,
@@ -46,6 +46,12 @@ pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
         report.stats.peak_bytes,
         report.runtime_blocks,
         report.unsettled_threads,
+        report
+            .unlisted_allocators
+            .iter()
+            .map(|name| quoted(name))
+            .collect::<Vec<_>>()
+            .join(", "),
         crate::tracker::unrecorded_frees()
     )?;
     let mut stacks = StackTable::default();

@@ -188,6 +188,9 @@ pub struct Report {
     pub stats: crate::tracker::Stats,
     /// Threads whose lists could not be settled (see `StoppedWorld`): listed as they were.
     pub unsettled_threads: Vec<u32>,
+    /// Engine allocators whose live blocks are left out: their lock stayed held at exit
+    /// ([`crate::engine::Busy`]); [`EVERY_ENGINE_ALLOCATOR`] when the registry's did.
+    pub unlisted_allocators: Vec<&'static str>,
     /// The suppression rules in force, with what each kept out (see [`Report::rules_used`]).
     rules: Vec<RuleCount>,
     /// One block of each site ([`Leak::site`]), by site number.
@@ -201,7 +204,7 @@ impl Report {
     /// caller's live stack, scanned as a root (during the run; not at exit).
     pub fn collect(stack: Option<core::ops::Range<usize>>) -> Report {
         let mut symbolizer = Symbolizer::new();
-        let (mut leaks, unsettled_threads) = live_blocks(&symbolizer);
+        let (mut leaks, unsettled_threads, unlisted_allocators) = live_blocks(&symbolizer);
         let (mut all_errors, mut error_count) = errors::all();
         let ids = leaks.iter().map(|l| l.stack).chain(
             all_errors
@@ -256,6 +259,7 @@ impl Report {
             runtime_blocks,
             stats: crate::tracker::stats(),
             unsettled_threads,
+            unlisted_allocators,
             rules,
             stacks,
         }
@@ -378,9 +382,14 @@ impl Report {
     }
 }
 
-/// Every live tracked block (by thread, then sequence) and every engine allocator's live block.
-/// `__FILE__` strings of unloaded modules are dropped rather than read.
-fn live_blocks(symbolizer: &Symbolizer) -> (Vec<Leak>, Vec<u32>) {
+/// What [`Report::unlisted_allocators`] names when not even the list of engine allocators could
+/// be read.
+pub const EVERY_ENGINE_ALLOCATOR: &str = "*";
+
+/// Every live tracked block (by thread, then sequence) and every engine allocator's live block;
+/// the threads whose blocks could not be settled and the engine allocators that could not be
+/// walked. `__FILE__` strings of unloaded modules are dropped rather than read.
+fn live_blocks(symbolizer: &Symbolizer) -> (Vec<Leak>, Vec<u32>, Vec<&'static str>) {
     let mut leaks = Vec::new();
     let mut problems = Vec::new();
     let mut file_names: HashMap<usize, Option<&'static str>> = HashMap::new();
@@ -422,7 +431,7 @@ fn live_blocks(symbolizer: &Symbolizer) -> (Vec<Leak>, Vec<u32>) {
     integrity::check_quarantine(FoundBy::Report);
     leaks.retain(|l| !crate::tracker::fork::inherited(l.thread, l.seq));
     leaks.sort_unstable_by_key(|l| (l.thread, l.seq));
-    crate::engine::for_each_live_block(&mut |info, block| {
+    let unlisted = crate::engine::for_each_live_block(&mut |info, block| {
         leaks.push(Leak {
             address: block.address,
             size: block.size,
@@ -438,8 +447,9 @@ fn live_blocks(symbolizer: &Symbolizer) -> (Vec<Leak>, Vec<u32>) {
             suppressed: None,
             site: 0,
         })
-    });
-    (leaks, unsettled_threads)
+    })
+    .unwrap_or_else(|_| vec![EVERY_ENGINE_ALLOCATOR]);
+    (leaks, unsettled_threads, unlisted)
 }
 
 /// Sets every block's kind from a scan of the roots (ignored blocks count as roots).

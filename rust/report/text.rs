@@ -55,6 +55,16 @@ pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
             )?,
         }
     }
+    for &name in &report.unlisted_allocators {
+        let whose = match name {
+            super::EVERY_ENGINE_ALLOCATOR => "engine allocators".to_owned(),
+            name => format!("engine allocator '{name}'"),
+        };
+        writeln!(
+            out,
+            "Live blocks of {whose} are not listed: a lock stayed held at exit (by a thread that fork left behind, or by this thread, interrupted inside it by a signal)."
+        )?;
+    }
     let unrecorded = crate::tracker::unrecorded_frees();
     if unrecorded > 0 {
         writeln!(

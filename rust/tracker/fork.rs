@@ -7,7 +7,8 @@
 //! the quarantine, the unmapped-block record, the small-block heap (settling frees blocks into
 //! them) and the record of damaged headers (found with shards held). Locks inside individual
 //! engine allocators are not covered: a child should not use an allocator another thread was
-//! using at the fork.
+//! using at the fork, and its report waits for such a lock only so long (`engine::Busy`),
+//! leaving that allocator's blocks out and saying so.
 
 use super::guard::Inside;
 use super::live_list::{self, StoppedWorld};

@@ -1,0 +1,86 @@
+// Engine allocator locks that are never let go, against the report at exit:
+//   engine_locks fork CHILDREN   a worker allocates and frees from a block allocator and a typed
+//                                pool without pause while main forks children that exit at once;
+//                                prints how many children did not exit 0 by themselves (a child
+//                                waiting on a lock the worker held at the fork dies of SIGALRM)
+//   engine_locks exit DELAY_US   main does the same itself and exit(3)s from SIGALRM after
+//                                DELAY_US, maybe inside an allocator's lock
+// Both keep one 100-byte block of the block allocator live: the engine leak every report lists
+// unless that allocator's lock was held.
+#include <k15/engine.h>
+#include <k15/memory.h>
+
+#include <signal.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+namespace {
+struct Particle {
+    double x, y, z;
+};
+
+std::atomic<bool> stop{false};
+
+// One round of what keeps both allocators' locks busy.
+void churn(k15::memory::BlockAllocator& arena, k15::memory::TypedPool<Particle>& particles, unsigned i) {
+    void* block = arena.allocate(16 + i % 512);
+    Particle* p = particles.create();
+    particles.destroy(p);
+    arena.deallocate(block);
+}
+
+int run_fork(int children) {
+    k15::memory::BlockAllocator arena("locks arena", 1 << 20);
+    k15::memory::TypedPool<Particle> particles("locks particles", 4);
+    arena.allocate(100);
+    std::thread worker([&] {
+        for (unsigned i = 0; !stop.load(std::memory_order_relaxed); ++i) churn(arena, particles, i);
+    });
+    int stuck = 0;
+    for (int c = 0; c < children; ++c) {
+        const pid_t pid = fork();
+        if (pid == 0) {
+            alarm(10);
+            std::exit(0);
+        }
+        int status = 0;
+        waitpid(pid, &status, 0);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++stuck;
+    }
+    stop = true;
+    worker.join();
+    std::printf("stuck children: %d\n", stuck);
+    return 0;
+}
+
+void exit_from_handler(int) { std::exit(3); }
+
+int run_exit(long delay_us) {
+    k15::memory::BlockAllocator arena("locks arena", 1 << 20);
+    k15::memory::TypedPool<Particle> particles("locks particles", 4);
+    arena.allocate(100);
+    struct sigaction action;
+    std::memset(&action, 0, sizeof action);
+    action.sa_handler = exit_from_handler;
+    sigaction(SIGALRM, &action, nullptr);
+    itimerval timer{};
+    timer.it_value.tv_sec = delay_us / 1000000;
+    timer.it_value.tv_usec = delay_us % 1000000;
+    setitimer(ITIMER_REAL, &timer, nullptr);
+    for (unsigned i = 0;; ++i) churn(arena, particles, i);
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc >= 3 && std::strcmp(argv[1], "fork") == 0) return run_fork(std::atoi(argv[2]));
+    if (argc >= 3 && std::strcmp(argv[1], "exit") == 0) return run_exit(std::atol(argv[2]));
+    std::fprintf(stderr, "usage: engine_locks fork CHILDREN | engine_locks exit DELAY_US\n");
+    return 2;
+}
