@@ -245,9 +245,10 @@ fn walk(start: StartFrame, out: &mut [MaybeUninit<usize>], intern: bool) -> (usi
                     let interned = intern.then(|| unsafe { &mut *t.interned.get() });
                     // SAFETY: as for the last stack.
                     let last = unsafe { &mut *t.last.get() };
+                    last.forget_outcome();
                     let n = unwind_checked(start, Stack::new(start.sp, hi), &t.hint, last, out);
                     match interned {
-                        Some(interned) => (n, intern_frames(interned, out, n)),
+                        Some(interned) => (n, last.intern(interned, out, n)),
                         None => (n, StackId(0)),
                     }
                 }
@@ -257,12 +258,6 @@ fn walk(start: StartFrame, out: &mut [MaybeUninit<usize>], intern: bool) -> (usi
             r
         })
         .unwrap_or((0, StackId(0)))
-}
-
-/// The depot id of `out[..n]`, interning only what differs from the thread's last stack.
-fn intern_frames(interned: &mut Interned, out: &[MaybeUninit<usize>], n: usize) -> StackId {
-    // SAFETY: the walk initialised exactly the first `n` elements.
-    interned.intern(unsafe { core::slice::from_raw_parts(out.as_ptr().cast::<usize>(), n) })
 }
 
 /// The frames of one walk from `start`: DWARF through a cache slot, or the rbp walk when

@@ -245,7 +245,7 @@ pub fn new_generation() {
 }
 
 /// Where the stacks of the current generation start.
-fn generation_root() -> StackId {
+pub(super) fn generation_root() -> StackId {
     StackId(GENERATION_ROOT.load(Ordering::Acquire))
 }
 
@@ -315,7 +315,7 @@ impl Interned {
 
     /// [`child`], answered from the recent children when it can be.
     #[inline]
-    fn child(&mut self, parent: StackId, ra: usize) -> StackId {
+    pub(super) fn child(&mut self, parent: StackId, ra: usize) -> StackId {
         let slot = &mut self.recent[bucket_of(hash_of(parent.0, ra)) % RECENT];
         if slot.ra == ra && slot.parent == parent.0 && slot.node != 0 {
             return StackId(slot.node);
@@ -327,6 +327,12 @@ impl Interned {
             node: id.0,
         };
         id
+    }
+
+    /// The nodes of the last stack's outer parts, outermost first (`nodes()[i]` is the stack
+    /// of its `i + 1` outermost frames), and the root they hang from; none after a failure.
+    pub(super) fn nodes(&self) -> (&[u32], u32) {
+        (&self.nodes[..self.len], self.root)
     }
 
     /// The id of `frames` (innermost first, at most [`MAX_DEPTH`]), which become the last stack.

@@ -13,12 +13,18 @@
 //!
 //! Frames below a slow step (a rule compiled on the way, framehop, a module rescan) are never
 //! taken over from: their steps were not recorded.
+//!
+//! Each kept frame also knows its depot node (the stack of it and its callers), so that a walk
+//! which took over interns only the frames in front of the ones it took over
+//! ([`LastWalk::intern`]), where comparing the whole stack with the last one would visit every
+//! frame again.
 
 use core::mem::MaybeUninit;
 
 use super::capture::Stack;
+use super::depot::{self, Interned};
 use super::rules::Rule;
-use super::MAX_DEPTH;
+use super::{StackId, MAX_DEPTH};
 
 /// Marks a failed read in a recorded address: reads that succeed are of aligned addresses. A
 /// failed read of an odd address checks the even one below it again, which can only make a
@@ -48,6 +54,8 @@ struct Frame {
     bp_at: u64,
     /// The lowest address the steps from this frame outward read (the last one's excepted).
     low: u64,
+    /// The depot node of the stack made of this frame and its callers (0: not known).
+    node: u32,
     flags: u8,
 }
 
@@ -59,13 +67,31 @@ impl Frame {
         ra_at: 0,
         bp_at: 0,
         low: 0,
+        node: 0,
         flags: 0,
     };
+}
+
+/// How the frames kept in a [`LastWalk`] relate to the output of the walk that just ended.
+#[derive(Clone, Copy)]
+enum Outcome {
+    /// They are not its output (it was cut at its depth inside frames taken over, or was not
+    /// a DWARF walk).
+    Unrelated,
+    /// They are its output, outermost first; their nodes are not known yet.
+    Recorded,
+    /// They are its output: `frames[..=k]` taken over (with their nodes), then `fresh` frames
+    /// of its own.
+    Resumed { fresh: usize, k: usize },
 }
 
 pub(super) struct LastWalk {
     /// The snapshot's address (snapshots are never freed, so it names one).
     snap: usize,
+    /// The depot root the frames' nodes hang from (a generation's, see `depot`).
+    root: u32,
+    /// What the last walk left for [`LastWalk::intern`].
+    outcome: Outcome,
     /// The last walk's frames, outermost first, so that a walk that takes over its outer part
     /// writes only its own frames in front of it.
     frames: [Frame; MAX_DEPTH],
@@ -94,6 +120,8 @@ pub(super) struct LastWalk {
 impl LastWalk {
     pub(super) const EMPTY: LastWalk = LastWalk {
         snap: 0,
+        root: 0,
+        outcome: Outcome::Unrelated,
         frames: [Frame::EMPTY; MAX_DEPTH],
         len: 0,
         reusable: 0,
@@ -149,6 +177,7 @@ impl LastWalk {
             ra_at: 0,
             bp_at: 0,
             low: 0,
+            node: 0,
             flags: 0,
         };
         None
@@ -177,6 +206,11 @@ impl LastWalk {
         if total <= MAX_DEPTH && (i > 0 || k + 1 < self.len) {
             self.keep(k + 1, i, out);
         } // else the last walk stays: a record is only ever used once its reads check again
+        self.outcome = if n == total && total <= MAX_DEPTH {
+            Outcome::Resumed { fresh: i, k }
+        } else {
+            Outcome::Unrelated // cut inside the frames taken over: not a path from the root
+        };
         Some(n)
     }
 
@@ -281,6 +315,51 @@ impl LastWalk {
             self.end_at[1] |= UNUSED;
         }
         self.keep(0, n, out);
+        self.outcome = Outcome::Recorded;
+    }
+
+    /// A walk that may not reach [`LastWalk::end`] or a take-over (the rbp walk) is starting.
+    pub(super) fn forget_outcome(&mut self) {
+        self.outcome = Outcome::Unrelated;
+    }
+
+    /// The depot id of the `n` frames in `out` that the walk which just ended gave. A walk
+    /// that took over starts from the node of the frames it took over and interns only its own
+    /// frames; any other goes through `interned`. The kept frames learn their nodes either way.
+    pub(super) fn intern(
+        &mut self,
+        interned: &mut Interned,
+        out: &[MaybeUninit<usize>],
+        n: usize,
+    ) -> StackId {
+        // SAFETY: the walk initialised `out[..n]`.
+        let frames = unsafe { core::slice::from_raw_parts(out.as_ptr().cast::<usize>(), n) };
+        let outcome = core::mem::replace(&mut self.outcome, Outcome::Unrelated);
+        if let Outcome::Resumed { fresh, k } = outcome {
+            let base = self.frames[k].node;
+            if base != 0 && self.root == depot::generation_root().0 {
+                let mut id = StackId(base);
+                for (j, &ra) in frames[..fresh].iter().enumerate().rev() {
+                    id = interned.child(id, ra);
+                    self.frames[k + fresh - j].node = id.0;
+                    if id.0 == 0 {
+                        break; // the depot is full; the frames in front keep node 0
+                    }
+                }
+                return id;
+            }
+        }
+        let id = interned.intern(frames);
+        if !matches!(outcome, Outcome::Unrelated) {
+            let (nodes, root) = interned.nodes();
+            if nodes.len() == n {
+                for (f, &node) in self.frames[..n].iter_mut().zip(nodes) {
+                    f.node = node;
+                }
+                self.root = root;
+            }
+        }
+        id
     }
 
     /// The walk in progress becomes the last walk: its `i` frames in front of `frames[..outer]`.
