@@ -11,7 +11,7 @@
 //! is a probe and one or two reads. Rows that need more (CFA or register expressions, registers
 //! other than rsp and rbp, as in stack-realigning prologues) are marked as such and stepped by
 //! framehop, like addresses without an FDE and everything once the row arena is full. Past
-//! [`MAX_ENTRIES`] return addresses, new ones find their FDE's compiled rows on every step.
+//! [`PC_SLOTS`] * 3/4 return addresses, new ones find their FDE's compiled rows on every step.
 //!
 //! The table belongs to one module [`Snapshot`](super::modules::Snapshot): rules are keyed by
 //! address, and the addresses mean the same code only while the module list stays the same.
@@ -26,10 +26,12 @@ use gimli::{
     LittleEndian, RegisterRule, UnwindContext, UnwindSection, X86_64,
 };
 
-/// Slots of a map: 1 MiB of address space, pages touched as keys arrive.
-const SLOTS: usize = 1 << 16;
-/// Past this many entries new addresses are stepped by framehop (probe chains stay short).
-const MAX_ENTRIES: usize = SLOTS / 4 * 3;
+/// Slots of the map by return address: 1 MiB of address space, pages touched as keys arrive
+/// (yaml-cpp's test suite meets 25,000 return addresses).
+const PC_SLOTS: usize = 1 << 16;
+/// Slots of the map by FDE: 256 KiB (yaml-cpp's suite meets 2,600 FDEs, which touch every page
+/// of a map this size, so a larger one costs resident memory for nothing).
+const FDE_SLOTS: usize = 1 << 14;
 /// Slots probed before giving up on a key.
 const MAX_PROBES: usize = 32;
 
@@ -193,8 +195,8 @@ impl RowArena {
 /// The rules of one module [`Snapshot`](super::modules::Snapshot): return address -> rule,
 /// and FDE start -> its compiled rows, so that each FDE's CFI is evaluated once in all.
 pub(crate) struct Rules {
-    by_pc: WordMap,
-    by_fde: WordMap,
+    by_pc: WordMap<PC_SLOTS>,
+    by_fde: WordMap<FDE_SLOTS>,
     rows: RowArena,
 }
 
@@ -420,13 +422,17 @@ fn rule_of_row<S: gimli::UnwindContextStorage<usize>>(
 
 /// A lock-free map of nonzero words to nonzero words: open addressing over `[key, value]`
 /// pairs in one `MAP_NORESERVE` mapping. An entry is claimed by a CAS of its key and then
-/// given its value; a reader that finds the key before the value treats it as absent.
-struct WordMap {
+/// given its value; a reader that finds the key before the value treats it as absent. `SLOTS`
+/// is a power of two.
+struct WordMap<const SLOTS: usize> {
     slots: AtomicPtr<[AtomicU64; 2]>,
     entries: AtomicUsize,
 }
 
-impl WordMap {
+impl<const SLOTS: usize> WordMap<SLOTS> {
+    /// Past this many entries new keys are left out (probe chains stay short).
+    const MAX_ENTRIES: usize = SLOTS / 4 * 3;
+
     const fn new() -> Self {
         WordMap {
             slots: AtomicPtr::new(ptr::null_mut()),
@@ -473,7 +479,7 @@ impl WordMap {
         let Some(slots) = self.slots() else {
             return;
         };
-        if self.entries.load(Ordering::Relaxed) >= MAX_ENTRIES {
+        if self.entries.load(Ordering::Relaxed) >= Self::MAX_ENTRIES {
             return;
         }
         let mut i = Self::start(key);
