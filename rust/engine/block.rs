@@ -15,6 +15,7 @@ use super::{
     align_up, lock_for_walk, AllocatorKind, AllocatorStats, BlockMeta, Busy, Counters, CreateError,
     FreeError, LiveBlock, StatsSource,
 };
+use super::{hold_for_fork, ForkHold};
 
 const GRANULE: usize = 16;
 const HEADER: usize = std::mem::size_of::<Header>();
@@ -99,6 +100,11 @@ impl StatsSource for BlockShared {
             }
         });
         Ok(())
+    }
+
+    fn hold_for_fork(&self, held: &mut Vec<ForkHold>) {
+        // SAFETY: the allocator is registered; the registry's lock outlives this hold.
+        held.push(unsafe { hold_for_fork(&self.arena) });
     }
 }
 

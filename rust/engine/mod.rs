@@ -45,13 +45,13 @@ pub mod typed_pool;
 
 use std::fmt;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
-use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
 pub use block::{BlockAllocator, FreeSpace};
 pub use names::{c_name, static_name};
 pub use pool::{Pool, PoolConfig};
-pub(crate) use registry::lock_for_fork as lock_registry_for_fork;
+pub(crate) use registry::hold_for_fork as hold_registry_for_fork;
 pub use registry::{
     allocator_of, for_each_live_block, leaks_since, memstats, type_of, AllocatorLeaks, MemStats,
 };
@@ -321,6 +321,25 @@ trait StatsSource: Sync {
 
     /// As [`EngineAllocator::for_each_live_block`].
     fn for_each_live_block(&self, visit: &mut dyn FnMut(LiveBlock)) -> Result<(), Busy>;
+
+    /// Takes the allocator's locks for a `fork` (see `tracker::fork`), into `held`. Only for a
+    /// source in the registry, whose lock is held until these are let go.
+    fn hold_for_fork(&self, held: &mut Vec<ForkHold>);
+}
+
+/// A lock held across `fork`, so that the child never finds it held by a thread it does not
+/// have (`tracker::fork`).
+pub(crate) type ForkHold = Box<dyn std::any::Any>;
+
+/// Locks `lock` for the time of a `fork`.
+///
+/// # Safety
+/// `lock` outlives the hold: the caller lets go of the hold first (the registry's lock, held
+/// until then, keeps a registered allocator alive).
+unsafe fn hold_for_fork<T: 'static>(lock: &Mutex<T>) -> ForkHold {
+    let guard = lock.lock().unwrap_or_else(PoisonError::into_inner);
+    // SAFETY: guaranteed by the caller; the guard is only ever dropped.
+    Box::new(unsafe { core::mem::transmute::<MutexGuard<'_, T>, MutexGuard<'static, T>>(guard) })
 }
 
 /// A walk of live blocks found an allocator's lock held for all of [`WALK_LOCK_WAIT`].

@@ -32,6 +32,7 @@ use super::{
     add_relaxed, AllocatorKind, AllocatorStats, Busy, Counters, CreateError, FreeError, LiveBlock,
     StatsSource,
 };
+use super::{hold_for_fork, ForkHold};
 
 /// Blocks in each chain moved between a magazine and its class.
 pub const MAGAZINE: usize = 128;
@@ -461,6 +462,13 @@ impl StatsSource for PoolState {
             class.slots.for_each_live(visit);
         }
         Ok(())
+    }
+
+    fn hold_for_fork(&self, held: &mut Vec<ForkHold>) {
+        for class in self.classes.iter() {
+            // SAFETY: the pool is registered; the registry's lock outlives these holds.
+            held.push(unsafe { hold_for_fork(&class.locked.shared) });
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+use super::ForkHold;
 use super::{
     lock_for_walk, AllocatorInfo, AllocatorKind, AllocatorStats, Busy, Checkpoint, CreateError,
     LiveBlock, StatsSource,
@@ -105,13 +106,25 @@ fn ranges() -> MutexGuard<'static, Ranges> {
     RANGES.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The registry's locks, held by `fork` (see `tracker::fork`); registry before ranges, the
-/// order every other path takes them in.
-pub(crate) fn lock_for_fork() -> (
-    MutexGuard<'static, impl Sized>,
-    MutexGuard<'static, impl Sized>,
-) {
-    (registry(), ranges())
+/// The registry's locks and every registered allocator's, held by `fork` (see `tracker::fork`)
+/// and to be let go of in the reverse order: the registry, each allocator's (as its live-block
+/// walks take them), then the address ranges (which a typed pool that grows takes inside its
+/// own lock).
+pub(crate) fn hold_for_fork(held: &mut Vec<ForkHold>) {
+    let registry = registry();
+    let sources: Vec<*const dyn StatsSource> = registry
+        .slots
+        .iter()
+        .flatten()
+        .map(|registered| registered.source)
+        .collect();
+    held.push(Box::new(registry));
+    for source in sources {
+        // SAFETY: registered sources are alive while in the registry, whose lock is held
+        // until every allocator's hold is let go.
+        unsafe { &*source }.hold_for_fork(held);
+    }
+    held.push(Box::new(ranges()));
 }
 
 impl MemStats {

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
 use super::registry::Registration;
 use super::system_memory::{SystemBox, SystemChunk};
+use super::ForkHold;
 use super::{
     align_up, AllocatorKind, AllocatorStats, BlockMeta, Busy, Counters, CreateError, FreeError,
     LiveBlock, StatsSource,
@@ -86,6 +87,9 @@ impl StatsSource for StackShared {
         }
         Ok(())
     }
+
+    /// None: a stack allocator is single-threaded (`tracked` wraps it in a lock of its own).
+    fn hold_for_fork(&self, _held: &mut Vec<ForkHold>) {}
 }
 
 /// A position of a [`StackAllocator`] to rewind to: its topmost allocation, named by offset and serial number.

@@ -12,6 +12,7 @@ use super::registry::Registration;
 use super::size_class::slot_size;
 use super::slots::{FreeList, Slots};
 use super::system_memory::{SystemBox, SystemChunk};
+use super::{hold_for_fork, ForkHold};
 use super::{
     lock_for_walk, AllocatorInfo, AllocatorKind, AllocatorStats, Busy, Counters, CreateError,
     EngineAllocator, FreeError, LiveBlock, StatsSource,
@@ -76,6 +77,11 @@ impl StatsSource for TypedShared {
             batch.slots.for_each_live(visit);
         }
         Ok(())
+    }
+
+    fn hold_for_fork(&self, held: &mut Vec<ForkHold>) {
+        // SAFETY: the pool is registered; the registry's lock outlives this hold.
+        held.push(unsafe { hold_for_fork(&self.batches) });
     }
 }
 

@@ -2,13 +2,12 @@
 //! across the fork, so the child never finds one held by a thread it does not have; and the
 //! child's reports leave out the blocks and errors it inherited (the parent reports those).
 //!
-//! Taken in the order the other paths nest them: the engine registry, then the error log and
-//! the error symbolizer, then every shard (the world stopped, queued frees settled), and last
-//! the quarantine, the unmapped-block record, the small-block heap (settling frees blocks into
-//! them) and the record of damaged headers (found with shards held). Locks inside individual
-//! engine allocators are not covered: a child should not use an allocator another thread was
-//! using at the fork, and its report waits for such a lock only so long (`engine::Busy`),
-//! leaving that allocator's blocks out and saying so.
+//! Taken in the order the other paths nest them: the engine registry, each engine allocator's
+//! locks and the registry's address ranges, then the error log and the error symbolizer, then
+//! every shard (the world stopped, queued frees settled), and last the quarantine, the
+//! unmapped-block record, the small-block heap (settling frees blocks into them) and the record
+//! of damaged headers (found with shards held); let go of in the reverse order. Not covered: a
+//! stack allocator's lock (a stack allocator belongs to one thread).
 
 use super::guard::Inside;
 use super::live_list::{self, StoppedWorld};
@@ -49,13 +48,10 @@ thread_local! {
 
 extern "C" fn prepare() {
     let _inside = Inside::enter(); // the guard list is the tracker's own memory
-    let (registry, ranges) = crate::engine::lock_registry_for_fork();
-    let mut guards: Vec<Box<dyn Any>> = vec![
-        Box::new(registry),
-        Box::new(ranges),
-        Box::new(errors::lock_for_fork()),
-        Box::new(crate::report::text::lock_symbolizer_for_fork()),
-    ];
+    let mut guards: Vec<Box<dyn Any>> = Vec::new();
+    crate::engine::hold_registry_for_fork(&mut guards);
+    guards.push(Box::new(errors::lock_for_fork()));
+    guards.push(Box::new(crate::report::text::lock_symbolizer_for_fork()));
     let world = StoppedWorld::stop(live_list::FORK_HOLDER);
     guards.push(Box::new(quarantine::lock_for_fork()));
     guards.push(Box::new(raw::lock_for_fork()));
@@ -66,8 +62,12 @@ extern "C" fn prepare() {
 
 fn release() {
     let _inside = Inside::enter();
-    let (world, guards) = HELD.with(|held| core::mem::take(&mut *held.borrow_mut()));
-    drop(guards);
+    let (world, mut guards) = HELD.with(|held| core::mem::take(&mut *held.borrow_mut()));
+    // In the reverse order of taking: an engine allocator's lock before the registry's, which
+    // keeps that allocator alive.
+    while let Some(guard) = guards.pop() {
+        drop(guard);
+    }
     drop(world);
 }
 

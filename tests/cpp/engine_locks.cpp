@@ -1,8 +1,9 @@
 // Engine allocator locks that are never let go, against the report at exit:
 //   engine_locks fork CHILDREN   a worker allocates and frees from a block allocator and a typed
-//                                pool without pause while main forks children that exit at once;
-//                                prints how many children did not exit 0 by themselves (a child
-//                                waiting on a lock the worker held at the fork dies of SIGALRM)
+//                                pool without pause while main forks children, each of which
+//                                uses both allocators once and exits; prints how many children
+//                                did not exit 0 by themselves (a child waiting on a lock the
+//                                worker held at the fork dies of SIGALRM)
 //   engine_locks exit DELAY_US   main does the same itself and exit(3)s from SIGALRM after
 //                                DELAY_US, maybe inside an allocator's lock
 // Both keep one 100-byte block of the block allocator live: the engine leak every report lists
@@ -48,6 +49,7 @@ int run_fork(int children) {
         const pid_t pid = fork();
         if (pid == 0) {
             alarm(10);
+            churn(arena, particles, static_cast<unsigned>(c));
             std::exit(0);
         }
         int status = 0;
