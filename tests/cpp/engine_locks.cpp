@@ -11,8 +11,6 @@
 #include <k15/engine.h>
 #include <k15/memory.h>
 
-#include <signal.h>
-#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,6 +19,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+
+#include "exit_timer.h"
 
 namespace {
 struct Particle {
@@ -62,20 +62,11 @@ int run_fork(int children) {
     return 0;
 }
 
-void exit_from_handler(int) { std::exit(3); }
-
 int run_exit(long delay_us) {
     k15::memory::BlockAllocator arena("locks arena", 1 << 20);
     k15::memory::TypedPool<Particle> particles("locks particles", 4);
     arena.allocate(100);
-    struct sigaction action;
-    std::memset(&action, 0, sizeof action);
-    action.sa_handler = exit_from_handler;
-    sigaction(SIGALRM, &action, nullptr);
-    itimerval timer{};
-    timer.it_value.tv_sec = delay_us / 1000000;
-    timer.it_value.tv_usec = delay_us % 1000000;
-    setitimer(ITIMER_REAL, &timer, nullptr);
+    exit_after(delay_us);
     for (unsigned i = 0;; ++i) churn(arena, particles, i);
 }
 }  // namespace

@@ -22,6 +22,8 @@
 #include <thread>
 #include <vector>
 
+#include "exit_timer.h"
+
 namespace {
 
 constexpr int kept_blocks = 100;
@@ -37,18 +39,9 @@ inline void churn_once(unsigned& step) {
     delete[] block;
 }
 
-void exit_from_handler(int) { exit(3); }
-
 int run_exit(long delay_us) {
     for (int i = 0; i < kept_blocks; ++i) kept[i] = new int(i);
-    struct sigaction action;
-    std::memset(&action, 0, sizeof action);
-    action.sa_handler = exit_from_handler;
-    sigaction(SIGALRM, &action, nullptr);
-    itimerval timer{};
-    timer.it_value.tv_sec = delay_us / 1000000;
-    timer.it_value.tv_usec = delay_us % 1000000;
-    setitimer(ITIMER_REAL, &timer, nullptr);
+    exit_after(delay_us);
     unsigned step = static_cast<unsigned>(delay_us);
     for (;;) churn_once(step);
 }
