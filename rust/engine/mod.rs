@@ -45,8 +45,7 @@ pub mod typed_pool;
 
 use std::fmt;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
-use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
-use std::time::{Duration, Instant};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 pub use block::{BlockAllocator, FreeSpace};
 pub use names::{c_name, static_name};
@@ -342,27 +341,13 @@ unsafe fn hold_for_fork<T: 'static>(lock: &Mutex<T>) -> ForkHold {
     Box::new(unsafe { core::mem::transmute::<MutexGuard<'_, T>, MutexGuard<'static, T>>(guard) })
 }
 
-/// A walk of live blocks found an allocator's lock held for all of [`WALK_LOCK_WAIT`].
+/// A walk of live blocks found an allocator's lock held past the tracker's patience: by the
+/// very thread that a signal handler interrupted inside the allocator to call `exit`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Busy;
 
-/// How long a walk of live blocks waits for a lock. One held this long is held by a thread that
-/// will never let go: a thread of the parent that `fork` left out of this child, or the very
-/// thread that a signal handler interrupted inside the allocator to call `exit`.
-const WALK_LOCK_WAIT: Duration = Duration::from_millis(200);
-
-/// `lock` for a walk of live blocks, waiting at most [`WALK_LOCK_WAIT`] for it, so that the
-/// report at exit never hangs on an allocator lock.
+/// `lock` for a walk of live blocks, so that the report at exit never hangs on an allocator
+/// lock (see `tracker::live_list::lock_within`).
 fn lock_for_walk<T>(lock: &Mutex<T>) -> Result<MutexGuard<'_, T>, Busy> {
-    let deadline = Instant::now() + WALK_LOCK_WAIT;
-    loop {
-        match lock.try_lock() {
-            Ok(guard) => return Ok(guard),
-            Err(TryLockError::Poisoned(poisoned)) => return Ok(poisoned.into_inner()),
-            Err(TryLockError::WouldBlock) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            Err(TryLockError::WouldBlock) => return Err(Busy),
-        }
-    }
+    crate::tracker::live_list::lock_within(lock).ok_or(Busy)
 }

@@ -62,7 +62,7 @@ pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
         };
         writeln!(
             out,
-            "Live blocks of {whose} are not listed: a lock stayed held at exit (by a thread that fork left behind, or by this thread, interrupted inside it by a signal)."
+            "Live blocks of {whose} are not listed: a lock stayed held at exit (by this thread, interrupted inside it by a signal)."
         )?;
     }
     let unrecorded = crate::tracker::unrecorded_frees();

@@ -2,7 +2,7 @@
 
 use super::BlockKind;
 use crate::stack::StackId;
-use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ErrorKind {
@@ -206,21 +206,15 @@ pub fn report(error: MemoryError) {
 /// stays locked for as long as stopping the world waits: an `exit` from a signal handler that
 /// interrupted this very thread while it recorded an error.
 pub fn all() -> (Vec<MemoryError>, usize) {
-    let mut waited = super::live_list::Patience::new();
-    loop {
-        let log = match ERRORS.try_lock() {
-            Ok(log) => log,
-            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-            Err(TryLockError::WouldBlock) if waited.more() => continue,
-            Err(TryLockError::WouldBlock) => {
-                crate::sys::write_fd(
-                    2,
-                    b"k15-memory: the memory error log stayed locked: errors left out\n",
-                );
-                return (Vec::new(), 0);
-            }
-        };
-        return (log.kept.clone(), log.total);
+    match super::live_list::lock_within(&ERRORS) {
+        Some(log) => (log.kept.clone(), log.total),
+        None => {
+            crate::sys::write_fd(
+                2,
+                b"k15-memory: the memory error log stayed locked: errors left out\n",
+            );
+            (Vec::new(), 0)
+        }
     }
 }
 

@@ -748,6 +748,21 @@ impl Patience {
     }
 }
 
+/// `lock`, unless it stays held past the tracker's patience: by a thread that will never let go
+/// (the very thread a signal handler interrupted inside it to call `exit`).
+pub(crate) fn lock_within<T>(lock: &std::sync::Mutex<T>) -> Option<std::sync::MutexGuard<'_, T>> {
+    use std::sync::TryLockError;
+    let mut waited = Patience::new();
+    loop {
+        match lock.try_lock() {
+            Ok(guard) => return Some(guard),
+            Err(TryLockError::Poisoned(poisoned)) => return Some(poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) if waited.more() => {}
+            Err(TryLockError::WouldBlock) => return None,
+        }
+    }
+}
+
 /// Whether any shard has queued frees to settle.
 pub fn any_pending() -> bool {
     SHARDS

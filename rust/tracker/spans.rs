@@ -19,7 +19,7 @@ use super::heap::{self, List};
 use crate::sys;
 use core::ptr::null_mut;
 use core::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// Every span's size (and alignment from the reservation's start); the largest class holds 8.
 pub const SPAN_BYTES: usize = 1 << 20;
@@ -131,17 +131,9 @@ pub fn free_span(addr: usize) -> Option<(usize, usize)> {
     (byte & FREE != 0).then(|| (span_start(index), (byte & !FREE) as usize))
 }
 
-/// A class lock, unless it stays held past the tracker's patience (`live_list::Patience`).
+/// A class lock, unless it stays held past the tracker's patience (`live_list::lock_within`).
 fn class_lock_within(class: usize) -> Option<MutexGuard<'static, ClassSpans>> {
-    let mut waited = super::live_list::Patience::new();
-    loop {
-        match CLASSES[class].try_lock() {
-            Ok(guard) => return Some(guard),
-            Err(TryLockError::Poisoned(poisoned)) => return Some(poisoned.into_inner()),
-            Err(TryLockError::WouldBlock) if waited.more() => {}
-            Err(TryLockError::WouldBlock) => return None,
-        }
-    }
+    super::live_list::lock_within(&CLASSES[class])
 }
 
 /// What a class's lock protects: its spans with blocks to hand out (free or never carved),
