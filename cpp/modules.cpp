@@ -16,14 +16,18 @@ Function next_definition(const char* name) {
 
 extern "C" void* dlopen(const char* file, int mode) noexcept {
     static const auto real = next_definition<void* (*)(const char*, int)>("dlopen");
+    k15::memory::detail::loader_call_begins();
     void* handle = real(file, mode);
+    k15::memory::detail::loader_call_ends();
     k15::memory::detail::modules_changed();
     return handle;
 }
 
 extern "C" int dlclose(void* handle) noexcept {
     static const auto real = next_definition<int (*)(void*)>("dlclose");
+    k15::memory::detail::loader_call_begins();
     const int result = real(handle);
+    k15::memory::detail::loader_call_ends();
     k15::memory::detail::modules_changed();
     return result;
 }

@@ -157,6 +157,10 @@ pub mod bridge {
         fn end_leak_ignore(token: usize);
         /// After a `dlopen` or `dlclose` (`cpp/modules.cpp`): the module set may have changed.
         fn modules_changed();
+        /// Around the loader call of a `dlopen` or `dlclose` (`cpp/modules.cpp`), which a
+        /// `fork` waits for (see `tracker::fork`).
+        fn loader_call_begins();
+        fn loader_call_ends();
     }
 }
 
@@ -324,6 +328,14 @@ unsafe fn ignore_leak(ptr: *mut u8) {
 fn modules_changed() {
     let _inside = tracker::guard::Inside::enter(); // the module lists are our own memory
     crate::stack::modules_changed();
+}
+
+fn loader_call_begins() {
+    tracker::fork::loader_call_begins();
+}
+
+fn loader_call_ends() {
+    tracker::fork::loader_call_ends();
 }
 
 fn begin_leak_ignore() -> usize {

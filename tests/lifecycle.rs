@@ -297,3 +297,33 @@ fn exit_from_a_signal_handler_inside_an_engine_allocator_never_hangs() {
     eprintln!("exits listing every engine block: {listed}, leaving an allocator out: {unlisted}");
     assert_eq!(listed + unlisted, 16);
 }
+
+/// Children forked while another thread loads and unloads a plugin without pause, each exiting
+/// at once. Before, the parent itself hung in `fork` (its handler's first use of a thread-local
+/// registered a destructor through the loader's lock, which the loading thread held while it
+/// waited in `malloc` for the world the handler had stopped), a child could hang in its report's
+/// `dl_iterate_phdr` (the loader's lock held by a thread the child does not have), and the
+/// plugin's loop ran out of file descriptors (each load kept its file open). Now `fork` waits
+/// for loader calls in progress, and loads of one file share one open file.
+#[test]
+fn forked_children_never_wait_on_the_loader_and_reloads_keep_no_files() {
+    let dir = support::scratch("lifecycle_fork_dlopen");
+    let exe = support::build(&dir, "fork_dlopen", &["tests/cpp/fork_dlopen.cpp"], &[]);
+    let plugin = support::build_shared(&dir, "plugin", &["tests/cpp/plugin.cpp"], &[]);
+    let log = dir.join("child.log.%p");
+    let run = run_bounded(
+        &exe,
+        &format!("log_path={}", log.display()),
+        &[plugin.to_str().unwrap(), "40"],
+    );
+    assert!(
+        run.status.success(),
+        "{:?} (137: hung and killed)\n{}",
+        run.status,
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert_eq!(printed(&run, "stuck children:"), 0.0);
+    let cycles = printed(&run, "plugin cycles:");
+    eprintln!("plugin loaded and unloaded {cycles} times while 40 children were forked");
+    assert!(cycles > 100.0, "the loader thread ran");
+}

@@ -153,10 +153,13 @@ pub fn stack_above(sp: usize) -> Option<core::ops::Range<usize>> {
     (lo..hi).contains(&sp).then_some(sp..hi)
 }
 
+pub(crate) use modules::lock_for_fork as lock_modules_for_fork;
+
 /// After a `dlopen` or `dlclose`: the unwinder's view of the modules and the history of modules
 /// are brought up to date (a library mapped where an unloaded one was must not be walked with
 /// the old one's tables, nor symbolized with its debug info).
 pub fn modules_changed() {
+    crate::symbolize::modules::note_module_set_changed();
     depot::new_generation();
     let _ = modules::refresh();
 }

@@ -66,6 +66,12 @@ static CURRENT: AtomicPtr<Snapshot> = AtomicPtr::new(ptr::null_mut());
 // Serialises rescans; never taken on the hot path.
 static RESCAN: Mutex<()> = Mutex::new(());
 
+/// The rescan lock, held by `fork` (see `tracker::fork`): a child must not find it held by a
+/// thread that was rescanning (inside `dlopen`).
+pub(crate) fn lock_for_fork() -> std::sync::MutexGuard<'static, ()> {
+    RESCAN.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The published snapshot, if a scan has happened.
 #[inline]
 pub(crate) fn current() -> Option<&'static Snapshot> {

@@ -9,21 +9,28 @@
 //! while that module was mapped. A frame in a module since `dlclose`d, or in a range another
 //! library was later mapped over, is symbolized against the module that was there; the module's
 //! file is kept open, so a file replaced on disk (hot reload) still gives its old debug info.
+//! Loads of the same file (same path and build id) share one open file, so that a plugin loaded
+//! and unloaded in a loop does not use up the process's file descriptors; past
+//! [`MAX_UNLOADED_FILES`] files held for unloaded modules only, the oldest are closed (frames
+//! in them then show their module and address only).
 
+use std::collections::HashSet;
 use std::ffi::{c_int, c_void, CStr};
 use std::fs::File;
 use std::ops::Range;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::stack::StackId;
 
 /// One mapping of an ELF object, from its load to its unload.
 struct Record {
     name: String,
-    /// The file it was loaded from, open since (`None` for the vdso).
-    file: Option<File>,
+    /// The file it was loaded from, open since (`None` for the vdso, or once closed to keep
+    /// within [`MAX_UNLOADED_FILES`]); shared by loads of the same file.
+    file: Option<Arc<File>>,
     build_id: Vec<u8>,
     /// The executable: read through /proc/self/exe, which opens it even when its path has
     /// since been deleted or replaced.
@@ -37,8 +44,32 @@ struct Record {
 
 static HISTORY: Mutex<Vec<Record>> = Mutex::new(Vec::new());
 
+/// Set in a forked child until the child itself changes the module set: the history is then
+/// the parent's at the fork (held across it), and no rescan calls `dl_iterate_phdr`, which in a
+/// child waits forever for the loader's lock if a thread of the parent was inside `dlopen` or
+/// `dlclose` at the fork.
+static HISTORY_AS_FORKED: AtomicBool = AtomicBool::new(false);
+
+/// In a forked child: the history stands as it was at the fork (see [`HISTORY_AS_FORKED`]).
+pub(crate) fn note_forked_child() {
+    HISTORY_AS_FORKED.store(true, Ordering::Relaxed);
+}
+
+/// The process itself changed its module set (`dlopen`, `dlclose`): rescans are due again.
+pub(crate) fn note_module_set_changed() {
+    HISTORY_AS_FORKED.store(false, Ordering::Relaxed);
+}
+
+/// The history's lock, held by `fork` (see `tracker::fork`): a child's report reads the history.
+pub(crate) fn lock_for_fork() -> std::sync::MutexGuard<'static, impl Sized> {
+    HISTORY.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 /// Rescans the loaded modules: those gone are marked unloaded now, new ones loaded now.
 pub fn note_changes() {
+    if HISTORY_AS_FORKED.load(Ordering::Relaxed) {
+        return;
+    }
     let _inside = crate::tracker::guard::Inside::enter(); // the history is the tracker's memory
     let mut seen: Vec<Record> = Vec::new();
     // SAFETY: the callback matches what dl_iterate_phdr expects; `seen` outlives the call.
@@ -61,13 +92,60 @@ pub fn note_changes() {
         });
         if !known {
             new.loaded = now;
-            let path = if new.is_main {
-                "/proc/self/exe"
-            } else {
-                new.name.as_str()
-            };
-            new.file = File::open(path).ok();
+            new.file = earlier_load(&history, &new).or_else(|| {
+                let path = if new.is_main {
+                    "/proc/self/exe"
+                } else {
+                    new.name.as_str()
+                };
+                File::open(path).ok().map(Arc::new)
+            });
             history.push(new);
+        }
+    }
+    close_oldest_unloaded(&mut history);
+}
+
+/// Files held open for modules that are all unloaded, at most: a plugin rebuilt and reloaded
+/// more often than this in one run loses the debug info of its oldest builds.
+const MAX_UNLOADED_FILES: usize = 256;
+
+/// The file an earlier load of the same file (same path and build id) keeps open.
+fn earlier_load(history: &[Record], new: &Record) -> Option<Arc<File>> {
+    if new.build_id.is_empty() {
+        return None; // without a build id, the file at the path may have been replaced
+    }
+    history
+        .iter()
+        .filter(|r| r.name == new.name && r.build_id == new.build_id)
+        .find_map(|r| r.file.clone())
+}
+
+/// Closes the oldest of the files held only for unloaded modules beyond [`MAX_UNLOADED_FILES`]
+/// (a file that a mapped module shares stays open).
+fn close_oldest_unloaded(history: &mut [Record]) {
+    let file_of = |r: &Record| r.file.as_ref().map(Arc::as_ptr);
+    let mapped: HashSet<*const File> = history
+        .iter()
+        .filter(|r| r.unloaded == u32::MAX)
+        .filter_map(file_of)
+        .collect();
+    // Oldest first, as the history is.
+    let mut unloaded_only: Vec<*const File> = Vec::new();
+    let mut seen = HashSet::new();
+    for file in history.iter().filter_map(file_of) {
+        if !mapped.contains(&file) && seen.insert(file) {
+            unloaded_only.push(file);
+        }
+    }
+    let excess = unloaded_only.len().saturating_sub(MAX_UNLOADED_FILES);
+    if excess == 0 {
+        return;
+    }
+    let closing: HashSet<*const File> = unloaded_only[..excess].iter().copied().collect();
+    for record in history.iter_mut() {
+        if file_of(record).is_some_and(|f| closing.contains(&f)) {
+            record.file = None;
         }
     }
 }

@@ -14,7 +14,7 @@ use super::live_list::{self, StoppedWorld};
 use super::{errors, heap, integrity, quarantine, raw};
 use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::any::Any;
-use std::cell::RefCell;
+use std::cell::Cell;
 
 /// In a forked child: the thread that forked, its last allocation before the fork, and the
 /// first thread number handed out after it (every block of an earlier number, or of the
@@ -37,32 +37,88 @@ pub fn inherited(thread: u32, seq: u32) -> bool {
             || seq <= FORKING_THREAD_SEQ.load(Ordering::Relaxed))
 }
 
-/// The stopped world and the other guards `prepare` took.
-type Held = (Option<StoppedWorld>, Vec<Box<dyn Any>>);
+/// Threads inside a `dlopen` or `dlclose` (through `cpp/modules.cpp`), and whether a fork waits
+/// for them to come out. glibc's `fork` leaves the loader's lock as it was, so a child forked
+/// while another thread was inside would wait for it forever in its first `dl_iterate_phdr`
+/// (its report reads the modules and their data segments so).
+static IN_LOADER: AtomicU32 = AtomicU32::new(0);
+static FORK_WAITING: AtomicBool = AtomicBool::new(false);
 
 thread_local! {
-    /// The guards taken by `prepare`, dropped by the parent and the child after the fork.
-    /// Only ever touched by a forking thread.
-    static HELD: RefCell<Held> = const { RefCell::new((None, Vec::new())) };
+    /// This thread's loader calls in progress (a library's constructor may `dlopen` again, or
+    /// fork): a fork does not wait for its own thread, nor a nested call for a fork.
+    static MY_LOADER_CALLS: Cell<u32> = const { Cell::new(0) };
+}
+
+/// A `dlopen` or `dlclose` is about to enter the loader: waits while a fork is being prepared.
+pub fn loader_call_begins() {
+    let mine = MY_LOADER_CALLS.with(|calls| calls.replace(calls.get() + 1));
+    loop {
+        while mine == 0 && FORK_WAITING.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        IN_LOADER.fetch_add(1, Ordering::SeqCst);
+        if mine > 0 || !FORK_WAITING.load(Ordering::SeqCst) {
+            return;
+        }
+        IN_LOADER.fetch_sub(1, Ordering::SeqCst); // the fork came first: let it go
+    }
+}
+
+/// The loader call [`loader_call_begins`] announced has returned.
+pub fn loader_call_ends() {
+    MY_LOADER_CALLS.with(|calls| calls.set(calls.get().saturating_sub(1)));
+    IN_LOADER.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// Keeps new loader calls out and waits (within the tracker's patience) for those in progress
+/// on other threads.
+fn wait_for_loader_calls() {
+    FORK_WAITING.store(true, Ordering::SeqCst);
+    let mine = MY_LOADER_CALLS.with(Cell::get);
+    let mut waited = live_list::Patience::new();
+    while IN_LOADER.load(Ordering::SeqCst) > mine && waited.more() {}
+}
+
+/// The stopped world and the other guards `prepare` took.
+type Held = (StoppedWorld, Vec<Box<dyn Any>>);
+
+thread_local! {
+    /// The guards taken by `prepare` (boxed), dropped by the parent and the child after the
+    /// fork. Only ever touched by a forking thread. A bare pointer, so that the thread-local has
+    /// no destructor: registering one on first use takes the dynamic loader's lock, which a
+    /// thread inside `dlopen` may hold while it waits, in `malloc`, for the world `prepare`
+    /// has just stopped.
+    static HELD: Cell<*mut Held> = const { Cell::new(core::ptr::null_mut()) };
 }
 
 extern "C" fn prepare() {
+    // First: a thread inside the loader may need the world (its `malloc`) to come out.
+    wait_for_loader_calls();
     let _inside = Inside::enter(); // the guard list is the tracker's own memory
     let mut guards: Vec<Box<dyn Any>> = Vec::new();
     crate::engine::hold_registry_for_fork(&mut guards);
     guards.push(Box::new(errors::lock_for_fork()));
     guards.push(Box::new(crate::report::text::lock_symbolizer_for_fork()));
     let world = StoppedWorld::stop(live_list::FORK_HOLDER);
+    guards.push(Box::new(crate::stack::lock_modules_for_fork()));
+    guards.push(Box::new(crate::symbolize::modules::lock_for_fork()));
     guards.push(Box::new(quarantine::lock_for_fork()));
     guards.push(Box::new(raw::lock_for_fork()));
     guards.push(Box::new(heap::lock_for_fork()));
     guards.push(Box::new(integrity::lock_for_fork()));
-    HELD.with(|held| *held.borrow_mut() = (Some(world), guards));
+    HELD.with(|held| held.set(Box::into_raw(Box::new((world, guards)))));
 }
 
 fn release() {
+    FORK_WAITING.store(false, Ordering::SeqCst);
     let _inside = Inside::enter();
-    let (world, mut guards) = HELD.with(|held| core::mem::take(&mut *held.borrow_mut()));
+    let held = HELD.with(|held| held.replace(core::ptr::null_mut()));
+    if held.is_null() {
+        return;
+    }
+    // SAFETY: made by `Box::into_raw` in `prepare` on this thread, and taken once.
+    let (world, mut guards) = *unsafe { Box::from_raw(held) };
     // In the reverse order of taking: an engine allocator's lock before the registry's, which
     // keeps that allocator alive.
     while let Some(guard) = guards.pop() {
@@ -78,16 +134,19 @@ extern "C" fn release_in_parent() {
 /// The other threads are gone in the child, and so is their ownership of shards.
 extern "C" fn release_in_child() {
     crate::report::note_forked_child();
+    crate::symbolize::modules::note_forked_child();
     let me = super::guard::thread_number();
-    HELD.with(|held| {
-        if let Some(world) = &held.borrow().0 {
-            world.forget_other_owners(me);
-        }
-    });
+    let held = HELD.with(Cell::get);
+    // SAFETY: `prepare` on this thread left it there, and only `release` below takes it.
+    if let Some((world, _)) = unsafe { held.as_ref() } {
+        world.forget_other_owners(me);
+    }
     FORKING_THREAD.store(me, Ordering::Relaxed);
     FORKING_THREAD_SEQ.store(super::guard::allocations_so_far(), Ordering::Relaxed);
     FIRST_THREAD_AFTER.store(super::guard::next_thread_number(), Ordering::Relaxed);
     FORKED.store(true, Ordering::Relaxed);
+    // The other threads' loader calls are gone with them.
+    IN_LOADER.store(MY_LOADER_CALLS.with(Cell::get), Ordering::SeqCst);
     release();
     errors::forget_inherited();
 }

@@ -1,0 +1,51 @@
+// Forks while another thread loads and unloads a plugin without pause:
+//   fork_dlopen PLUGIN CHILDREN   forks CHILDREN children that exit at once (their reports read
+//                                 the modules); prints how many did not exit 0 by themselves (a
+//                                 child waiting forever for the loader's lock dies of SIGALRM)
+// The loader thread's dlopen allocates (through the tracker) while it holds the loader's lock,
+// and a child's report calls dl_iterate_phdr, which takes that lock.
+#include <dlfcn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+int main(int argc, char** argv) {
+    if (argc < 3) {
+        std::fprintf(stderr, "usage: fork_dlopen PLUGIN CHILDREN\n");
+        return 2;
+    }
+    const char* plugin = argv[1];
+    const int children = std::atoi(argv[2]);
+    std::atomic<bool> stop{false};
+    std::atomic<long> cycles{0};
+    std::thread loader([&] {
+        while (!stop.load(std::memory_order_relaxed)) {
+            void* handle = dlopen(plugin, RTLD_NOW);
+            if (handle == nullptr) {
+                std::fprintf(stderr, "dlopen: %s\n", dlerror());
+                std::abort();
+            }
+            dlclose(handle);
+            cycles.fetch_add(1, std::memory_order_relaxed);
+        }
+    });
+    int stuck = 0;
+    for (int c = 0; c < children; ++c) {
+        const pid_t pid = fork();
+        if (pid == 0) {
+            alarm(10);
+            std::exit(0);
+        }
+        int status = 0;
+        waitpid(pid, &status, 0);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++stuck;
+    }
+    stop = true;
+    loader.join();
+    std::printf("stuck children: %d\nplugin cycles: %ld\n", stuck, cycles.load());
+    return 0;
+}
