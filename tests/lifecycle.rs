@@ -326,4 +326,11 @@ fn forked_children_never_wait_on_the_loader_and_reloads_keep_no_files() {
     let cycles = printed(&run, "plugin cycles:");
     eprintln!("plugin loaded and unloaded {cycles} times while 40 children were forked");
     assert!(cycles > 100.0, "the loader thread ran");
+    // The standard streams, the tracker's file of each module (the plugin's one, shared by all
+    // its loads) and the directory listing them: about 15 here; before, one more per load.
+    let open_files = printed(&run, "open files:");
+    assert!(
+        open_files < 64.0,
+        "{open_files} files open after {cycles} loads"
+    );
 }

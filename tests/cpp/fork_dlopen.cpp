@@ -1,9 +1,12 @@
 // Forks while another thread loads and unloads a plugin without pause:
 //   fork_dlopen PLUGIN CHILDREN   forks CHILDREN children that exit at once (their reports read
 //                                 the modules); prints how many did not exit 0 by themselves (a
-//                                 child waiting forever for the loader's lock dies of SIGALRM)
+//                                 child waiting forever for the loader's lock dies of SIGALRM),
+//                                 how many times the plugin was loaded, and how many files the
+//                                 process has open at the end
 // The loader thread's dlopen allocates (through the tracker) while it holds the loader's lock,
 // and a child's report calls dl_iterate_phdr, which takes that lock.
+#include <dirent.h>
 #include <dlfcn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -46,6 +49,12 @@ int main(int argc, char** argv) {
     }
     stop = true;
     loader.join();
-    std::printf("stuck children: %d\nplugin cycles: %ld\n", stuck, cycles.load());
+    int open_files = 0;
+    if (DIR* fds = opendir("/proc/self/fd")) {
+        while (readdir(fds) != nullptr) ++open_files;
+        closedir(fds);
+    }
+    std::printf("stuck children: %d\nplugin cycles: %ld\nopen files: %d\n", stuck, cycles.load(),
+                open_files);
     return 0;
 }
