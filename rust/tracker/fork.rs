@@ -2,12 +2,15 @@
 //! across the fork, so the child never finds one held by a thread it does not have; and the
 //! child's reports leave out the blocks and errors it inherited (the parent reports those).
 //!
-//! Taken in the order the other paths nest them: the engine registry, each engine allocator's
-//! locks and the registry's address ranges, then the error log and the error symbolizer, then
-//! every shard (the world stopped, queued frees settled), and last the quarantine, the
-//! unmapped-block record, the small-block heap (settling frees blocks into them) and the record
-//! of damaged headers (found with shards held); let go of in the reverse order. Not covered: a
-//! stack allocator's lock (a stack allocator belongs to one thread).
+//! First `fork` waits for the `dlopen`/`dlclose` calls in progress on other threads (glibc
+//! leaves the loader's lock as it was at the fork). Then the locks, taken in the order the
+//! other paths nest them: the engine registry, each engine allocator's locks and the
+//! registry's address ranges, then the error log and the error symbolizer, then every shard
+//! (the world stopped, queued frees settled), then the module rescan and the module history,
+//! and last the quarantine, the unmapped-block record, the small-block heap (settling frees
+//! blocks into them) and the record of damaged headers (found with shards held); let go of in
+//! the reverse order. Not covered: a stack allocator's lock (a stack allocator belongs to one
+//! thread).
 
 use super::guard::Inside;
 use super::live_list::{self, StoppedWorld};
@@ -42,7 +45,8 @@ pub fn inherited(thread: u32, seq: u32) -> bool {
 /// while another thread was inside would wait for it forever in its first `dl_iterate_phdr`
 /// (its report reads the modules and their data segments so).
 static IN_LOADER: AtomicU32 = AtomicU32::new(0);
-static FORK_WAITING: AtomicBool = AtomicBool::new(false);
+/// Forks between their `prepare` and their `release` (threads may fork at once).
+static FORKS_UNDER_WAY: AtomicU32 = AtomicU32::new(0);
 
 thread_local! {
     /// This thread's loader calls in progress (a library's constructor may `dlopen` again, or
@@ -54,11 +58,11 @@ thread_local! {
 pub fn loader_call_begins() {
     let mine = MY_LOADER_CALLS.with(|calls| calls.replace(calls.get() + 1));
     loop {
-        while mine == 0 && FORK_WAITING.load(Ordering::SeqCst) {
+        while mine == 0 && FORKS_UNDER_WAY.load(Ordering::SeqCst) > 0 {
             std::thread::yield_now();
         }
         IN_LOADER.fetch_add(1, Ordering::SeqCst);
-        if mine > 0 || !FORK_WAITING.load(Ordering::SeqCst) {
+        if mine > 0 || FORKS_UNDER_WAY.load(Ordering::SeqCst) == 0 {
             return;
         }
         IN_LOADER.fetch_sub(1, Ordering::SeqCst); // the fork came first: let it go
@@ -74,7 +78,7 @@ pub fn loader_call_ends() {
 /// Keeps new loader calls out and waits (within the tracker's patience) for those in progress
 /// on other threads.
 fn wait_for_loader_calls() {
-    FORK_WAITING.store(true, Ordering::SeqCst);
+    FORKS_UNDER_WAY.fetch_add(1, Ordering::SeqCst);
     let mine = MY_LOADER_CALLS.with(Cell::get);
     let mut waited = live_list::Patience::new();
     while IN_LOADER.load(Ordering::SeqCst) > mine && waited.more() {}
@@ -111,7 +115,7 @@ extern "C" fn prepare() {
 }
 
 fn release() {
-    FORK_WAITING.store(false, Ordering::SeqCst);
+    FORKS_UNDER_WAY.fetch_sub(1, Ordering::SeqCst);
     let _inside = Inside::enter();
     let held = HELD.with(|held| held.replace(core::ptr::null_mut()));
     if held.is_null() {
@@ -145,8 +149,9 @@ extern "C" fn release_in_child() {
     FORKING_THREAD_SEQ.store(super::guard::allocations_so_far(), Ordering::Relaxed);
     FIRST_THREAD_AFTER.store(super::guard::next_thread_number(), Ordering::Relaxed);
     FORKED.store(true, Ordering::Relaxed);
-    // The other threads' loader calls are gone with them.
+    // The other threads' loader calls and forks are gone with them.
     IN_LOADER.store(MY_LOADER_CALLS.with(Cell::get), Ordering::SeqCst);
+    FORKS_UNDER_WAY.store(1, Ordering::SeqCst); // this one, which `release` ends
     release();
     errors::forget_inherited();
 }
