@@ -11,8 +11,6 @@
 #include <k15/engine.h>
 #include <k15/memory.h>
 
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
@@ -21,6 +19,7 @@
 #include <thread>
 
 #include "exit_timer.h"
+#include "stuck_children.h"
 
 namespace {
 struct Particle {
@@ -44,18 +43,8 @@ int run_fork(int children) {
     std::thread worker([&] {
         for (unsigned i = 0; !stop.load(std::memory_order_relaxed); ++i) churn(arena, particles, i);
     });
-    int stuck = 0;
-    for (int c = 0; c < children; ++c) {
-        const pid_t pid = fork();
-        if (pid == 0) {
-            alarm(10);
-            churn(arena, particles, static_cast<unsigned>(c));
-            std::exit(0);
-        }
-        int status = 0;
-        waitpid(pid, &status, 0);
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++stuck;
-    }
+    const int stuck = stuck_children(
+        children, [&](int c) { churn(arena, particles, static_cast<unsigned>(c)); });
     stop = true;
     worker.join();
     std::printf("stuck children: %d\n", stuck);

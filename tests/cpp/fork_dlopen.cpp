@@ -8,13 +8,13 @@
 // and a child's report calls dl_iterate_phdr, which takes that lock.
 #include <dirent.h>
 #include <dlfcn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
+
+#include "stuck_children.h"
 
 int main(int argc, char** argv) {
     if (argc < 3) {
@@ -36,17 +36,7 @@ int main(int argc, char** argv) {
             cycles.fetch_add(1, std::memory_order_relaxed);
         }
     });
-    int stuck = 0;
-    for (int c = 0; c < children; ++c) {
-        const pid_t pid = fork();
-        if (pid == 0) {
-            alarm(10);
-            std::exit(0);
-        }
-        int status = 0;
-        waitpid(pid, &status, 0);
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++stuck;
-    }
+    const int stuck = stuck_children(children, [](int) {});
     stop = true;
     loader.join();
     int open_files = 0;
