@@ -124,6 +124,10 @@ fn earlier_load(history: &[Record], new: &Record) -> Option<Arc<File>> {
 /// Closes the oldest of the files held only for unloaded modules beyond [`MAX_UNLOADED_FILES`]
 /// (a file that a mapped module shares stays open).
 fn close_oldest_unloaded(history: &mut [Record]) {
+    // Common case, checked without building sets: fewer open files than the limit in all.
+    if history.iter().filter(|r| r.file.is_some()).count() <= MAX_UNLOADED_FILES {
+        return;
+    }
     let file_of = |r: &Record| r.file.as_ref().map(Arc::as_ptr);
     let mapped: HashSet<*const File> = history
         .iter()
