@@ -269,6 +269,25 @@ fn forked_children_never_wait_on_an_engine_allocators_lock() {
     assert_eq!(engine_blocks_reported(&dir, "child.log."), (61, 0));
 }
 
+/// Children forked while another thread creates engine allocators under names never seen
+/// before, each child creating one too. Before, a child whose fork caught the thread copying a
+/// name into the table of names waited on that table's lock for good (2 children in 3); now
+/// `fork` holds it, and every child exits by itself and lists the kept engine block.
+#[test]
+fn forked_children_never_wait_on_the_table_of_allocator_names() {
+    let dir = support::scratch("lifecycle_engine_names_fork");
+    let exe = support::build(&dir, "engine_locks", &["tests/cpp/engine_locks.cpp"], &[]);
+    let log = dir.join("child.log.%p");
+    let run = run_bounded(
+        &exe,
+        &format!("log_path={}", log.display()),
+        &["names", "40"],
+    );
+    assert!(run.status.success(), "{:?}", run.status);
+    assert_eq!(printed(&run, "stuck children:"), 0.0);
+    assert_eq!(engine_blocks_reported(&dir, "child.log."), (41, 0));
+}
+
 /// `exit(3)` from SIGALRM while the main thread churns a block allocator and a typed pool: the
 /// handler often strikes inside an allocator's lock, which its own thread holds. Before, 6 runs
 /// in 8 hung; now every run exits with 3, and its report lists the kept engine block or says

@@ -48,6 +48,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 pub use block::{BlockAllocator, FreeSpace};
+pub(crate) use names::lock_for_fork as lock_names_for_fork;
 pub use names::{c_name, static_name};
 pub use pool::{Pool, PoolConfig};
 pub(crate) use registry::hold_for_fork as hold_registry_for_fork;

@@ -1,9 +1,15 @@
 //! Allocator and type names as C strings that live for the process: copied once per distinct name (allocators are few).
 
 use std::ffi::{CStr, CString};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 static NAMES: Mutex<Vec<&'static CStr>> = Mutex::new(Vec::new());
+
+/// Held by `fork` (see `tracker::fork`): a child must not find the table held by a thread that
+/// was adding a name at the fork.
+pub(crate) fn lock_for_fork() -> MutexGuard<'static, impl Sized> {
+    NAMES.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 fn interned(name: &[u8]) -> &'static CStr {
     let name = name.split(|&byte| byte == 0).next().unwrap_or_default();

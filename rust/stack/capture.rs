@@ -417,6 +417,13 @@ fn grow(seen: usize) -> bool {
     true
 }
 
+/// Held by `fork` (see `tracker::fork`), last of its locks: a thread adding a cache needs
+/// none of the others (its allocation is the tracker's own), and one holding any of them may
+/// be capturing a stack.
+pub(crate) fn lock_caches_for_fork() -> std::sync::MutexGuard<'static, ()> {
+    GROW.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Pre-creates enough caches for every CPU to capture at once (at most [`POOL`]).
 pub(super) fn warm_up_caches() {
     // SAFETY: sysconf has no preconditions.

@@ -153,6 +153,7 @@ pub fn stack_above(sp: usize) -> Option<core::ops::Range<usize>> {
     (lo..hi).contains(&sp).then_some(sp..hi)
 }
 
+pub(crate) use capture::lock_caches_for_fork;
 pub(crate) use modules::lock_for_fork as lock_modules_for_fork;
 
 /// After a `dlopen` or `dlclose`: the unwinder's view of the modules and the history of modules

@@ -5,11 +5,13 @@
 //! First `fork` waits for the `dlopen`/`dlclose` calls in progress on other threads (glibc
 //! leaves the loader's lock as it was at the fork). Then the locks, taken in the order the
 //! other paths nest them: the engine registry, each engine allocator's locks and the
-//! registry's address ranges, then the error log and the error symbolizer, then every shard
-//! (the world stopped, queued frees settled), then the module rescan and the module history,
-//! and last the quarantine, the unmapped-block record, the small-block heap (settling frees
-//! blocks into them) and the record of damaged headers (found with shards held); let go of in
-//! the reverse order. Not covered: a stack allocator's lock (a stack allocator belongs to one
+//! registry's address ranges, then the table of allocator names (whose holder may allocate),
+//! the error log and the error symbolizer, then every shard (the world stopped, queued frees
+//! settled), then the module rescan and the module history, then the quarantine, the
+//! unmapped-block record, the small-block heap (settling frees blocks into them) and the
+//! record of damaged headers (found with shards held), and last the growth of the unwinder's
+//! caches (a thread holding any of the others may be capturing a stack); let go of in the
+//! reverse order. Not covered: a stack allocator's lock (a stack allocator belongs to one
 //! thread).
 
 use super::guard::Inside;
@@ -102,6 +104,7 @@ extern "C" fn prepare() {
     let _inside = Inside::enter(); // the guard list is the tracker's own memory
     let mut guards: Vec<Box<dyn Any>> = Vec::new();
     crate::engine::hold_registry_for_fork(&mut guards);
+    guards.push(Box::new(crate::engine::lock_names_for_fork()));
     guards.push(Box::new(errors::lock_for_fork()));
     guards.push(Box::new(crate::report::text::lock_symbolizer_for_fork()));
     let world = StoppedWorld::stop(live_list::FORK_HOLDER);
@@ -111,6 +114,7 @@ extern "C" fn prepare() {
     guards.push(Box::new(raw::lock_for_fork()));
     guards.push(Box::new(heap::lock_for_fork()));
     guards.push(Box::new(integrity::lock_for_fork()));
+    guards.push(Box::new(crate::stack::lock_caches_for_fork()));
     HELD.with(|held| held.set(Box::into_raw(Box::new((world, guards)))));
 }
 

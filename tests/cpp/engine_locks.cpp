@@ -6,6 +6,10 @@
 //                                worker held at the fork dies of SIGALRM)
 //   engine_locks exit DELAY_US   main does the same itself and exit(3)s from SIGALRM after
 //                                DELAY_US, maybe inside an allocator's lock
+//   engine_locks names CHILDREN  a worker creates allocators under names never seen before
+//                                (each copied once into the table of names) without pause while
+//                                main forks children, each of which creates one too; prints
+//                                the stuck children as `fork` does
 // Both keep one 100-byte block of the block allocator live: the engine leak every report lists
 // unless that allocator's lock was held.
 #include <k15/engine.h>
@@ -51,6 +55,27 @@ int run_fork(int children) {
     return 0;
 }
 
+// A block allocator under a name of its own, used once.
+void named_arena(const char* prefix, unsigned i) {
+    char name[64];
+    std::snprintf(name, sizeof name, "%s %u", prefix, i);
+    k15::memory::BlockAllocator arena(name, 4096);
+    arena.deallocate(arena.allocate(16));
+}
+
+int run_names(int children) {
+    k15::memory::BlockAllocator arena("locks arena", 1 << 20);
+    arena.allocate(100);
+    std::thread worker([&] {
+        for (unsigned i = 0; !stop.load(std::memory_order_relaxed); ++i) named_arena("worker", i);
+    });
+    const int stuck = stuck_children(children, [&](int c) { named_arena("child", static_cast<unsigned>(c)); });
+    stop = true;
+    worker.join();
+    std::printf("stuck children: %d\n", stuck);
+    return 0;
+}
+
 int run_exit(long delay_us) {
     k15::memory::BlockAllocator arena("locks arena", 1 << 20);
     k15::memory::TypedPool<Particle> particles("locks particles", 4);
@@ -63,6 +88,7 @@ int run_exit(long delay_us) {
 int main(int argc, char** argv) {
     if (argc >= 3 && std::strcmp(argv[1], "fork") == 0) return run_fork(std::atoi(argv[2]));
     if (argc >= 3 && std::strcmp(argv[1], "exit") == 0) return run_exit(std::atol(argv[2]));
-    std::fprintf(stderr, "usage: engine_locks fork CHILDREN | engine_locks exit DELAY_US\n");
+    if (argc >= 3 && std::strcmp(argv[1], "names") == 0) return run_names(std::atoi(argv[2]));
+    std::fprintf(stderr, "usage: engine_locks fork CHILDREN | exit DELAY_US | names CHILDREN\n");
     return 2;
 }
