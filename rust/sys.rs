@@ -5,6 +5,8 @@
 
 use core::ffi::{c_char, CStr};
 use core::fmt::{self, Write};
+use core::ptr::null_mut;
+use core::sync::atomic::{AtomicPtr, Ordering};
 
 pub const PAGE_SIZE: usize = 4096;
 
@@ -94,7 +96,7 @@ pub fn map_pages(len: usize) -> *mut u8 {
     // SAFETY: an anonymous private mapping touches no existing memory.
     let p = unsafe {
         libc::mmap(
-            core::ptr::null_mut(),
+            null_mut(),
             len,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
@@ -103,9 +105,43 @@ pub fn map_pages(len: usize) -> *mut u8 {
         )
     };
     if p == libc::MAP_FAILED {
-        core::ptr::null_mut()
+        null_mut()
     } else {
         p as *mut u8
+    }
+}
+
+/// Maps `bytes` of zeroed `MAP_NORESERVE` memory into `slot` once (slow path; only touched
+/// pages cost memory): the mapping already there if another thread won the race, null if
+/// mapping failed.
+#[cold]
+#[inline(never)]
+pub fn map_once<T>(slot: &AtomicPtr<T>, bytes: usize) -> *mut T {
+    let there = slot.load(Ordering::Acquire);
+    if !there.is_null() {
+        return there;
+    }
+    // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
+    let p = unsafe {
+        libc::mmap(
+            null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return slot.load(Ordering::Acquire);
+    }
+    match slot.compare_exchange(null_mut(), p.cast(), Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => p.cast(),
+        Err(theirs) => {
+            // SAFETY: our own mapping of `bytes` bytes, never shared.
+            unsafe { libc::munmap(p, bytes) };
+            theirs
+        }
     }
 }
 
@@ -115,7 +151,7 @@ pub fn reserve_pages(len: usize) -> *mut u8 {
     // SAFETY: an inaccessible anonymous private mapping touches no existing memory.
     let p = unsafe {
         libc::mmap(
-            core::ptr::null_mut(),
+            null_mut(),
             len,
             libc::PROT_NONE,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
@@ -124,7 +160,7 @@ pub fn reserve_pages(len: usize) -> *mut u8 {
         )
     };
     if p == libc::MAP_FAILED {
-        core::ptr::null_mut()
+        null_mut()
     } else {
         p as *mut u8
     }

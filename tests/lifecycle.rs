@@ -288,6 +288,92 @@ fn forked_children_never_wait_on_the_table_of_allocator_names() {
     assert_eq!(engine_blocks_reported(&dir, "child.log."), (41, 0));
 }
 
+/// `exit(3)` from SIGALRM while the main thread enters `ScopedLeakIgnore` scopes without pause,
+/// allocating inside each. Before, the report waited for the lock of the list of ignore rules,
+/// held by the very thread the handler interrupted (every run of 8 hung); now the list is read
+/// without a lock, and every run exits with 3 and lists the one leak, never a block allocated
+/// inside a scope.
+#[test]
+fn exit_from_a_signal_handler_inside_a_leak_ignore_scope_never_hangs() {
+    let dir = support::scratch("lifecycle_ignore_exit");
+    let exe = support::build(&dir, "ignore_scopes", &["tests/cpp/ignore_scopes.cpp"], &[]);
+    for run in 0..12u32 {
+        let log = dir.join(format!("exit.log.{run}"));
+        let delay_us = (1000 + run * 777).to_string();
+        let output = run_bounded(
+            &exe,
+            &format!("log_path={}", log.display()),
+            &["exit", &delay_us],
+        );
+        assert_eq!(
+            output.status.code(),
+            Some(3),
+            "run {run}: {:?} (137: hung and killed)",
+            output.status
+        );
+        let summary = json_of(&dir.join(format!("exit.log.{run}.json")))["summary"].clone();
+        assert_eq!(summary["leaked_blocks"], 1, "run {run}: {summary}");
+        assert_eq!(summary["leaked_bytes"], 100, "run {run}: {summary}");
+    }
+}
+
+/// Children forked while a worker enters leak-ignore scopes without pause; each child leaks 100
+/// bytes and allocates one block inside a scope of its own. Before, a child's report could wait
+/// for good on the list's lock, held by the worker at the fork (8 children in 40); now every
+/// child exits by itself
+/// and lists its one leak, its scoped block suppressed.
+#[test]
+fn forked_children_read_the_ignore_rules_without_waiting() {
+    let dir = support::scratch("lifecycle_ignore_fork");
+    let exe = support::build(&dir, "ignore_scopes", &["tests/cpp/ignore_scopes.cpp"], &[]);
+    let log = dir.join("child.log.%p");
+    let run = run_bounded(
+        &exe,
+        &format!("log_path={}", log.display()),
+        &["fork", "40"],
+    );
+    assert!(run.status.success(), "{:?}", run.status);
+    assert_eq!(printed(&run, "stuck children:"), 0.0);
+    let mut children = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if !name.starts_with("child.log.") || !name.ends_with(".json") {
+            continue;
+        }
+        let summary = json_of(&path)["summary"].clone();
+        assert_eq!(summary["leaked_blocks"], 1, "{name}: {summary}");
+        assert_eq!(summary["leaked_bytes"], 100, "{name}: {summary}");
+        assert!(
+            summary["suppressed_blocks"].as_u64().unwrap() >= 1,
+            "{name}: {summary}"
+        );
+        children += 1;
+    }
+    assert_eq!(children, 41, "40 children and the parent");
+}
+
+/// A million scopes entered one after another, each allocating a block: a scope that begins
+/// where the thread's last one ended reopens it, so the loop costs one entry (before, 24 bytes
+/// each: 23 MiB for the million, growing without bound in a game loop with a scope per object).
+#[test]
+fn leak_ignore_scopes_in_a_loop_keep_memory_flat() {
+    let dir = support::scratch("lifecycle_ignore_count");
+    let exe = support::build(&dir, "ignore_scopes", &["tests/cpp/ignore_scopes.cpp"], &[]);
+    let log = dir.join("count.log");
+    let run = run_bounded(
+        &exe,
+        &format!("log_path={}", log.display()),
+        &["count", "1000000"],
+    );
+    assert!(run.status.success(), "{:?}", run.status);
+    let kib = printed(&run, "scopes_kib");
+    assert!(kib < 2048.0, "a million scopes cost {kib} KiB");
+    let summary = json_of(&dir.join("count.log.json"))["summary"].clone();
+    assert_eq!(summary["leaked_blocks"], 1, "{summary}");
+    assert_eq!(summary["suppressed_blocks"], 64, "{summary}");
+}
+
 /// `exit(3)` from SIGALRM while the main thread churns a block allocator and a typed pool: the
 /// handler often strikes inside an allocator's lock, which its own thread holds. Before, 6 runs
 /// in 8 hung; now every run exits with 3, and its report lists the kept engine block or says

@@ -6,7 +6,8 @@
 //! `new` pays nothing for it.
 
 use crate::tracker::header::{BlockHeader, Lookup};
-use std::sync::{Mutex, PoisonError};
+use core::cell::Cell;
+use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 
 /// An ignored block, or the blocks one thread allocated during a scope.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,16 +22,115 @@ enum Ignored {
     Scope { thread: u32, from: u32, to: u32 },
 }
 
-static IGNORED: Mutex<Vec<Ignored>> = Mutex::new(Vec::new());
+/// The list is append-only and read without a lock: a report that runs while a thread is
+/// adding to it (a signal handler's `exit` that interrupted `ScopedLeakIgnore`, a fork) reads
+/// every entry that was complete and skips the one being written, whose scope holds no block
+/// yet. Its entries lie in one `MAP_NORESERVE` mapping (only touched pages cost memory).
+static ENTRIES: AtomicPtr<Entry> = AtomicPtr::new(core::ptr::null_mut());
+/// Entries claimed so far (some may still be being written); may run past [`CAPACITY`].
+static CLAIMED: AtomicUsize = AtomicUsize::new(0);
+/// 16 Mi entries, 384 MiB of address space; once it is full, `ignore_leak` and new scopes are
+/// not recorded (their blocks are reported).
+const CAPACITY: usize = 1 << 24;
+
+/// What an [`Entry`] holds (0 while it is being written): a block or a scope.
+const BLOCK: u32 = 1;
+const SCOPE: u32 = 2;
+
+/// One [`Ignored`]: `what` is stored last (Release), so a reader that sees it set sees the rest.
+/// Only a scope's `to` changes after that.
+#[repr(C)]
+struct Entry {
+    what: AtomicU32,
+    thread: AtomicU32,
+    /// A block's `seq`, a scope's `from`.
+    seq: AtomicU32,
+    to: AtomicU32,
+    address: AtomicUsize,
+}
+
+thread_local! {
+    /// The index of this thread's last scope, plus one (0: none): a scope that begins where the
+    /// last one ended (no allocation in between) reopens it, so a scope entered again and again
+    /// in a loop takes one entry.
+    static LAST_SCOPE: Cell<usize> = const { Cell::new(0) };
+}
+
+fn entries() -> *mut Entry {
+    crate::sys::map_once(&ENTRIES, CAPACITY * size_of::<Entry>())
+}
+
+/// Entry `index` of a mapped list.
+fn entry(entries: *mut Entry, index: usize) -> &'static Entry {
+    debug_assert!(!entries.is_null() && index < CAPACITY);
+    // SAFETY: the mapping holds CAPACITY entries, is zeroed (a valid `Entry`: all atomics) and
+    // is never unmapped.
+    unsafe { &*entries.add(index) }
+}
+
+/// Appends `ignored`; its index, or `None` when the list is full or could not be mapped.
+fn push(ignored: Ignored) -> Option<usize> {
+    let entries = entries();
+    if entries.is_null() {
+        return None;
+    }
+    let index = CLAIMED.fetch_add(1, Ordering::Relaxed);
+    if index >= CAPACITY {
+        return None;
+    }
+    let e = entry(entries, index);
+    let what = match ignored {
+        Ignored::Block {
+            address,
+            thread,
+            seq,
+        } => {
+            e.address.store(address, Ordering::Relaxed);
+            e.thread.store(thread, Ordering::Relaxed);
+            e.seq.store(seq, Ordering::Relaxed);
+            BLOCK
+        }
+        Ignored::Scope { thread, from, to } => {
+            e.thread.store(thread, Ordering::Relaxed);
+            e.seq.store(from, Ordering::Relaxed);
+            e.to.store(to, Ordering::Relaxed);
+            SCOPE
+        }
+    };
+    e.what.store(what, Ordering::Release);
+    Some(index)
+}
+
+/// The complete entries of the list.
+fn recorded() -> impl Iterator<Item = Ignored> {
+    let entries = ENTRIES.load(Ordering::Acquire);
+    let count = if entries.is_null() {
+        0
+    } else {
+        CLAIMED.load(Ordering::Relaxed).min(CAPACITY)
+    };
+    (0..count).filter_map(move |index| {
+        let e = entry(entries, index);
+        let thread = e.thread.load(Ordering::Relaxed);
+        match e.what.load(Ordering::Acquire) {
+            BLOCK => Some(Ignored::Block {
+                address: e.address.load(Ordering::Relaxed),
+                thread,
+                seq: e.seq.load(Ordering::Relaxed),
+            }),
+            SCOPE => Some(Ignored::Scope {
+                thread,
+                from: e.seq.load(Ordering::Relaxed),
+                to: e.to.load(Ordering::Relaxed),
+            }),
+            _ => None, // being written
+        }
+    })
+}
 
 /// Why a block is not reported: the two rules the report counts separately.
 pub const IGNORE_LEAK: &str = "ignore_leak()";
 pub const SCOPED: &str = "ScopedLeakIgnore";
-
-fn with_ignored<T>(f: impl FnOnce(&mut Vec<Ignored>) -> T) -> T {
-    let _inside = crate::tracker::guard::Inside::enter(); // the list is the tracker's memory
-    f(&mut IGNORED.lock().unwrap_or_else(PoisonError::into_inner))
-}
 
 /// `k15::memory::ignore_leak(ptr)`: the block is never reported as a leak, and what it points to
 /// is reachable. Null and pointers that are no live block are ignored.
@@ -55,30 +155,50 @@ pub fn ignore_leak(ptr: *mut u8) {
         },
         _ => return,
     };
-    with_ignored(|list| list.push(entry));
+    let _ = push(entry);
 }
+
+/// A token that ends no scope: the list was full.
+const NO_SCOPE: usize = usize::MAX;
 
 /// Starts a `ScopedLeakIgnore` on the calling thread; the token ends it.
 pub fn begin_scope() -> usize {
     let (thread, next_seq) = crate::tracker::guard::next_sequence();
-    with_ignored(|list| {
-        list.push(Ignored::Scope {
-            thread,
-            from: next_seq,
-            to: u32::MAX,
-        });
-        list.len() - 1
-    })
+    let last = LAST_SCOPE.with(Cell::get);
+    if let Some(index) = last.checked_sub(1) {
+        let to = &entry(ENTRIES.load(Ordering::Acquire), index).to;
+        // Closed exactly where this one begins: reopened, covering the same blocks as two.
+        if to
+            .compare_exchange(next_seq, u32::MAX, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            return index;
+        }
+    }
+    let scope = Ignored::Scope {
+        thread,
+        from: next_seq,
+        to: u32::MAX,
+    };
+    match push(scope) {
+        Some(index) => {
+            LAST_SCOPE.with(|last| last.set(index + 1));
+            index
+        }
+        None => NO_SCOPE,
+    }
 }
 
 /// Ends the scope `begin_scope` returned `token` for.
 pub fn end_scope(token: usize) {
     let (_, next_seq) = crate::tracker::guard::next_sequence();
-    with_ignored(|list| {
-        if let Some(Ignored::Scope { to, .. }) = list.get_mut(token) {
-            *to = next_seq;
+    let entries = ENTRIES.load(Ordering::Acquire);
+    if token < CLAIMED.load(Ordering::Relaxed).min(CAPACITY) && !entries.is_null() {
+        let e = entry(entries, token);
+        if e.what.load(Ordering::Acquire) == SCOPE {
+            e.to.store(next_seq, Ordering::Relaxed);
         }
-    });
+    }
 }
 
 /// The ignored blocks and scopes at report time, indexed for lookups by block.
@@ -90,16 +210,16 @@ pub struct IgnoreSet {
 
 impl IgnoreSet {
     pub fn now() -> IgnoreSet {
+        IgnoreSet::of(recorded())
+    }
+
+    fn of(entries: impl Iterator<Item = Ignored>) -> IgnoreSet {
         let mut set = IgnoreSet {
             blocks: std::collections::HashSet::new(),
             scopes: Vec::new(),
         };
-        for entry in IGNORED
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-        {
-            match *entry {
+        for entry in entries {
+            match entry {
                 Ignored::Block {
                     address,
                     thread,
@@ -181,8 +301,7 @@ mod tests {
             },
         ];
         list.reverse();
-        *IGNORED.lock().unwrap() = list;
-        let set = IgnoreSet::now();
+        let set = IgnoreSet::of(list.into_iter());
         let rule = |thread, seq| set.rule_for(0x2000, thread, seq);
         assert_eq!(
             [9, 10, 14, 19, 20, 29, 30, 99].map(|s| rule(2, s)),

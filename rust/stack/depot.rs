@@ -40,7 +40,8 @@ use core::ops::Deref;
 use core::ptr;
 use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 
-use super::{map_once, StackId, MAX_DEPTH};
+use super::{StackId, MAX_DEPTH};
+use crate::sys::map_once;
 
 /// 64 Ki chain heads, 256 KiB of address space: the hash holds only the children of nodes with
 /// more than [`LIST_MAX`] of them (70,000 of the 450,000 nodes of yaml-cpp's suite).

@@ -21,8 +21,7 @@ pub(crate) mod rules;
 #[cfg(test)]
 mod tests;
 
-use core::ptr;
-use core::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
+use core::sync::atomic::{AtomicU8, Ordering};
 
 /// A deduplicated call stack; see [`frames`]. `StackId(0)` means "no stack".
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -163,43 +162,4 @@ pub fn modules_changed() {
     crate::symbolize::modules::note_module_set_changed();
     depot::new_generation();
     let _ = modules::refresh();
-}
-
-/// Maps `bytes` of zeroed `MAP_NORESERVE` memory into `slot` once (slow path; only touched
-/// pages cost memory): the mapping already there if another thread won the race, null if
-/// mapping failed.
-#[cold]
-#[inline(never)]
-pub(crate) fn map_once<T>(slot: &AtomicPtr<T>, bytes: usize) -> *mut T {
-    let there = slot.load(Ordering::Acquire);
-    if !there.is_null() {
-        return there;
-    }
-    // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
-    let p = unsafe {
-        libc::mmap(
-            ptr::null_mut(),
-            bytes,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return slot.load(Ordering::Acquire);
-    }
-    match slot.compare_exchange(
-        ptr::null_mut(),
-        p.cast(),
-        Ordering::AcqRel,
-        Ordering::Acquire,
-    ) {
-        Ok(_) => p.cast(),
-        Err(theirs) => {
-            // SAFETY: our own mapping of `bytes` bytes, never shared.
-            unsafe { libc::munmap(p, bytes) };
-            theirs
-        }
-    }
 }
