@@ -25,13 +25,15 @@ enum Ignored {
 /// The list is append-only and read without a lock: a report that runs while a thread is
 /// adding to it (a signal handler's `exit` that interrupted `ScopedLeakIgnore`, a fork) reads
 /// every entry that was complete and skips the one being written, whose scope holds no block
-/// yet. Its entries lie in one `MAP_NORESERVE` mapping (only touched pages cost memory).
-static ENTRIES: AtomicPtr<Entry> = AtomicPtr::new(core::ptr::null_mut());
-/// Entries claimed so far (some may still be being written); may run past [`CAPACITY`].
+/// yet. Its entries lie in chunks mapped as it grows (`MAP_NORESERVE`, zeroed, never unmapped):
+/// chunk `c` holds `FIRST_CHUNK << c` entries, so the list takes at most twice the address
+/// space it fills, and a program under a tight `ulimit -v` pays for what it uses.
+static CHUNKS: [AtomicPtr<Entry>; CHUNK_COUNT] =
+    [const { AtomicPtr::new(core::ptr::null_mut()) }; CHUNK_COUNT];
+const FIRST_CHUNK: usize = 4096;
+const CHUNK_COUNT: usize = 40;
+/// Entries claimed so far (the last ones may still be being written).
 static CLAIMED: AtomicUsize = AtomicUsize::new(0);
-/// 16 Mi entries, 384 MiB of address space; once it is full, `ignore_leak` and new scopes are
-/// not recorded (their blocks are reported).
-const CAPACITY: usize = 1 << 24;
 
 /// What an [`Entry`] holds (0 while it is being written): a block or a scope.
 const BLOCK: u32 = 1;
@@ -56,29 +58,32 @@ thread_local! {
     static LAST_SCOPE: Cell<usize> = const { Cell::new(0) };
 }
 
-fn entries() -> *mut Entry {
-    crate::sys::map_once(&ENTRIES, CAPACITY * size_of::<Entry>())
+/// The chunk of entry `index` and its place there.
+fn place(index: usize) -> (usize, usize) {
+    let k = index / FIRST_CHUNK + 1;
+    let chunk = k.ilog2() as usize;
+    (chunk, index - FIRST_CHUNK * ((1 << chunk) - 1))
 }
 
-/// Entry `index` of a mapped list.
-fn entry(entries: *mut Entry, index: usize) -> &'static Entry {
-    debug_assert!(!entries.is_null() && index < CAPACITY);
-    // SAFETY: the mapping holds CAPACITY entries, is zeroed (a valid `Entry`: all atomics) and
-    // is never unmapped.
-    unsafe { &*entries.add(index) }
+/// Entry `index`, its chunk mapped first if `map`; `None` if that chunk is not (or cannot be)
+/// mapped.
+fn entry(index: usize, map: bool) -> Option<&'static Entry> {
+    let (chunk, at) = place(index);
+    let slot = CHUNKS.get(chunk)?;
+    let entries = if map {
+        crate::sys::map_once(slot, (FIRST_CHUNK << chunk) * size_of::<Entry>())
+    } else {
+        slot.load(Ordering::Acquire)
+    };
+    // SAFETY: a mapped chunk holds `FIRST_CHUNK << chunk` entries (`at` is below that), zeroed
+    // (a valid `Entry`: all atomics), and is never unmapped.
+    unsafe { entries.as_ref().map(|_| &*entries.add(at)) }
 }
 
 /// Appends `ignored`; its index, or `None` when the list is full or could not be mapped.
 fn push(ignored: Ignored) -> Option<usize> {
-    let entries = entries();
-    if entries.is_null() {
-        return None;
-    }
     let index = CLAIMED.fetch_add(1, Ordering::Relaxed);
-    if index >= CAPACITY {
-        return None;
-    }
-    let e = entry(entries, index);
+    let e = entry(index, true)?;
     let what = match ignored {
         Ignored::Block {
             address,
@@ -103,14 +108,8 @@ fn push(ignored: Ignored) -> Option<usize> {
 
 /// The complete entries of the list.
 fn recorded() -> impl Iterator<Item = Ignored> {
-    let entries = ENTRIES.load(Ordering::Acquire);
-    let count = if entries.is_null() {
-        0
-    } else {
-        CLAIMED.load(Ordering::Relaxed).min(CAPACITY)
-    };
-    (0..count).filter_map(move |index| {
-        let e = entry(entries, index);
+    (0..CLAIMED.load(Ordering::Relaxed)).filter_map(|index| {
+        let e = entry(index, false)?;
         let thread = e.thread.load(Ordering::Relaxed);
         match e.what.load(Ordering::Acquire) {
             BLOCK => Some(Ignored::Block {
@@ -158,7 +157,7 @@ pub fn ignore_leak(ptr: *mut u8) {
     let _ = push(entry);
 }
 
-/// A token that ends no scope: the list was full.
+/// A token that ends no scope: its entry could not be mapped.
 const NO_SCOPE: usize = usize::MAX;
 
 /// Starts a `ScopedLeakIgnore` on the calling thread; the token ends it.
@@ -166,12 +165,12 @@ pub fn begin_scope() -> usize {
     let (thread, next_seq) = crate::tracker::guard::next_sequence();
     let last = LAST_SCOPE.with(Cell::get);
     if let Some(index) = last.checked_sub(1) {
-        let to = &entry(ENTRIES.load(Ordering::Acquire), index).to;
         // Closed exactly where this one begins: reopened, covering the same blocks as two.
-        if to
-            .compare_exchange(next_seq, u32::MAX, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-        {
+        let reopened = entry(index, false).is_some_and(|e| {
+            e.to.compare_exchange(next_seq, u32::MAX, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        });
+        if reopened {
             return index;
         }
     }
@@ -192,12 +191,8 @@ pub fn begin_scope() -> usize {
 /// Ends the scope `begin_scope` returned `token` for.
 pub fn end_scope(token: usize) {
     let (_, next_seq) = crate::tracker::guard::next_sequence();
-    let entries = ENTRIES.load(Ordering::Acquire);
-    if token < CLAIMED.load(Ordering::Relaxed).min(CAPACITY) && !entries.is_null() {
-        let e = entry(entries, token);
-        if e.what.load(Ordering::Acquire) == SCOPE {
-            e.to.store(next_seq, Ordering::Relaxed);
-        }
+    if let Some(e) = entry(token, false).filter(|e| e.what.load(Ordering::Acquire) == SCOPE) {
+        e.to.store(next_seq, Ordering::Relaxed);
     }
 }
 
@@ -270,6 +265,16 @@ impl IgnoreSet {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chunks_double_and_leave_no_gap() {
+        assert_eq!(place(0), (0, 0));
+        assert_eq!(place(FIRST_CHUNK - 1), (0, FIRST_CHUNK - 1));
+        assert_eq!(place(FIRST_CHUNK), (1, 0));
+        assert_eq!(place(3 * FIRST_CHUNK - 1), (1, 2 * FIRST_CHUNK - 1));
+        assert_eq!(place(3 * FIRST_CHUNK), (2, 0));
+        assert_eq!(place(7 * FIRST_CHUNK), (3, 0));
+    }
 
     #[test]
     fn nested_and_sequential_scopes_cover_exactly_their_allocations() {
