@@ -248,6 +248,21 @@ fn engine_blocks_reported(dir: &Path, prefix: &str) -> (usize, usize) {
     (listed, unlisted)
 }
 
+/// Runs `exe args` (a program that forks children one at a time, each writing its report to
+/// `child.log.<pid>` beside it, and prints how many were stuck): it exits 0 and none was stuck.
+fn fork_with_no_child_stuck(exe: &Path, args: &[&str]) -> Output {
+    let log = exe.parent().unwrap().join("child.log.%p");
+    let run = run_bounded(exe, &format!("log_path={}", log.display()), args);
+    assert!(
+        run.status.success(),
+        "{args:?}: {:?} (137: hung and killed)\n{}",
+        run.status,
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert_eq!(printed(&run, "stuck children:"), 0.0, "{args:?}");
+    run
+}
+
 /// Children forked while a worker keeps a block allocator and a typed pool busy, each of which
 /// uses both once and exits: `fork` takes every engine allocator's lock, so no child finds one
 /// held by the worker it does not have. Before, a child whose fork caught the worker inside an
@@ -257,14 +272,7 @@ fn engine_blocks_reported(dir: &Path, prefix: &str) -> (usize, usize) {
 fn forked_children_never_wait_on_an_engine_allocators_lock() {
     let dir = support::scratch("lifecycle_engine_locks_fork");
     let exe = support::build(&dir, "engine_locks", &["tests/cpp/engine_locks.cpp"], &[]);
-    let log = dir.join("child.log.%p");
-    let run = run_bounded(
-        &exe,
-        &format!("log_path={}", log.display()),
-        &["fork", "60"],
-    );
-    assert!(run.status.success(), "{:?}", run.status);
-    assert_eq!(printed(&run, "stuck children:"), 0.0);
+    fork_with_no_child_stuck(&exe, &["fork", "60"]);
     // The parent's report (its own pid) is among them.
     assert_eq!(engine_blocks_reported(&dir, "child.log."), (61, 0));
 }
@@ -277,14 +285,7 @@ fn forked_children_never_wait_on_an_engine_allocators_lock() {
 fn forked_children_never_wait_on_the_table_of_allocator_names() {
     let dir = support::scratch("lifecycle_engine_names_fork");
     let exe = support::build(&dir, "engine_locks", &["tests/cpp/engine_locks.cpp"], &[]);
-    let log = dir.join("child.log.%p");
-    let run = run_bounded(
-        &exe,
-        &format!("log_path={}", log.display()),
-        &["names", "40"],
-    );
-    assert!(run.status.success(), "{:?}", run.status);
-    assert_eq!(printed(&run, "stuck children:"), 0.0);
+    fork_with_no_child_stuck(&exe, &["names", "40"]);
     assert_eq!(engine_blocks_reported(&dir, "child.log."), (41, 0));
 }
 
@@ -326,14 +327,7 @@ fn exit_from_a_signal_handler_inside_a_leak_ignore_scope_never_hangs() {
 fn forked_children_read_the_ignore_rules_without_waiting() {
     let dir = support::scratch("lifecycle_ignore_fork");
     let exe = support::build(&dir, "ignore_scopes", &["tests/cpp/ignore_scopes.cpp"], &[]);
-    let log = dir.join("child.log.%p");
-    let run = run_bounded(
-        &exe,
-        &format!("log_path={}", log.display()),
-        &["fork", "40"],
-    );
-    assert!(run.status.success(), "{:?}", run.status);
-    assert_eq!(printed(&run, "stuck children:"), 0.0);
+    fork_with_no_child_stuck(&exe, &["fork", "40"]);
     let mut children = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
@@ -415,19 +409,7 @@ fn forked_children_never_wait_on_the_loader_and_reloads_keep_no_files() {
     let dir = support::scratch("lifecycle_fork_dlopen");
     let exe = support::build(&dir, "fork_dlopen", &["tests/cpp/fork_dlopen.cpp"], &[]);
     let plugin = support::build_shared(&dir, "plugin", &["tests/cpp/plugin.cpp"], &[]);
-    let log = dir.join("child.log.%p");
-    let run = run_bounded(
-        &exe,
-        &format!("log_path={}", log.display()),
-        &[plugin.to_str().unwrap(), "40"],
-    );
-    assert!(
-        run.status.success(),
-        "{:?} (137: hung and killed)\n{}",
-        run.status,
-        String::from_utf8_lossy(&run.stderr)
-    );
-    assert_eq!(printed(&run, "stuck children:"), 0.0);
+    let run = fork_with_no_child_stuck(&exe, &[plugin.to_str().unwrap(), "40"]);
     let cycles = printed(&run, "plugin cycles:");
     eprintln!("plugin loaded and unloaded {cycles} times while 40 children were forked");
     assert!(cycles > 100.0, "the loader thread ran");
