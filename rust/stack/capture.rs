@@ -36,7 +36,7 @@ use framehop::{FrameAddress, MustNotAllocateDuringUnwind, Unwinder};
 use super::depot::Interned;
 use super::last_walk::LastWalk;
 use super::modules::{self, Snapshot};
-use super::rules::{CfiContext, Rule};
+use super::rules::{CfiContext, Rule, RULES};
 use super::{StackId, StartFrame, UnwindMode};
 
 /// Number of unwinder-cache slots; more simultaneous captures than this use the rbp walk.
@@ -533,9 +533,7 @@ fn slow_step(
     let mut read = |a: u64| stack.read(a);
     if steps == Steps::Rules {
         let s = *snap;
-        let rule = s
-            .rules
-            .get(regs.pc, || s.sections_of(regs.pc), &mut cache.cfi);
+        let rule = RULES.get(regs.pc, || s.sections_of(regs.pc), &mut cache.cfi);
         if rule != Rule::FRAMEHOP_STEP {
             return (true, caller_by_rule(rule, regs, &mut read));
         }
@@ -604,7 +602,7 @@ fn dwarf_walk(
         // A pc with a compiled rule was found in a module of this snapshot when the rule was
         // made: the common step checks nothing else.
         let rule = match steps {
-            Steps::Rules => snap.rules.cached(regs.pc),
+            Steps::Rules => RULES.cached(regs.pc),
             #[cfg(test)]
             Steps::FramehopOnly => None,
         };

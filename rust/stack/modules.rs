@@ -4,7 +4,9 @@
 //! falls outside every known module (a library `dlopen`ed after the scan), [`refresh`] takes
 //! a mutex, rescans if the loader's add/remove counters moved, and publishes a new snapshot.
 //! Old snapshots are leaked on purpose: a thread may still be unwinding with one, and there is
-//! one per change of the module list, so the leak is bounded by the number of `dlopen`s.
+//! one per change of the module list, a few KiB each. The rules compiled from the modules'
+//! tables are not theirs but the process's (`rules::RULES`): a rescan forgets those of the
+//! modules that went before it publishes.
 //!
 //! Limit: section data is borrowed from the mapped objects. After a `dlclose`, the current
 //! snapshot still names the unloaded object until some unknown return address triggers a
@@ -20,7 +22,7 @@ use std::sync::Mutex;
 use framehop::x86_64::UnwinderX86_64;
 use framehop::{ExplicitModuleSectionInfo, Module, MustNotAllocateDuringUnwind, Unwinder};
 
-use super::rules::{Rules, Sections};
+use super::rules::{Sections, RULES};
 
 /// The DWARF unwinder over borrowed section data: `.eh_frame` and `.eh_frame_hdr` are read in
 /// place in the mapped modules, so adding a module copies nothing.
@@ -33,8 +35,6 @@ pub(crate) struct Snapshot {
     code: Vec<Range<usize>>,
     /// The unwind sections of each module of `code`, in the same order.
     sections: Vec<Sections>,
-    /// Rules compiled from those sections, by return address.
-    pub(crate) rules: Rules,
     /// The loader's `dlpi_adds`/`dlpi_subs` counters when this snapshot was taken.
     adds: u64,
     subs: u64,
@@ -50,6 +50,28 @@ impl Snapshot {
     /// The unwind sections of the known module holding `pc`, if any.
     pub(crate) fn sections_of(&self, pc: usize) -> Option<Sections> {
         self.index_of(pc).map(|i| self.sections[i])
+    }
+
+    /// The code ranges of this snapshot's modules that `fresh` does not hold as they were (same
+    /// range, same unwind sections): all of them when modules were both unloaded and loaded
+    /// since, as one may have been replaced by another at its very place and layout (the
+    /// `dlopen`/`dlclose` hooks rescan after each call, so this takes a loader call that
+    /// bypassed them).
+    fn gone_from(&self, fresh: &Snapshot) -> Vec<Range<usize>> {
+        let replaced = fresh.adds != self.adds && fresh.subs != self.subs;
+        self.code
+            .iter()
+            .zip(&self.sections)
+            .filter(|&(code, sections)| {
+                replaced
+                    || !fresh
+                        .code
+                        .iter()
+                        .zip(&fresh.sections)
+                        .any(|(c, s)| c == code && s == sections)
+            })
+            .map(|(code, _)| code.clone())
+            .collect()
     }
 
     fn index_of(&self, pc: usize) -> Option<usize> {
@@ -99,7 +121,11 @@ pub(crate) fn refresh() -> Option<&'static Snapshot> {
             return Some(snap);
         }
     }
-    let snap = Box::into_raw(Box::new(scan()?));
+    let fresh = scan()?;
+    if let Some(old) = current() {
+        RULES.forget_code(&old.gone_from(&fresh));
+    }
+    let snap = Box::into_raw(Box::new(fresh));
     CURRENT.store(snap, Ordering::Release);
     // The symbolizer's history of modules learns of the change too, before any stack can be
     // captured in a module mapped now.
@@ -195,7 +221,6 @@ fn scan() -> Option<Snapshot> {
         unwinder,
         code,
         sections,
-        rules: Rules::new(),
         adds: state.adds,
         subs: state.subs,
     })

@@ -16,6 +16,7 @@
 //! The table belongs to one module [`Snapshot`](super::modules::Snapshot): rules are keyed by
 //! address, and the addresses mean the same code only while the module list stays the same.
 
+use core::ops::Range;
 use core::ptr;
 use core::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
@@ -121,7 +122,7 @@ impl Rule {
 }
 
 /// A module's unwind sections, as mapped in this process.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Sections {
     pub(crate) code_start: usize,
     /// `(address, length)`; length 0 when the module has no `.eh_frame_hdr`.
@@ -192,8 +193,15 @@ impl RowArena {
     }
 }
 
-/// The rules of one module [`Snapshot`](super::modules::Snapshot): return address -> rule,
-/// and FDE start -> its compiled rows, so that each FDE's CFI is evaluated once in all.
+/// The rules of every module loaded: return address -> rule, and FDE start -> its compiled
+/// rows, so that each FDE's CFI is evaluated once in all. One set for the process, kept across
+/// module [`Snapshot`](super::modules::Snapshot)s: a module that stays keeps its rules, and
+/// those of a module that goes are forgotten ([`Rules::forget_code`]) before a snapshot
+/// without it is published, so that code mapped there later is never stepped by them. (A set
+/// per snapshot cost every `dlopen`/`dlclose` the pages its first walks touched: 180 KiB a
+/// plugin reload.)
+pub(crate) static RULES: Rules = Rules::new();
+
 pub(crate) struct Rules {
     by_pc: WordMap<PC_SLOTS>,
     by_fde: WordMap<FDE_SLOTS>,
@@ -201,7 +209,7 @@ pub(crate) struct Rules {
 }
 
 impl Rules {
-    pub(crate) const fn new() -> Self {
+    const fn new() -> Self {
         Rules {
             by_pc: WordMap::new(),
             by_fde: WordMap::new(),
@@ -210,6 +218,14 @@ impl Rules {
                 used: AtomicUsize::new(0),
             },
         }
+    }
+
+    /// Forgets the rules of return addresses and FDEs in `code` (the ranges of modules gone):
+    /// later lookups there miss and compile again from whatever is mapped then.
+    pub(crate) fn forget_code(&self, code: &[Range<usize>]) {
+        let inside = |key: u64| code.iter().any(|r| r.contains(&(key as usize)));
+        self.by_pc.forget(inside);
+        self.by_fde.forget(inside);
     }
 
     /// The rule already compiled for return address `pc`, if any: the hot step's one probe.
@@ -473,8 +489,26 @@ impl<const SLOTS: usize> WordMap<SLOTS> {
         None
     }
 
-    /// Adds `key -> value` unless the key is there already or the map is full: either way
-    /// later lookups find `value` or another thread's value for the same key.
+    /// Empties the values of the keys `doomed` picks: their entries stay (probe chains run
+    /// through them) and read as absent until [`WordMap::insert`] gives them a value again.
+    fn forget(&self, doomed: impl Fn(u64) -> bool) {
+        let p = self.slots.load(Ordering::Acquire);
+        if p.is_null() {
+            return;
+        }
+        // SAFETY: as in `slots`.
+        let slots = unsafe { core::slice::from_raw_parts(p, SLOTS) };
+        for [k, value] in slots {
+            let key = k.load(Ordering::Acquire);
+            if key != 0 && doomed(key) {
+                value.store(0, Ordering::Release);
+            }
+        }
+    }
+
+    /// Adds `key -> value` unless the key has a value already or the map is full: either way
+    /// later lookups find `value` or another thread's value for the same key. A forgotten key
+    /// gets its value back.
     fn insert(&self, key: u64, value: u64) {
         let Some(slots) = self.slots() else {
             return;
@@ -491,7 +525,11 @@ impl<const SLOTS: usize> WordMap<SLOTS> {
                     v.store(value, Ordering::Release);
                     return;
                 }
-                Err(found) if found == key => return,
+                Err(found) if found == key => {
+                    // Claimed by a concurrent insert (which stores the same rule) or forgotten.
+                    let _ = v.compare_exchange(0, value, Ordering::AcqRel, Ordering::Relaxed);
+                    return;
+                }
                 Err(_) => i = (i + 1) % SLOTS,
             }
         }
