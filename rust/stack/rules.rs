@@ -13,8 +13,9 @@
 //! framehop, like addresses without an FDE and everything once the row arena is full. Past
 //! [`PC_SLOTS`] * 3/4 return addresses, new ones find their FDE's compiled rows on every step.
 //!
-//! The table belongs to one module [`Snapshot`](super::modules::Snapshot): rules are keyed by
-//! address, and the addresses mean the same code only while the module list stays the same.
+//! Rules are keyed by address, and an address means the same code only while its module stays
+//! mapped: the one table ([`RULES`]) outlives module snapshots, and a rescan forgets the rules
+//! in the range of every module that went ([`Rules::forget_code`]).
 
 use core::ops::Range;
 use core::ptr;
@@ -198,7 +199,7 @@ impl RowArena {
 /// module [`Snapshot`](super::modules::Snapshot)s: a module that stays keeps its rules, and
 /// those of a module that goes are forgotten ([`Rules::forget_code`]) before a snapshot
 /// without it is published, so that code mapped there later is never stepped by them. (A set
-/// per snapshot cost every `dlopen`/`dlclose` the pages its first walks touched: 180 KiB a
+/// per snapshot cost every `dlopen`/`dlclose` the pages its first walks touched: 224 KiB a
 /// plugin reload.)
 pub(crate) static RULES: Rules = Rules::new();
 
