@@ -80,7 +80,7 @@ fn entry(index: usize, map: bool) -> Option<&'static Entry> {
     unsafe { entries.as_ref().map(|_| &*entries.add(at)) }
 }
 
-/// Appends `ignored`; its index, or `None` when the list is full or could not be mapped.
+/// Appends `ignored`; its index, or `None` when its chunk could not be mapped.
 fn push(ignored: Ignored) -> Option<usize> {
     let index = CLAIMED.fetch_add(1, Ordering::Relaxed);
     let e = entry(index, true)?;
@@ -110,8 +110,10 @@ fn push(ignored: Ignored) -> Option<usize> {
 fn recorded() -> impl Iterator<Item = Ignored> {
     (0..CLAIMED.load(Ordering::Relaxed)).filter_map(|index| {
         let e = entry(index, false)?;
+        // `what` first: its Acquire is what makes the fields read after it complete.
+        let what = e.what.load(Ordering::Acquire);
         let thread = e.thread.load(Ordering::Relaxed);
-        match e.what.load(Ordering::Acquire) {
+        match what {
             BLOCK => Some(Ignored::Block {
                 address: e.address.load(Ordering::Relaxed),
                 thread,
