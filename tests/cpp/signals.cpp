@@ -71,8 +71,13 @@ void allocate_in_handler(int) {
 constexpr int slots = 64;
 std::atomic<int*> exchange[slots];
 
+// Workers that have set their `thread_index`: a handler that ran before would take another
+// thread's `previous` block (both would free it: a double free of the test's own).
+std::atomic<int> started{0};
+
 void worker(int index, int threads) {
     thread_index = index;
+    started.fetch_add(1);
     unsigned step = 77u + static_cast<unsigned>(index);
     std::vector<int*> own;
     own.reserve(1024);
@@ -91,6 +96,7 @@ void worker(int index, int threads) {
 // Signals every thread in turn every 100 us (SIGALRM from a timer would go to any thread).
 void signaller(const std::vector<pthread_t>& targets) {
     const timespec pause{0, 100000};
+    while (started.load() < static_cast<int>(targets.size())) std::this_thread::yield();
     while (!stop.load()) {
         for (pthread_t t : targets) pthread_kill(t, SIGUSR1);
         nanosleep(&pause, nullptr);
