@@ -10,18 +10,45 @@ fn plugin(dir: &std::path::Path, name: &str, function: &str) -> std::path::PathB
     support::build_shared(dir, name, &["tests/cpp/plugin.cpp"], &[&define])
 }
 
-/// The leak of `size`: its innermost frame's function and file.
-fn top_frame(run: &support::Run, size: u64) -> (String, String) {
-    let leak = run
-        .leaks()
+/// The leak of `size` in `run`'s report.
+fn leak_of(run: &support::Run, size: u64) -> &serde_json::Value {
+    run.leaks()
         .iter()
         .find(|l| l["size"] == size)
-        .unwrap_or_else(|| panic!("no leak of {size}:\n{}", run.text));
-    let top = &leak["stack"][0];
+        .unwrap_or_else(|| panic!("no leak of {size}:\n{}", run.text))
+}
+
+/// The leak of `size`: its innermost frame's function and file.
+fn top_frame(run: &support::Run, size: u64) -> (String, String) {
+    let top = &leak_of(run, size)["stack"][0];
     (
         top["function"].as_str().unwrap_or("??").to_owned(),
         top["file"].as_str().unwrap_or("?").to_owned(),
     )
+}
+
+/// Runs the host's `replace a b` (`a` leaks 301 bytes and is unloaded, then `b` is loaded and
+/// leaks 303) and checks that `b` was mapped where `a` was, the case under test.
+fn replace_at_one_address(
+    exe: &std::path::Path,
+    a: &std::path::Path,
+    b: &std::path::Path,
+) -> support::Run {
+    let run = support::run_with(
+        exe,
+        "replace",
+        "",
+        &[],
+        &["replace", a.to_str().unwrap(), b.to_str().unwrap()],
+    );
+    assert!(run.output.status.success(), "{}", run.stderr());
+    let stdout = run.stdout();
+    let bases: Vec<&str> = stdout.split_whitespace().skip(1).collect();
+    assert_eq!(
+        bases[0], bases[1],
+        "the second library was not mapped where the first was: the case is not exercised"
+    );
+    run
 }
 
 #[test]
@@ -30,24 +57,7 @@ fn a_library_mapped_where_an_unloaded_plugin_was_does_not_take_its_frames() {
     let a = plugin(&dir, "alpha", "alpha_allocates");
     let b = plugin(&dir, "beta", "beta_allocates");
     let exe = support::build(&dir, "plugin_host", &["tests/cpp/plugin_host.cpp"], &[]);
-    let run = support::run_with(
-        &exe,
-        "replace",
-        "",
-        &[],
-        &["replace", a.to_str().unwrap(), b.to_str().unwrap()],
-    );
-    assert!(run.output.status.success(), "{}", run.stderr());
-    let bases: Vec<String> = run
-        .stdout()
-        .split_whitespace()
-        .skip(1)
-        .map(str::to_owned)
-        .collect();
-    assert_eq!(
-        bases[0], bases[1],
-        "the second library was not mapped where the first was: the case is not exercised"
-    );
+    let run = replace_at_one_address(&exe, &a, &b);
     assert_eq!(
         top_frame(&run, 301).0,
         "alpha_allocates(int)",
@@ -63,8 +73,10 @@ fn a_library_mapped_where_an_unloaded_plugin_was_does_not_take_its_frames() {
     assert!(top_frame(&run, 301).1.ends_with("tests/cpp/plugin.cpp"));
     // Both report their own module's path.
     let module = |size: u64| {
-        let leak = run.leaks().iter().find(|l| l["size"] == size).unwrap();
-        leak["stack"][0]["module"].as_str().unwrap().to_owned()
+        leak_of(&run, size)["stack"][0]["module"]
+            .as_str()
+            .unwrap()
+            .to_owned()
     };
     assert!(module(301).ends_with("libalpha.so"), "{}", module(301));
     assert!(module(303).ends_with("libbeta.so"), "{}", module(303));
@@ -72,12 +84,7 @@ fn a_library_mapped_where_an_unloaded_plugin_was_does_not_take_its_frames() {
 
 /// The functions of the leak of `size`'s stack, innermost first.
 fn stack_functions(run: &support::Run, size: u64) -> Vec<String> {
-    let leak = run
-        .leaks()
-        .iter()
-        .find(|l| l["size"] == size)
-        .unwrap_or_else(|| panic!("no leak of {size}:\n{}", run.text));
-    leak["stack"]
+    leak_of(run, size)["stack"]
         .as_array()
         .unwrap()
         .iter()
@@ -103,20 +110,7 @@ fn a_library_mapped_where_an_unloaded_plugin_was_is_walked_by_its_own_rules() {
     };
     let (a, b) = (framed("alpha", 1000), framed("gamma", 3000));
     let exe = support::build(&dir, "plugin_host", &["tests/cpp/plugin_host.cpp"], &[]);
-    let run = support::run_with(
-        &exe,
-        "replace",
-        "",
-        &[],
-        &["replace", a.to_str().unwrap(), b.to_str().unwrap()],
-    );
-    assert!(run.output.status.success(), "{}", run.stderr());
-    let stdout = run.stdout();
-    let bases: Vec<&str> = stdout.split_whitespace().skip(1).collect();
-    assert_eq!(
-        bases[0], bases[1],
-        "not mapped at one address: the case is not exercised"
-    );
+    let run = replace_at_one_address(&exe, &a, &b);
     for (size, function) in [(301, "alpha_framed(int)"), (303, "gamma_framed(int)")] {
         let functions = stack_functions(&run, size);
         assert_eq!(functions[0], function, "{}", run.text);
