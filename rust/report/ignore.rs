@@ -145,8 +145,8 @@ pub fn ignore_leak(ptr: *mut u8) {
             let h = unsafe { &*header };
             Ignored::Block {
                 address: ptr as usize,
-                thread: h.thread,
-                seq: h.seq,
+                thread: h.thread(),
+                seq: h.seq(),
             }
         }
         _ if crate::engine::allocator_of(ptr.cast_const()).is_some() => Ignored::Block {

@@ -1,7 +1,7 @@
 //! The block header in front of every tracked block, and how a pointer handed to `delete` is
 //! recognised as ours, already freed, or foreign.
 //!
-//! Layout (32 bytes, the user pointer follows it):
+//! Full layout (32 bytes, the user pointer follows it):
 //!
 //! | offset | field | note |
 //! | --- | --- | --- |
@@ -9,6 +9,17 @@
 //! | 8 | `site`, `alloc_stack` | `site`: `K15_NEW`'s file and line (or an allocator's name) as an id (`site`) |
 //! | 16 | `packed` | `shard` (16), `kind` (17), `class` and `placement` (18: 6 and 2 bits), the size (bytes 19..24) |
 //! | 24 | `cookie` | `LIVE`, `UNTRACKED`, `CLAIMED` or `FREED`, each `^ addr`; all but `FREED` also `^` the three words in front; `FREED` of a heap block `^` its free-list link (word 0) |
+//!
+//! Compact layout ([`Layout::Compact`]): the heap's blocks of 1 to 16 bytes without a site (no
+//! `K15_NEW` file), the most numerous of all, take a 32-byte slot, 16 header bytes and 16 user
+//! bytes, where the full layout would take 48. The header pointer is still the user pointer less
+//! [`HEADER_SIZE`], but only its last 16 bytes are the block's: `packed` (the size in byte 19
+//! alone, the stack in bytes 20..24 where the full layout keeps the size's high bytes; no site)
+//! and the cookie. Word 0 (`seq`, `thread`, or the free-list link) lies in the heap's side table
+//! (`spans::side_word`), out of reach of any overrun. Both layouts keep `packed`'s low three bytes
+//! and the cookie at the same place in front of the user pointer, so the class byte tells which
+//! layout a header has ([`BlockHeader::layout`]); a cold path that cannot trust it asks the span
+//! table (`heap::layout_at`), and the cookie decides either way.
 //!
 //! There are no list links: a block of the heap (every block up to 128 KiB aligned up to 64,
 //! nearly all) is found by walking the heap's spans (`spans::for_each_block`), whose table knows
@@ -20,14 +31,15 @@
 //! in a freed block (the heap's uses word 0; glibc's, at most the chunk's first 32 bytes, fall on
 //! the [`FAR_PREFIX`]): a second `delete` still finds `FREED`.
 //!
-//! Every cookie covers the header's first word, which is the first thing a write past the end of
-//! the block in front reaches, and covers it unrotated: a live cookie whose other words still
-//! hold gives back that word as it was ([`BlockHeader::front_overrun`]), so such damage is told
-//! from a foreign pointer, repaired and blamed on the block in front. A free heap block's cookie
-//! covers its free-list link the same way, so the heap follows a link only when the block holding
-//! it vouches for it ([`BlockHeader::free_link`]).
+//! Every cookie covers the header's exposed word (the first thing a write past the end of the
+//! block in front reaches: word 0 in full, `packed` in compact) unrotated: a cookie whose other
+//! words still hold gives back that word as it was ([`BlockHeader::front_overrun`]), so such
+//! damage is told from a foreign pointer, repaired and blamed on the block in front. A free heap
+//! block's cookie covers its free-list link the same way (a compact one's, `packed` too), so the
+//! heap follows a link only when the block holding it vouches for it
+//! ([`BlockHeader::free_link`]).
 //!
-//! A live cookie covers words 1 and 2 too: a block whose kind, class, placement or size changed
+//! A live cookie covers the other words too: a block whose kind, class, placement or size changed
 //! is no longer taken for a live block, instead of being freed into the wrong place.
 //!
 //! The cookie is also the check in front of the user's bytes: an underrun changes its top bytes
@@ -36,7 +48,7 @@
 //! [`GUARD_BYTE`]s (not aligned: it starts right at the requested size): [`GUARD_SIZE`] bytes for
 //! a block from outside the heap, and for a heap block what its class leaves, at most
 //! [`GUARD_SIZE`]. Where the class leaves nothing, the next block's header is the guard (its
-//! cookie covers its first word), and behind the last block carved from a span lies a guard
+//! cookie covers its exposed word), and behind the last block carved from a span lies a guard
 //! word (`spans`).
 
 use super::raw::{self, RawBlock};
@@ -71,8 +83,41 @@ const CLAIMED: usize = LIVE ^ 0x0f0f_0f0f_0f0f_0f0f;
 /// A heap block whose header was found damaged beyond repair and reported: left alone (never
 /// freed, never listed) from then on, so that it is reported once.
 const DAMAGED: usize = LIVE ^ 0x3c3c_3c3c_3c3c_3c3c;
-/// The word of a free heap block that links it to the next block of its free list (`heap`).
-pub const FREE_LINK_WORD: usize = 0;
+
+/// The heap's class of compact blocks ([`Layout::Compact`]): 32-byte slots.
+pub const COMPACT_CLASS: u8 = 1;
+/// The user bytes a compact block holds at most.
+pub const COMPACT_ROOM: usize = 16;
+/// Byte [`CLASS_BYTE`] of a compact block's `packed`.
+const COMPACT_BYTE: u8 = COMPACT_CLASS | (Placement::Heap as u8) << CLASS_BITS;
+
+/// How a header is laid out (see the module doc).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Layout {
+    Full,
+    Compact,
+}
+
+impl Layout {
+    /// The header's bytes that lie in the block, in front of the user pointer.
+    #[inline(always)]
+    pub const fn front(self) -> usize {
+        match self {
+            Layout::Full => HEADER_SIZE,
+            Layout::Compact => HEADER_SIZE - 16,
+        }
+    }
+
+    /// The layout of the blocks of heap class `class`.
+    #[inline(always)]
+    pub const fn of_class(class: usize) -> Layout {
+        if class == COMPACT_CLASS as usize {
+            Layout::Compact
+        } else {
+            Layout::Full
+        }
+    }
+}
 
 /// Where the block's memory came from.
 #[repr(u8)]
@@ -84,13 +129,15 @@ pub enum Placement {
     Heap = 3,
 }
 
+/// A full header as it lies in memory; a compact one uses its last two words only (its fields
+/// are read through the accessors, which know both layouts).
 #[repr(C, align(16))]
 pub struct BlockHeader {
-    pub seq: u32,
-    pub thread: u32,
+    seq: u32,
+    thread: u32,
     /// The allocation site's id (`site`), read through [`BlockHeader::file`] and `line`.
     site: u32,
-    pub alloc_stack: StackId,
+    alloc_stack: StackId,
     /// The size and four small fields in one word, read through their accessors: a stray write
     /// may leave any value in a freed block's header, which the cookie no longer covers.
     packed: u64,
@@ -125,11 +172,27 @@ const _: () = assert!(SIZE_SHIFT as usize == 8 * (CLASS_BYTE + 1));
 #[inline(always)]
 fn pack(size: usize, shard: u8, class: u8, kind: BlockKind, placement: Placement) -> u64 {
     let class_and_placement = class as u64 | (placement as u64) << CLASS_BITS;
-    (size as u64) << SIZE_SHIFT
-        | (shard as u64) << (8 * SHARD_BYTE)
-        | (kind as u64) << (8 * KIND_BYTE)
-        | class_and_placement << (8 * CLASS_BYTE)
+    (size as u64) << SIZE_SHIFT | low_bytes(shard, kind, class_and_placement as u8)
 }
+
+/// The `packed` word of a compact block: its size in byte [`COMPACT_SIZE_BYTE`], its stack above.
+#[inline(always)]
+fn pack_compact(size: usize, shard: u8, kind: BlockKind, alloc_stack: StackId) -> u64 {
+    (alloc_stack.0 as u64) << 32
+        | (size as u64) << (8 * COMPACT_SIZE_BYTE)
+        | low_bytes(shard, kind, COMPACT_BYTE)
+}
+
+/// The bytes of `packed` that both layouts share.
+#[inline(always)]
+fn low_bytes(shard: u8, kind: BlockKind, class_and_placement: u8) -> u64 {
+    (shard as u64) << (8 * SHARD_BYTE)
+        | (kind as u64) << (8 * KIND_BYTE)
+        | (class_and_placement as u64) << (8 * CLASS_BYTE)
+}
+
+/// The byte of a compact block's `packed` that holds its size.
+const COMPACT_SIZE_BYTE: usize = CLASS_BYTE + 1;
 
 const _: () = assert!(core::mem::size_of::<BlockHeader>() == HEADER_SIZE);
 
@@ -176,27 +239,80 @@ pub enum Lookup {
     Foreign,
 }
 
-/// The header's word 0 (`seq`, `thread`) as is, word 1 (`site`, `alloc_stack`) and word 2
-/// (size, `shard`, `class`, `kind`, `placement`) rotated by odd amounts (so that equal words do
-/// not cancel out), folded into one.
+/// What a cookie covers besides its state and address: the header's exposed word as is, and its
+/// other words rotated by odd amounts (so that equal words do not cancel out), folded into one.
+/// Full: word 0 (`seq`, `thread`), word 1 (`site`, `alloc_stack`) and word 2 (`packed`);
+/// compact: `packed` and the side word.
 ///
 /// # Safety
-/// The header's 32 bytes are readable.
+/// The header's words of `layout` are readable (for a compact header, its block lies in the
+/// heap, whose side table covers it).
 #[inline(always)]
-unsafe fn covered(header: *const BlockHeader) -> usize {
+unsafe fn covered(header: *const BlockHeader, layout: Layout) -> usize {
     // SAFETY: guaranteed by the caller.
-    unsafe { header.cast::<usize>().read() ^ covered_beyond_first_word(header) }
+    unsafe { exposed_word(header, layout).read() ^ covered_beyond_exposed_word(header, layout) }
 }
 
-/// Words 1 and 2 of [`covered`].
+/// The words of [`covered`] other than the exposed one.
 ///
 /// # Safety
 /// As [`covered`].
 #[inline(always)]
-unsafe fn covered_beyond_first_word(header: *const BlockHeader) -> usize {
+unsafe fn covered_beyond_exposed_word(header: *const BlockHeader, layout: Layout) -> usize {
     let words = header as *const usize;
     // SAFETY: guaranteed by the caller; plain reads of words the header holds.
-    unsafe { words.add(1).read().rotate_left(23) ^ words.add(2).read().rotate_left(41) }
+    unsafe {
+        match layout {
+            Layout::Full => {
+                words.add(1).read().rotate_left(23) ^ words.add(2).read().rotate_left(41)
+            }
+            Layout::Compact => first_word(header, layout).read().rotate_left(23),
+        }
+    }
+}
+
+/// The header's word that a write past the end of the block in front reaches first: word 0 in
+/// full, `packed` in compact (whose word 0 lies in the side table).
+#[inline(always)]
+fn exposed_word(header: *const BlockHeader, layout: Layout) -> *mut usize {
+    let words = header as *mut usize;
+    match layout {
+        Layout::Full => words,
+        Layout::Compact => words.wrapping_add(2),
+    }
+}
+
+/// The header's word 0: `seq` and `thread` while the block is live, its free-list link while it
+/// is a free heap block. In the header in full, in the heap's side table in compact.
+#[inline(always)]
+fn first_word(header: *const BlockHeader, layout: Layout) -> *mut usize {
+    match layout {
+        Layout::Full => header as *mut usize,
+        Layout::Compact => {
+            super::spans::side_word(BlockHeader::user_ptr(header as *mut _) as usize)
+        }
+    }
+}
+
+/// What a free heap block's cookie covers beside `FREED` and its address, its free-list link
+/// being `link`: the link, and in compact `packed` too (the exposed word, which the link does
+/// not share).
+///
+/// # Safety
+/// As [`covered`].
+#[inline(always)]
+unsafe fn freed_cover(header: *const BlockHeader, layout: Layout, link: usize) -> usize {
+    match layout {
+        Layout::Full => link,
+        // SAFETY: guaranteed by the caller.
+        Layout::Compact => (unsafe { exposed_word(header, layout).read() }) ^ link.rotate_left(23),
+    }
+}
+
+/// Whether `word` could be a compact block's `packed`: its class byte and a size it holds.
+fn is_compact_packed(word: usize) -> bool {
+    let bytes = word.to_le_bytes();
+    bytes[CLASS_BYTE] == COMPACT_BYTE && bytes[COMPACT_SIZE_BYTE] as usize <= COMPACT_ROOM
 }
 
 /// What a write past the end of the block in front did to a header's first word: found, and
@@ -223,7 +339,8 @@ static ROOM: [u64; 256] = {
     while class < super::heap::CLASS_COUNT {
         let byte = class | (Placement::Heap as usize) << CLASS_BITS;
         // Classes smaller than a header serve no block.
-        room[byte] = super::heap::size_of_class(class).saturating_sub(HEADER_SIZE) as u64;
+        room[byte] = super::heap::size_of_class(class)
+            .saturating_sub(Layout::of_class(class).front()) as u64;
         class += 1;
     }
     room
@@ -262,10 +379,58 @@ impl BlockHeader {
         }
     }
 
+    /// The header's layout, as its class byte says: compact only for a block of the heap (the
+    /// side table covers no other), so that a stray pointer's bytes never lead outside it.
+    #[inline(always)]
+    pub fn layout(&self) -> Layout {
+        if self.packed_byte(CLASS_BYTE) == COMPACT_BYTE && super::heap::contains(self.address()) {
+            Layout::Compact
+        } else {
+            Layout::Full
+        }
+    }
+
     /// The size the program asked for.
     #[inline(always)]
     pub fn size(&self) -> usize {
-        (self.packed >> SIZE_SHIFT) as usize
+        match self.layout() {
+            Layout::Full => (self.packed >> SIZE_SHIFT) as usize,
+            Layout::Compact => self.packed_byte(COMPACT_SIZE_BYTE) as usize,
+        }
+    }
+
+    /// The stack of the allocation.
+    #[inline]
+    pub fn alloc_stack(&self) -> StackId {
+        match self.layout() {
+            Layout::Full => self.alloc_stack,
+            Layout::Compact => StackId((self.packed >> 32) as u32),
+        }
+    }
+
+    /// Word 0 of a live block: `seq` and `thread`.
+    fn first_word_value(&self) -> usize {
+        // SAFETY: the header is readable (we are reading it), and so is a compact one's side
+        // word (`layout`).
+        unsafe { first_word(self, self.layout()).read() }
+    }
+
+    /// The allocation's number on its thread.
+    pub fn seq(&self) -> u32 {
+        self.first_word_value() as u32
+    }
+
+    /// The allocating thread's number.
+    pub fn thread(&self) -> u32 {
+        (self.first_word_value() >> 32) as u32
+    }
+
+    /// The site's id (none for a compact block).
+    fn site(&self) -> u32 {
+        match self.layout() {
+            Layout::Full => self.site,
+            Layout::Compact => 0,
+        }
     }
 
     /// Byte `index` of [`BlockHeader::packed`].
@@ -316,18 +481,18 @@ impl BlockHeader {
 
     /// `K15_NEW`'s `__FILE__` (an engine allocator's name for [`BlockKind::Named`]), or null.
     pub fn file(&self) -> *const c_char {
-        super::site::resolve(self.site).0
+        super::site::resolve(self.site()).0
     }
 
     /// `K15_NEW`'s `__LINE__`, or 0.
     pub fn line(&self) -> u32 {
-        super::site::resolve(self.site).1
+        super::site::resolve(self.site()).1
     }
 
     /// Whether the site id is one the table gave out (a check of a header that may have been
     /// overwritten).
     pub fn site_is_known(&self) -> bool {
-        super::site::is_known(self.site)
+        super::site::is_known(self.site())
     }
 
     /// Writes the header of the new block in `raw` and its guard, and returns it (a block from
@@ -348,26 +513,42 @@ impl BlockHeader {
         let user = raw.user as usize;
         let state = if owner.is_some() { LIVE } else { UNTRACKED };
         let owner = owner.unwrap_or_default();
-        let site = super::site::intern(block.file, block.line);
-        let packed = pack(
-            block.size,
-            owner.shard,
-            raw.class,
-            block.kind,
-            raw.placement,
-        );
+        let first_word_value = owner.seq as usize | (owner.thread as usize) << 32;
+        let layout = if raw.class == COMPACT_CLASS && raw.placement == Placement::Heap {
+            Layout::Compact
+        } else {
+            Layout::Full
+        };
         // SAFETY: guaranteed by the caller. Written field by field through raw places: the
         // links (and, for a fresh block, everything else) are not to be read or overwritten.
-        unsafe {
-            (&raw mut (*header).seq).write(owner.seq);
-            (&raw mut (*header).thread).write(owner.thread);
-            (&raw mut (*header).site).write(site);
-            (&raw mut (*header).alloc_stack).write(owner.alloc_stack);
-            (&raw mut (*header).packed).write(packed);
-            if raw.placement == Placement::Malloc {
-                header.cast::<usize>().sub(1).write(raw.raw_offset);
+        // A compact header's first 16 bytes are not the block's: never written.
+        let packed = unsafe {
+            if layout == Layout::Compact {
+                first_word(header, layout).write(first_word_value);
+                let packed = pack_compact(block.size, owner.shard, block.kind, owner.alloc_stack);
+                (&raw mut (*header).packed).write(packed);
+                packed
+            } else {
+                let packed = pack(
+                    block.size,
+                    owner.shard,
+                    raw.class,
+                    block.kind,
+                    raw.placement,
+                );
+                header.cast::<usize>().write(first_word_value);
+                (&raw mut (*header).site).write(super::site::intern(block.file, block.line));
+                (&raw mut (*header).alloc_stack).write(owner.alloc_stack);
+                (&raw mut (*header).packed).write(packed);
+                if raw.placement == Placement::Malloc {
+                    header.cast::<usize>().sub(1).write(raw.raw_offset);
+                }
+                packed
             }
-            let cookie = state ^ user ^ covered(header);
+        };
+        // SAFETY: as above.
+        unsafe {
+            let cookie = state ^ user ^ covered(header, layout);
             (&raw mut (*header).cookie).write(AtomicUsize::new(cookie));
             // One store of the 8 bytes that end where the guard ends: a short guard (the class
             // leaves under 8 bytes, so the block holds more than 8) takes the user's last bytes
@@ -379,6 +560,22 @@ impl BlockHeader {
                 .write_unaligned(GUARD);
         }
         header
+    }
+
+    /// Prepares a block just carved from a span, before it goes on a free list: a compact one's
+    /// `packed` (where the span's guard word lay) gets its class, so that the block is a free
+    /// compact block from the first (the full layout's free blocks need nothing more than their
+    /// link).
+    ///
+    /// # Safety
+    /// `header` is a header of a block of the heap laid out as `layout`, never handed out since
+    /// it was carved, that nobody else uses.
+    pub unsafe fn carve(header: *mut BlockHeader, layout: Layout) {
+        if layout == Layout::Compact {
+            let packed = pack_compact(0, 0, BlockKind::New, StackId(0));
+            // SAFETY: guaranteed by the caller.
+            unsafe { (&raw mut (*header).packed).write(packed) };
+        }
     }
 
     /// The user's bytes of a live block: `size` of them, then the guard.
@@ -448,14 +645,15 @@ impl BlockHeader {
     }
 
     /// Whether the cookie says the block is one of ours in any state (live, freed, claimed,
-    /// untracked, damaged and reported): the check a header must pass before its links are
-    /// followed.
-    pub fn cookie_valid(&self) -> bool {
+    /// untracked, damaged and reported), its header laid out as `layout`: the check a header must
+    /// pass before its links are followed.
+    pub fn cookie_valid(&self, layout: Layout) -> bool {
         let cookie = self.cookie.load(Ordering::Relaxed);
-        // SAFETY: the header is readable (we are reading it).
-        cookie == unsafe { Self::freed_cookie_at(self) }
+        // SAFETY: the header is readable (we are reading it), and the caller's layout is one
+        // the heap's side table covers.
+        cookie == unsafe { Self::freed_cookie_at(self, layout) }
             || cookie == DAMAGED ^ self.address()
-            || [LIVE, CLAIMED, UNTRACKED].contains(&(cookie ^ self.expected(0)))
+            || [LIVE, CLAIMED, UNTRACKED].contains(&(cookie ^ self.expected_as(0, layout)))
     }
 
     /// Marks a heap block whose header was reported damaged beyond repair: it is left alone from
@@ -465,82 +663,118 @@ impl BlockHeader {
         self.cookie.store(damaged, Ordering::Relaxed);
     }
 
-    /// Repairs a header whose first word alone was changed (a write past the end of the block
+    /// Repairs a header whose exposed word alone was changed (a write past the end of the block
     /// in front of it, which reaches that word first) from its cookie, which covers the word
     /// unrotated: the cookie of any state, xor what it covers beyond the word, gives the word
     /// back. Taken as such only when the word it gives back makes sense (a free heap block's
-    /// link: null or a block of the heap; a live or claimed block's thread: one that has run)
-    /// and, for a live or claimed block, the other fields hold together; `None` otherwise.
+    /// link: null or a block of the heap; a live or claimed block's thread: one that has run; a
+    /// compact block's `packed`: its class and a size it holds) and, for a live or claimed
+    /// block, the other fields hold together; `None` otherwise.
     ///
     /// # Safety
-    /// `header` is a block of the heap (readable), and nobody else changes it meanwhile.
+    /// `header` is a block of the heap (readable) laid out as `layout`, and nobody else changes
+    /// it meanwhile.
     #[cold]
-    pub unsafe fn front_overrun(header: *mut BlockHeader) -> Option<FirstWordDamage> {
+    pub unsafe fn front_overrun(
+        header: *mut BlockHeader,
+        layout: Layout,
+    ) -> Option<FirstWordDamage> {
         // SAFETY: guaranteed by the caller.
         let h = unsafe { &mut *header };
         let cookie = h.cookie.load(Ordering::Relaxed);
-        let first = header.cast::<usize>();
-        // SAFETY: guaranteed by the caller.
-        let found = unsafe { first.read() };
+        let exposed = exposed_word(header, layout);
+        // SAFETY: guaranteed by the caller (this word and those below).
+        let (found, beyond, first) = unsafe {
+            (
+                exposed.read(),
+                covered_beyond_exposed_word(header, layout),
+                first_word(header, layout).read(),
+            )
+        };
         let address = h.address();
-        let free_link = cookie ^ FREED ^ address;
-        let was = if free_link != found
-            && free_link.is_multiple_of(16)
-            && (free_link == 0 || super::heap::contains(free_link))
-        {
-            free_link
-        } else {
-            // SAFETY: as above.
-            let beyond = unsafe { covered_beyond_first_word(header) };
-            let threads = 1..super::guard::next_thread_number();
-            [LIVE, CLAIMED]
-                .into_iter()
-                .map(|state| cookie ^ state ^ address ^ beyond)
-                .find(|&was| {
-                    was != found
-                        && threads.contains(&((was >> 32) as u32))
-                        && super::integrity::fields_hold_together(h)
-                })?
+        let is_link =
+            |link: usize| link.is_multiple_of(16) && (link == 0 || super::heap::contains(link));
+        let as_freed = match layout {
+            Layout::Full => Some(cookie ^ FREED ^ address).filter(|&link| is_link(link)),
+            Layout::Compact => Some(cookie ^ FREED ^ address ^ beyond)
+                .filter(|&packed| is_link(first) && is_compact_packed(packed)),
+        };
+        let was = match as_freed.filter(|&was| was != found) {
+            Some(was) => was,
+            None => {
+                let threads = 1..super::guard::next_thread_number();
+                [LIVE, CLAIMED]
+                    .into_iter()
+                    .map(|state| cookie ^ state ^ address ^ beyond)
+                    .find(|&was| {
+                        was != found
+                            && match layout {
+                                Layout::Full => {
+                                    threads.contains(&((was >> 32) as u32))
+                                        && super::integrity::fields_hold_together(h)
+                                }
+                                // The fields to check lie in the word itself: tried in place.
+                                Layout::Compact => {
+                                    is_compact_packed(was)
+                                        && threads.contains(&((first >> 32) as u32))
+                                        && {
+                                            // SAFETY: as above; put back unless it holds.
+                                            unsafe { exposed.write(was) };
+                                            let holds = super::integrity::fields_hold_together(h);
+                                            // SAFETY: as above.
+                                            unsafe { exposed.write(found) };
+                                            holds
+                                        }
+                                }
+                            }
+                    })?
+            }
         };
         // SAFETY: as above.
-        unsafe { first.write(was) };
+        unsafe { exposed.write(was) };
         Some(FirstWordDamage {
             found: found.to_ne_bytes(),
             was: was.to_ne_bytes(),
         })
     }
 
+    /// Where the header's exposed word lies ([`BlockHeader::front_overrun`] repairs it): the
+    /// start of its block.
+    pub fn exposed_word_at(header: *mut BlockHeader, layout: Layout) -> usize {
+        exposed_word(header, layout) as usize
+    }
+
     /// The cookie a freed block at `header` carries: a heap block's covers its free-list link
-    /// (word [`FREE_LINK_WORD`]), other blocks' only their address.
+    /// ([`freed_cover`]), other blocks' only their address.
     ///
     /// # Safety
-    /// The 32 bytes at `header` are readable.
-    unsafe fn freed_cookie_at(header: *const BlockHeader) -> usize {
+    /// The header's words of `layout` are readable.
+    unsafe fn freed_cookie_at(header: *const BlockHeader, layout: Layout) -> usize {
         let address = Self::user_ptr(header as *mut _) as usize;
-        let link = if super::heap::contains(header as usize) {
-            // SAFETY: guaranteed by the caller.
-            unsafe { header.cast::<usize>().add(FREE_LINK_WORD).read() }
-        } else {
-            0
+        // SAFETY: guaranteed by the caller.
+        let cover = unsafe {
+            if super::heap::contains(header as usize) || layout == Layout::Compact {
+                freed_cover(header, layout, first_word(header, layout).read())
+            } else {
+                0
+            }
         };
-        FREED ^ address ^ link
+        FREED ^ address ^ cover
     }
 
     /// Sets a free heap block's free-list link to `next` and its cookie to the freed one that
     /// covers it: every change of a free heap block's link goes through here.
     ///
     /// # Safety
-    /// `header` is a block of the heap that is free and held by the caller.
+    /// `header` is a block of the heap laid out as `layout`, free and held by the caller.
     #[inline(always)]
-    pub unsafe fn set_free_link(header: *mut BlockHeader, next: *mut u8) {
+    pub unsafe fn set_free_link(header: *mut BlockHeader, next: *mut u8, layout: Layout) {
         let address = Self::user_ptr(header) as usize;
         // SAFETY: guaranteed by the caller.
         unsafe {
-            header
-                .cast::<usize>()
-                .add(FREE_LINK_WORD)
-                .write(next as usize);
-            (&raw mut (*header).cookie).write(AtomicUsize::new(FREED ^ address ^ next as usize));
+            first_word(header, layout).write(next as usize);
+            let cookie = FREED ^ address ^ freed_cover(header, layout, next as usize);
+            (&raw mut (*header).cookie).write(AtomicUsize::new(cookie));
         }
     }
 
@@ -549,18 +783,29 @@ impl BlockHeader {
     /// back (an overrun of the block in front reaches the link before the cookie).
     ///
     /// # Safety
-    /// `header` is a block of the heap (readable).
+    /// `header` is a block of the heap (readable) laid out as `layout`.
     #[inline(always)]
-    pub unsafe fn free_link(header: *const BlockHeader) -> Option<*mut u8> {
+    pub unsafe fn free_link(header: *const BlockHeader, layout: Layout) -> Option<*mut u8> {
         let address = Self::user_ptr(header as *mut _) as usize;
         // SAFETY: guaranteed by the caller.
-        let (link, cookie) = unsafe {
+        let (link, cookie, cover) = unsafe {
+            let link = first_word(header, layout).read();
             (
-                header.cast::<usize>().add(FREE_LINK_WORD).read(),
+                link,
                 (*header).cookie.load(Ordering::Relaxed),
+                freed_cover(header, layout, link),
             )
         };
-        (cookie ^ link == FREED ^ address).then_some(link as *mut u8)
+        (cookie ^ cover == FREED ^ address).then_some(link as *mut u8)
+    }
+
+    /// The free-list link of a free heap block as it is, unchecked (a list already checked).
+    ///
+    /// # Safety
+    /// As [`BlockHeader::free_link`].
+    pub unsafe fn free_link_unchecked(header: *const BlockHeader, layout: Layout) -> *mut u8 {
+        // SAFETY: guaranteed by the caller.
+        unsafe { first_word(header, layout).read() as *mut u8 }
     }
 
     fn address(&self) -> usize {
@@ -585,14 +830,21 @@ impl BlockHeader {
     /// The cookie of a block in `state` (other than `FREED`) with this header's contents.
     #[inline(always)]
     fn expected(&self, state: usize) -> usize {
-        // SAFETY: the header is readable (we are reading it).
-        state ^ self.address() ^ unsafe { covered(self) }
+        self.expected_as(state, self.layout())
+    }
+
+    /// [`BlockHeader::expected`] for a header laid out as `layout`.
+    #[inline(always)]
+    fn expected_as(&self, state: usize, layout: Layout) -> usize {
+        // SAFETY: the header is readable (we are reading it), and so are the words of `layout`
+        // (the callers' layout is `layout()`'s or the span table's).
+        state ^ self.address() ^ unsafe { covered(self, layout) }
     }
 
     /// Marks the block freed: a later free of the same pointer finds `FREED`.
     pub fn mark_freed(&mut self) {
         // SAFETY: the header is readable (we are writing it).
-        let freed = unsafe { Self::freed_cookie_at(self) };
+        let freed = unsafe { Self::freed_cookie_at(self, self.layout()) };
         self.cookie.store(freed, Ordering::Relaxed);
     }
 
@@ -660,13 +912,15 @@ impl BlockHeader {
         {
             return Lookup::Foreign;
         }
+        // The span table's word on the layout: the class byte may be what is damaged.
+        let layout = super::heap::layout_at(addr);
         // SAFETY: the header is in mapped pages (see above); it is read as plain values and
         // only trusted when the cookie matches this very address and header.
         let h = unsafe { &*header };
         let cookie = h.cookie.load(Ordering::Relaxed);
-        if cookie == h.expected(LIVE) {
+        if cookie == h.expected_as(LIVE, layout) {
             Lookup::Live(header, cookie)
-        } else if cookie == h.expected(UNTRACKED) {
+        } else if cookie == h.expected_as(UNTRACKED, layout) {
             Lookup::Untracked(header)
         } else if cookie == DAMAGED ^ addr {
             Lookup::Damaged
@@ -674,14 +928,14 @@ impl BlockHeader {
             .then(|| {
                 // SAFETY: a block of the heap, in mapped pages; repaired only when its cookie
                 // vouches for what it writes back.
-                unsafe { Self::front_overrun(header) }
+                unsafe { Self::front_overrun(header, layout) }
             })
             .flatten()
         {
             // A write past the end of the block in front is that block's error: reported now,
             // while it may still be live (a signal handler inside the tracker leaves it to the
             // next report); the block is what its repaired header says.
-            super::integrity::found_front_overrun(header as usize, damage);
+            super::integrity::found_front_overrun(Self::exposed_word_at(header, layout), damage);
             if !super::guard::inside() {
                 super::integrity::report_found();
             }
@@ -693,15 +947,16 @@ impl BlockHeader {
             Lookup::Underrun { header, damaged }
         } else if cookie == {
             // SAFETY: as above.
-            unsafe { Self::freed_cookie_at(header) }
-        } || cookie == h.expected(CLAIMED)
+            unsafe { Self::freed_cookie_at(header, layout) }
+        } || cookie == h.expected_as(CLAIMED, layout)
         {
             // SAFETY: a FREED (or CLAIMED) cookie means bytes 8..32 are still our header (the
-            // heap's free lists use the bytes before them; see the layout above).
+            // heap's free lists use the bytes before them, or the side table; see the layout
+            // above).
             let h = unsafe { &*header };
             Lookup::Freed {
                 size: h.size(),
-                alloc_stack: h.alloc_stack,
+                alloc_stack: h.alloc_stack(),
                 previous_free_stack: if super::heap::contains(addr) {
                     // SAFETY: a freed block of the heap.
                     unsafe { super::recorded_free_stack(user) }
@@ -713,7 +968,7 @@ impl BlockHeader {
             // Its span's blocks all came back and its pages may be gone with the header: the
             // size is the class's room, the stacks unknown.
             Lookup::Freed {
-                size: block.size - HEADER_SIZE,
+                size: block.room(),
                 alloc_stack: StackId(0),
                 previous_free_stack: StackId(0),
             }

@@ -24,7 +24,7 @@
 //! serves, which also finds the block any address falls into (bad frees of pointers inside a
 //! block, smashed headers).
 
-use super::header::{BlockHeader, GUARD_SIZE, HEADER_SIZE};
+use super::header::{BlockHeader, Layout, COMPACT_CLASS, COMPACT_ROOM, GUARD_SIZE, HEADER_SIZE};
 use super::live_list::HeldShard;
 use super::spans::{self, SPAN_BYTES};
 use crate::sys::PAGE_SIZE;
@@ -46,26 +46,39 @@ pub(super) const CLASS_COUNT: usize = FINE_CLASSES + 4 * 8;
 /// it have every block (and so every user pointer, `HEADER_SIZE` after it) aligned to it.
 pub(super) const LARGEST_ALIGN: usize = 64;
 
-/// The class of a block of `size` user bytes and `overhead` bytes of ours whose user pointer is
-/// aligned to `align`, `None` when the heap does not serve that size or alignment.
+/// The class of a block of `size` user bytes whose user pointer is aligned to `align`, `None`
+/// when the heap does not serve that size or alignment. With `compact` (the block has no site
+/// to keep), up to [`COMPACT_ROOM`] bytes take the compact class ([`Layout::Compact`]).
 #[inline]
-pub fn class_for(size: usize, overhead: usize, align: usize) -> Option<u8> {
+pub fn class_for(size: usize, align: usize, compact: bool) -> Option<u8> {
     if align > 16 {
-        return aligned_class_for(size, overhead, align);
+        return aligned_class_for(size, align);
+    }
+    if compact && size <= COMPACT_ROOM {
+        return Some(COMPACT_CLASS);
     }
     // Compared before adding: a size near usize::MAX would wrap.
-    (size <= LARGEST_BLOCK - overhead).then(|| class_of(size + overhead) as u8)
+    (size <= LARGEST_BLOCK - HEADER_SIZE).then(|| class_of(size + HEADER_SIZE) as u8)
 }
 
 /// [`class_for`] a user pointer aligned to more than 16 bytes: a class whose blocks are
 /// aligned to [`LARGEST_ALIGN`].
 #[inline(never)]
-fn aligned_class_for(size: usize, overhead: usize, align: usize) -> Option<u8> {
+fn aligned_class_for(size: usize, align: usize) -> Option<u8> {
     if size > LARGEST_BLOCK || align > LARGEST_ALIGN {
         return None;
     }
-    let total = (size + overhead).next_multiple_of(LARGEST_ALIGN);
+    let total = (size + HEADER_SIZE).next_multiple_of(LARGEST_ALIGN);
     (total <= LARGEST_BLOCK).then(|| class_of(total) as u8)
+}
+
+/// The layout of the header of the heap block at user pointer `user`, as the span table says
+/// (full for an address outside the heap's spans).
+#[cold]
+pub fn layout_at(user: usize) -> Layout {
+    spans::serving_span(user)
+        .or_else(|| spans::free_span(user))
+        .map_or(Layout::Full, |(_, class)| Layout::of_class(class))
 }
 
 /// The class of a block of `total` bytes (1 ..= [`LARGEST_BLOCK`]).
@@ -125,11 +138,8 @@ const fn blocks_per_batch(class: usize) -> u32 {
     }
 }
 
-/// The word of a free block that links it to the next block of its list (its freed cookie
-/// covers it: `BlockHeader::set_free_link`).
-const NEXT_BLOCK: usize = super::header::FREE_LINK_WORD;
-
-/// One list of free blocks, linked through [`NEXT_BLOCK`].
+/// One list of free blocks of one class, each named by its header, linked through the headers'
+/// word 0 (its freed cookie covers it: `BlockHeader::set_free_link`).
 #[derive(Clone, Copy)]
 pub(super) struct List {
     head: *mut u8,
@@ -141,22 +151,14 @@ pub(super) const EMPTY: List = List {
     count: 0,
 };
 
-/// A block's word `index`.
-///
-/// # Safety
-/// `block` is a free block of this heap (at least 40 bytes, 16-aligned) that the caller holds.
-#[inline]
-unsafe fn word(block: *mut u8, index: usize) -> *mut usize {
-    (block as *mut usize).wrapping_add(index)
-}
-
 impl List {
     /// # Safety
-    /// `block` is a free block of this list's class that nobody else holds.
+    /// `block` is a free block of this list's class, whose headers are laid out as `layout`,
+    /// that nobody else holds.
     #[inline]
-    pub(super) unsafe fn push(&mut self, block: *mut u8) {
+    pub(super) unsafe fn push(&mut self, block: *mut u8, layout: Layout) {
         // SAFETY: guaranteed by the caller.
-        unsafe { BlockHeader::set_free_link(block.cast(), self.head) };
+        unsafe { BlockHeader::set_free_link(block.cast(), self.head, layout) };
         self.head = block;
         self.count += 1;
     }
@@ -168,7 +170,7 @@ impl List {
     /// # Safety
     /// The list's head is a free block held by the caller, and so is each block whose cookie
     /// vouches for a link to it.
-    unsafe fn checked(self) -> List {
+    unsafe fn checked(self, layout: Layout) -> List {
         let mut good = List {
             head: self.head,
             count: 0,
@@ -177,8 +179,8 @@ impl List {
         let mut block = self.head;
         while good.count < self.count {
             // SAFETY: the head, or a block a vouched-for link led to: a block of the heap.
-            let Some(next) = (unsafe { BlockHeader::free_link(block.cast()) })
-                .or_else(|| super::integrity::repair_free_link(block))
+            let Some(next) = (unsafe { BlockHeader::free_link(block.cast(), layout) })
+                .or_else(|| super::integrity::repair_free_link(block, layout))
             else {
                 super::integrity::found_corruption(
                     block as usize,
@@ -188,7 +190,7 @@ impl List {
                     return EMPTY;
                 }
                 // SAFETY: `last` is a free block of the list, checked just before.
-                unsafe { BlockHeader::set_free_link(last.cast(), null_mut()) };
+                unsafe { BlockHeader::set_free_link(last.cast(), null_mut(), layout) };
                 break;
             };
             last = block;
@@ -208,12 +210,13 @@ impl List {
     pub(super) unsafe fn pop_checked(
         &mut self,
         bounds: core::ops::Range<usize>,
+        layout: Layout,
     ) -> Option<*mut u8> {
         let block = self.head;
         let next = if bounds.contains(&(block as usize)) {
             // SAFETY: in the heap, so readable.
-            unsafe { BlockHeader::free_link(block.cast()) }
-                .or_else(|| super::integrity::repair_free_link(block))
+            unsafe { BlockHeader::free_link(block.cast(), layout) }
+                .or_else(|| super::integrity::repair_free_link(block, layout))
         } else {
             None
         };
@@ -234,12 +237,12 @@ impl List {
     ///
     /// # Safety
     /// The list's blocks are free and held by the caller, and stay so while it iterates.
-    pub(super) unsafe fn blocks(self) -> impl Iterator<Item = *mut u8> {
+    pub(super) unsafe fn blocks(self, layout: Layout) -> impl Iterator<Item = *mut u8> {
         let mut block = self.head;
         (0..self.count).map(move |_| {
             let current = block;
             // SAFETY: guaranteed by the caller; `count` blocks are linked from `head`.
-            block = unsafe { *word(current, NEXT_BLOCK) } as *mut u8;
+            block = unsafe { BlockHeader::free_link_unchecked(current.cast(), layout) };
             current
         })
     }
@@ -314,8 +317,9 @@ pub fn take(class: u8, mine: &mut HeldShard<'_>) -> Option<*mut u8> {
     // front may have reached: followed only when the block's freed cookie vouches for it. The
     // head itself came from such a link, or from a list checked when it came to the thread.
     // SAFETY: `head` is the first of `count > 0` free blocks of the heap this thread holds.
-    let Some(next) = (unsafe { BlockHeader::free_link(head.cast()) })
-        .or_else(|| super::integrity::repair_free_link(head))
+    let layout = Layout::of_class(class);
+    let Some(next) = (unsafe { BlockHeader::free_link(head.cast(), layout) })
+        .or_else(|| super::integrity::repair_free_link(head, layout))
     else {
         return take_after_damage(class, mine, head);
     };
@@ -352,7 +356,7 @@ pub unsafe fn park(block: *mut u8, class: u8, _mine: &mut HeldShard<'_>) {
         (head, count) = (null_mut(), 0);
     }
     // SAFETY: guaranteed by the caller: the block is free and now this thread's.
-    unsafe { BlockHeader::set_free_link(block.cast(), head) };
+    unsafe { BlockHeader::set_free_link(block.cast(), head, Layout::of_class(class)) };
     lists.active.set(block);
     lists.active_count.set(count + 1);
 }
@@ -385,7 +389,7 @@ fn retire_full_list(class: usize, lists: &ThreadLists, full: *mut u8) {
 unsafe fn give_back_checked(class: usize, list: List) {
     // SAFETY: guaranteed by the caller.
     unsafe {
-        let list = list.checked();
+        let list = list.checked(Layout::of_class(class));
         if list.count > 0 {
             give_back(class, list);
         }
@@ -405,7 +409,8 @@ fn refill(class: usize) -> Option<(*mut u8, u32)> {
 /// Where the first block of the span at `span_start` starts, from the span's start: a colour
 /// ([`SPAN_COLOURS`] of them, by span), and in classes that serve aligned blocks (those whose
 /// size is a multiple of [`LARGEST_ALIGN`]) so far on that every user pointer, `HEADER_SIZE`
-/// after its block, is aligned to it.
+/// after its block, is aligned to it. A compact class's blocks start 16 bytes further, so that
+/// their headers (16 bytes in front of each block) lie in the span too.
 ///
 /// Spans are 1 MiB-aligned, and the blocks a program uses most are each class's first ones: cut
 /// from the same offset in every span, they would all fall into the same cache sets and evict
@@ -416,7 +421,7 @@ pub(super) fn first_block_offset(span_start: usize, class: usize) -> usize {
     if size_of_class(class).is_multiple_of(LARGEST_ALIGN) {
         colour + (LARGEST_ALIGN - HEADER_SIZE % LARGEST_ALIGN) % LARGEST_ALIGN
     } else {
-        colour
+        colour + header_before_block(class)
     }
 }
 
@@ -430,8 +435,14 @@ const _: () = assert!(COLOUR_STEP.is_multiple_of(LARGEST_ALIGN));
 /// would cost each of its frees a page probe (`header`). Shifting the rest of the span by
 /// LARGEST_ALIGN bytes keeps the next ones off page starts too, and the blocks of the classes
 /// that serve aligned blocks aligned.
-pub(super) fn carve_skips(block: usize) -> bool {
-    (block + HEADER_SIZE).is_multiple_of(PAGE_SIZE)
+pub(super) fn carve_skips(block: usize, class: usize) -> bool {
+    (block + Layout::of_class(class).front()).is_multiple_of(PAGE_SIZE)
+}
+
+/// How far in front of its block a header of class `class` starts: 0 in full, 16 in compact
+/// (whose header's first 16 bytes are not the block's).
+pub(super) const fn header_before_block(class: usize) -> usize {
+    HEADER_SIZE - Layout::of_class(class).front()
 }
 
 /// Gives a list of blocks back to its class's spans.
@@ -451,17 +462,37 @@ pub unsafe fn give_back_block(block: *mut u8, class: u8) {
     let mut list = EMPTY;
     // SAFETY: guaranteed by the caller.
     unsafe {
-        list.push(block);
+        list.push(block, Layout::of_class(class as usize));
         give_back(class as usize, list);
     }
 }
 
-/// A block of the heap: where it starts (its header) and its class's size.
+/// A block of the heap: where it starts (its header's first byte in the block) and its class's
+/// size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HeapBlock {
     pub start: usize,
     pub size: usize,
     pub class: u8,
+}
+
+impl HeapBlock {
+    pub fn layout(&self) -> Layout {
+        Layout::of_class(self.class as usize)
+    }
+
+    pub fn header(&self) -> *mut BlockHeader {
+        (self.start - header_before_block(self.class as usize)) as *mut BlockHeader
+    }
+
+    pub fn user(&self) -> usize {
+        self.start + self.layout().front()
+    }
+
+    /// The user bytes the block holds at most.
+    pub fn room(&self) -> usize {
+        self.size - self.layout().front()
+    }
 }
 
 /// The heap block whose bytes hold `addr`, in a span serving a class, from the order in which
@@ -477,8 +508,7 @@ pub fn block_containing(addr: usize) -> Option<HeapBlock> {
 #[cold]
 pub fn block_of_free_span(user: usize) -> Option<HeapBlock> {
     let (span_start, class) = spans::free_span(user)?;
-    carved_block_containing(user, span_start, class)
-        .filter(|block| block.start + super::header::HEADER_SIZE == user)
+    carved_block_containing(user, span_start, class).filter(|block| block.user() == user)
 }
 
 /// The block of class `class` that holds `addr` in the span at `span_start`, if the span was cut
@@ -488,7 +518,7 @@ fn carved_block_containing(addr: usize, span_start: usize, class: usize) -> Opti
     let span_end = span_start + SPAN_BYTES - GUARD_SIZE;
     let mut block = span_start + first_block_offset(span_start, class);
     while block + size <= span_end {
-        if carve_skips(block) {
+        if carve_skips(block, class) {
             block += LARGEST_ALIGN;
             continue;
         }
@@ -559,19 +589,16 @@ mod tests {
     fn classes_for_aligned_requests_hand_out_aligned_user_pointers() {
         for total in (HEADER_SIZE + 1..=LARGEST_BLOCK).step_by(7) {
             for align in [32, 64] {
-                let class = class_for(total - HEADER_SIZE, HEADER_SIZE, align).unwrap() as usize;
+                let class = class_for(total - HEADER_SIZE, align, false).unwrap() as usize;
                 assert!(class_size(class) >= total);
                 assert!(class_size(class).is_multiple_of(LARGEST_ALIGN), "{total}");
             }
         }
-        assert_eq!(class_for(1, HEADER_SIZE, 128), None);
-        assert_eq!(
-            class_for(LARGEST_BLOCK + 1 - HEADER_SIZE, HEADER_SIZE, 16),
-            None
-        );
-        assert_eq!(class_for(usize::MAX - 60, HEADER_SIZE, 64), None);
+        assert_eq!(class_for(1, 128, false), None);
+        assert_eq!(class_for(LARGEST_BLOCK + 1 - HEADER_SIZE, 16, false), None);
+        assert_eq!(class_for(usize::MAX - 60, 64, false), None);
         // Enough blocks of a small class to cross many page starts (where carving skips ahead).
-        let class = class_for(100, HEADER_SIZE, 64).unwrap();
+        let class = class_for(100, 64, false).unwrap();
         with_my_shard(|mine| {
             let blocks: Vec<*mut u8> = (0..2000).map(|_| take(class, mine).unwrap()).collect();
             for &block in &blocks {
@@ -587,7 +614,7 @@ mod tests {
 
     #[test]
     fn a_freed_block_is_reused_and_blocks_never_overlap() {
-        let class = class_for(100, 0, 16).unwrap();
+        let class = class_for(100 - HEADER_SIZE, 16, false).unwrap();
         with_my_shard(|mine| {
             let a = take(class, mine).unwrap();
             let b = take(class, mine).unwrap();
@@ -607,7 +634,7 @@ mod tests {
 
     #[test]
     fn a_free_block_whose_link_changed_is_repaired_and_one_whose_header_went_is_left_alone() {
-        let class = class_for(10 * 1024, 0, 16).unwrap(); // a class no other test uses
+        let class = class_for(10 * 1024 - HEADER_SIZE, 16, false).unwrap(); // a class no other test uses
         with_my_shard(|mine| {
             let blocks: [*mut u8; 3] = core::array::from_fn(|_| take(class, mine).unwrap());
             for &block in blocks.iter().rev() {
@@ -618,7 +645,7 @@ mod tests {
             // block (blocks[1] would be lost) that lies in the heap and carries a freed cookie:
             // the cookie, which covers the link, gives it back.
             // SAFETY: blocks[0] is a free block of the heap this thread holds.
-            unsafe { *word(blocks[0], NEXT_BLOCK) = blocks[2] as usize };
+            unsafe { *blocks[0].cast::<usize>() = blocks[2] as usize };
             let taken: [*mut u8; 3] = core::array::from_fn(|_| take(class, mine).unwrap());
             assert_eq!(taken, blocks, "the damaged link was not repaired");
             for &block in taken.iter().rev() {
@@ -628,8 +655,8 @@ mod tests {
             // Now the cookie goes too: the block and those behind it are never handed out.
             // SAFETY: as above.
             unsafe {
-                *word(blocks[0], NEXT_BLOCK) = blocks[2] as usize;
-                *word(blocks[0], 3) ^= 0x4242;
+                *blocks[0].cast::<usize>() = blocks[2] as usize;
+                *blocks[0].cast::<usize>().add(3) ^= 0x4242;
             }
             let taken: [*mut u8; 12] = core::array::from_fn(|_| take(class, mine).unwrap());
             assert!(
@@ -646,7 +673,7 @@ mod tests {
 
     #[test]
     fn free_blocks_of_an_exited_thread_are_handed_out_again() {
-        let class = class_for(30 * 1024, 0, 16).unwrap(); // a class no other test uses
+        let class = class_for(30 * 1024 - HEADER_SIZE, 16, false).unwrap(); // a class no other test uses
         let blocks = std::thread::spawn(move || {
             with_my_shard(|mine| {
                 let blocks: [usize; 20] =
@@ -670,7 +697,7 @@ mod tests {
 
     #[test]
     fn blocks_given_back_one_by_one_are_handed_out_again() {
-        let class = class_for(20 * 1024, 0, 16).unwrap(); // a class no other test uses
+        let class = class_for(20 * 1024 - HEADER_SIZE, 16, false).unwrap(); // a class no other test uses
         let (given, held) = with_my_shard(|mine| {
             let blocks: [*mut u8; 4] = core::array::from_fn(|_| take(class, mine).unwrap());
             for &block in &blocks[..3] {

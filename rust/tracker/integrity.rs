@@ -4,7 +4,9 @@
 
 use super::errors::{self, Damage, ErrorKind, MemoryError};
 use super::guard::{self, Inside};
-use super::header::{far_links, BlockHeader, FirstWordDamage, GUARD, GUARD_BYTE, HEADER_SIZE};
+use super::header::{
+    far_links, BlockHeader, FirstWordDamage, Layout, GUARD, GUARD_BYTE, HEADER_SIZE,
+};
 use super::live_list::{HeldShard, StoppedWorld};
 use super::BlockKind;
 use crate::stack::{StackId, StartFrame};
@@ -56,9 +58,9 @@ pub fn block_error(
         size: h.size(),
         file: file_of(h),
         line: h.line(),
-        thread: h.thread,
+        thread: h.thread(),
         allocated_with: Some(h.kind()),
-        alloc_stack: h.alloc_stack,
+        alloc_stack: h.alloc_stack(),
         ..MemoryError::at_free(kind, BlockHeader::user_ptr(header), freed_with, free_stack)
     }
 }
@@ -131,15 +133,15 @@ fn check_heap_blocks(
 ) {
     let settled = world.all_settled() && !super::live_list::settling_stopped();
     super::spans::for_each_block(settled, |found, still| match found {
-        super::spans::Found::Block(header) => {
+        super::spans::Found::Block(header, layout) => {
             // SAFETY: a block carved from a span, which nobody changes but by a claim while the
             // world is stopped and its class lock held (see `for_each_block`).
             let h = unsafe { &mut *header };
             if h.is_live() || h.underrun_bytes().is_some() {
                 inspect(header, found_by, problems);
                 visit(header);
-            } else if settled && still && !h.cookie_valid() {
-                problems.push(damaged_heap_header(header, found_by));
+            } else if settled && still && !h.cookie_valid(layout) {
+                problems.push(damaged_heap_header(header, layout, found_by));
             }
         }
         super::spans::Found::GuardWord(word) => {
@@ -165,10 +167,10 @@ fn check_heap_blocks(
 
 /// The error for a heap header found damaged by a walk: repaired when only its first word went
 /// (a write past the end of the block in front), else marked damaged and left alone.
-fn damaged_heap_header(header: *mut BlockHeader, found_by: FoundBy) -> MemoryError {
+fn damaged_heap_header(header: *mut BlockHeader, layout: Layout, found_by: FoundBy) -> MemoryError {
     // SAFETY: a block of the heap, which nobody changes meanwhile (see check_heap_blocks).
-    if let Some(damage) = unsafe { BlockHeader::front_overrun(header) } {
-        let error = front_overrun_error(header as usize, damage);
+    if let Some(damage) = unsafe { BlockHeader::front_overrun(header, layout) } {
+        let error = front_overrun_error(BlockHeader::exposed_word_at(header, layout), damage);
         return MemoryError {
             detail: error.detail.or(found_by.detail()),
             ..error
@@ -186,7 +188,7 @@ fn damaged_heap_header(header: *mut BlockHeader, found_by: FoundBy) -> MemoryErr
 pub fn front_overrun_error(at: usize, damage: FirstWordDamage) -> MemoryError {
     let front = super::heap::block_containing(at - 1).filter(|b| b.start + b.size == at);
     if let Some(front) = front {
-        let header = front.start as *mut BlockHeader;
+        let header = front.header();
         // SAFETY: a block of the heap, readable; only read.
         if unsafe { (*header).is_live() } {
             let offset = at - BlockHeader::user_ptr(header) as usize;
@@ -196,12 +198,16 @@ pub fn front_overrun_error(at: usize, damage: FirstWordDamage) -> MemoryError {
             };
         }
     }
+    // The block behind, whose header's exposed word lies at `at` (none behind a span's last).
+    let user = super::heap::block_containing(at)
+        .filter(|b| b.start == at)
+        .map_or(at + HEADER_SIZE, |b| b.user());
     MemoryError {
         detail: Some(Corrupted::OverrunFromFront.detail()),
-        damage: Damage::between(-(HEADER_SIZE as isize), &damage.found, &damage.was),
+        damage: Damage::between(-((user - at) as isize), &damage.found, &damage.was),
         ..MemoryError::at_free(
             ErrorKind::HeapCorruption,
-            (at + HEADER_SIZE) as *mut u8,
+            user as *mut u8,
             BlockKind::New,
             StackId(0),
         )
@@ -213,16 +219,16 @@ pub fn front_overrun_error(at: usize, damage: FirstWordDamage) -> MemoryError {
 /// header holds no such damage.
 #[cold]
 #[inline(never)]
-pub fn repair_free_link(block: *mut u8) -> Option<*mut u8> {
+pub fn repair_free_link(block: *mut u8, layout: Layout) -> Option<*mut u8> {
     let header = block.cast::<BlockHeader>();
     if !super::heap::contains(block as usize) {
         return None;
     }
     // SAFETY: a block of the heap that the caller holds (a free block of its lists).
-    let damage = unsafe { BlockHeader::front_overrun(header) }?;
-    found_front_overrun(block as usize, damage);
+    let damage = unsafe { BlockHeader::front_overrun(header, layout) }?;
+    found_front_overrun(BlockHeader::exposed_word_at(header, layout), damage);
     // SAFETY: as above.
-    unsafe { BlockHeader::free_link(header) }
+    unsafe { BlockHeader::free_link(header, layout) }
 }
 
 /// Every live block of `held`'s list, checked (and repaired) on the way; `visit` sees each.
@@ -475,7 +481,8 @@ fn could_be_far_block(p: *mut BlockHeader) -> bool {
 /// live block whose check word an underrun damaged.
 fn recognisable(p: *mut BlockHeader) -> bool {
     // SAFETY: read once it is known to be readable.
-    could_be_far_block(p) && unsafe { (*p).cookie_valid() || (*p).underrun_bytes().is_some() }
+    could_be_far_block(p)
+        && unsafe { (*p).cookie_valid(Layout::Full) || (*p).underrun_bytes().is_some() }
 }
 
 /// Whether `node` could be a far block whose back link leads to `from` (the block whose
@@ -583,10 +590,10 @@ pub fn lies_in_tracked_block(addr: usize) -> bool {
 pub fn foreign_free_error(ptr: *mut u8, freed_with: BlockKind, free_stack: StackId) -> MemoryError {
     let plain = MemoryError::at_free(ErrorKind::InvalidFree, ptr, freed_with, free_stack);
     let addr = ptr as usize;
-    let header = match super::heap::block_containing(addr) {
-        Some(block) => block.start as *mut BlockHeader,
+    let (header, layout) = match super::heap::block_containing(addr) {
+        Some(block) => (block.header(), block.layout()),
         None => match large_block_start(addr) {
-            Some(header) => header,
+            Some(header) => (header, Layout::Full),
             None => return plain,
         },
     };
@@ -599,7 +606,7 @@ pub fn foreign_free_error(ptr: *mut u8, freed_with: BlockKind, free_stack: Stack
             ..block_error(ErrorKind::InvalidFree, header, freed_with, free_stack)
         };
     }
-    if addr == user && !h.cookie_valid() {
+    if addr == user && !h.cookie_valid(layout) {
         if super::heap::contains(addr) {
             // SAFETY: a heap block's header; marked so that it is reported once.
             unsafe { (*header).mark_damaged() };
@@ -615,10 +622,18 @@ pub fn foreign_free_error(ptr: *mut u8, freed_with: BlockKind, free_stack: Stack
     plain
 }
 
-/// The first 16 bytes of a readable header (its list links), as found.
+/// The first 16 bytes of a readable header that are its block's (a far block's list links; a
+/// compact heap block's `packed` and cookie), as found.
 fn header_bytes(header: *mut BlockHeader) -> Option<[u8; 16]> {
-    // SAFETY: read only when readable.
-    readable(header).then(|| unsafe { (header as *const [u8; 16]).read() })
+    let first = BlockHeader::user_ptr(header).wrapping_sub(header_front(header));
+    // SAFETY: read only when readable (a compact header's bytes lie within its full extent).
+    readable(header).then(|| unsafe { (first as *const [u8; 16]).read() })
+}
+
+/// The bytes of the header at `header` that lie in front of its user pointer, as the span table
+/// says for a heap block ([`header_bytes`] and [`corruption_error`] show them).
+fn header_front(header: *mut BlockHeader) -> usize {
+    super::heap::layout_at(BlockHeader::user_ptr(header) as usize).front()
 }
 
 /// A `heap_corruption` error about the header at `header`, with the bytes found there.
@@ -630,7 +645,7 @@ fn corruption_error(
     free_stack: StackId,
 ) -> MemoryError {
     let user = BlockHeader::user_ptr(header);
-    let at = -(super::header::HEADER_SIZE as isize);
+    let at = -(header_front(header) as isize);
     MemoryError {
         detail: Some(what.detail()),
         damage: found.map(|found| Damage {
@@ -704,10 +719,10 @@ pub fn fields_hold_together(h: &BlockHeader) -> bool {
     let header = h as *const BlockHeader as usize;
     let user = header + HEADER_SIZE;
     let fits = match h.placement() {
-        Placement::Heap => super::heap::block_containing(header).is_some_and(|block| {
-            block.start == header
+        Placement::Heap => super::heap::block_containing(user).is_some_and(|block| {
+            block.header() as usize == header
                 && block.class == h.class()
-                && h.size() <= block.size - HEADER_SIZE
+                && h.size() <= block.room()
         }),
         // The offset of a block from glibc lies in front of its header.
         placement => {

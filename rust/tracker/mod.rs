@@ -84,7 +84,7 @@ unsafe fn allocate_inside(
     let from_heap = if hot.rare_allocation_options() {
         None
     } else {
-        raw::acquire_from_heap(size, align, &mut held)
+        raw::acquire_from_heap(size, align, new_block.file.is_null(), &mut held)
     };
     let Some(block) = from_heap else {
         return allocate_elsewhere(held, *new_block, align, hot, owner(me, seq, alloc_stack));
@@ -125,9 +125,9 @@ unsafe fn allocate_elsewhere(
 ) -> *mut u8 {
     let size = new_block.size;
     let block = if hot.budget() {
-        raw::acquire_budgeted(size, align, &mut held)
+        raw::acquire_budgeted(size, align, new_block.file.is_null(), &mut held)
     } else {
-        raw::acquire_from_heap(size, align, &mut held)
+        raw::acquire_from_heap(size, align, new_block.file.is_null(), &mut held)
             .or_else(|| raw::acquire_elsewhere(size, align))
     };
     let Some(block) = block else {

@@ -28,14 +28,21 @@ pub struct RawBlock {
 }
 
 /// A block of the heap for `size` bytes aligned to `align`, with a header in front and what its
-/// class leaves behind as the guard, for the thread holding `mine`, its shard (see `heap`): `None` when the heap does
-/// not serve that size or alignment (over 128 KiB, or aligned over 64) or has no memory left.
-/// Apart from [`acquire_elsewhere`], so that the common path keeps the block in registers.
+/// class leaves behind as the guard, for the thread holding `mine`, its shard (see `heap`):
+/// `None` when the heap does not serve that size or alignment (over 128 KiB, or aligned over 64)
+/// or has no memory left. `compact`: the block keeps no site (no `K15_NEW` file), so a small one
+/// may take a compact header. Apart from [`acquire_elsewhere`], so that the common path keeps the
+/// block in registers.
 #[inline(always)]
-pub fn acquire_from_heap(size: usize, align: usize, mine: &mut HeldShard<'_>) -> Option<RawBlock> {
+pub fn acquire_from_heap(
+    size: usize,
+    align: usize,
+    compact: bool,
+    mine: &mut HeldShard<'_>,
+) -> Option<RawBlock> {
     // No overflow: the heap's sizes are far below usize::MAX, and larger ones are refused first.
     // The guard is what the class leaves; a block of 0 bytes still gets room (a free stack).
-    let class = heap::class_for(size.max(1), HEADER_SIZE, align)?;
+    let class = heap::class_for(size.max(1), align, compact)?;
     let raw = heap::take(class, mine)?;
     Some(RawBlock {
         user: raw.wrapping_add(HEADER_SIZE),
@@ -90,12 +97,18 @@ fn acquire_from_system(size: usize, align: usize) -> Option<RawBlock> {
 /// `None` when it does not fit.
 #[cold]
 #[inline(never)]
-pub fn acquire_budgeted(size: usize, align: usize, mine: &mut HeldShard<'_>) -> Option<RawBlock> {
+pub fn acquire_budgeted(
+    size: usize,
+    align: usize,
+    compact: bool,
+    mine: &mut HeldShard<'_>,
+) -> Option<RawBlock> {
     let budget = super::budget::active()?;
     if !budget.charge(size) {
         return None;
     }
-    let block = acquire_from_heap(size, align, mine).or_else(|| acquire_elsewhere(size, align));
+    let block =
+        acquire_from_heap(size, align, compact, mine).or_else(|| acquire_elsewhere(size, align));
     if block.is_none() {
         budget.credit(size);
     }
@@ -189,7 +202,7 @@ pub unsafe fn release(header: *mut BlockHeader, raw_offset: usize) {
     // SAFETY: guaranteed by the caller; the header stays readable until the memory goes.
     let (placement, size, alloc_stack) = unsafe {
         let h = &*header;
-        (h.placement(), h.size(), h.alloc_stack)
+        (h.placement(), h.size(), h.alloc_stack())
     };
     match placement {
         // SAFETY: raw is the pointer raw_alloc returned for this block.

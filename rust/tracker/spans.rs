@@ -14,7 +14,7 @@
 //! header, and where there is no next block yet, this word. A span keeps [`GUARD_SIZE`] bytes
 //! at its end for it.
 
-use super::header::{BlockHeader, GUARD, GUARD_SIZE};
+use super::header::{BlockHeader, Layout, GUARD, GUARD_SIZE};
 use super::heap::{self, List};
 use crate::sys;
 use core::ptr::null_mut;
@@ -42,12 +42,29 @@ struct Carved {
     base: AtomicUsize,
     /// Bytes from `base` handed out as spans so far (only grows: free spans stay in it).
     bytes: AtomicUsize,
+    /// Start of the side table ([`side_word`]), reserved behind the spans' range.
+    side: AtomicUsize,
 }
 
 static CARVED: Carved = Carved {
     base: AtomicUsize::new(0),
     bytes: AtomicUsize::new(0),
+    side: AtomicUsize::new(0),
 };
+
+/// The side table has a word for every [`SIDE_STRIDE`] bytes of the spans' range: a compact
+/// block's word 0 (`header`), one per 32-byte slot. Made usable with the spans' range, touched
+/// only where compact blocks lie, and given back to the OS with their span.
+const SIDE_STRIDE: usize = 32;
+const SIDE_BYTES_PER_SPAN: usize = side_bytes(SPAN_BYTES);
+
+/// The side-table word of the compact block whose user pointer is `user`, an address of the
+/// heap's spans (the word of another address is another's, or out of the table).
+#[inline(always)]
+pub fn side_word(user: usize) -> *mut usize {
+    let offset = user.wrapping_sub(CARVED.base.load(Ordering::Relaxed)) / SIDE_STRIDE;
+    (CARVED.side.load(Ordering::Relaxed) as *mut usize).wrapping_add(offset)
+}
 
 /// One byte per span of the reservation, read without a lock (bad frees, heap checks): 0 where
 /// no span was ever handed out, `class + 1` for a span serving `class`, [`FREE`]` | class` for a
@@ -195,6 +212,7 @@ impl ClassSpans {
 /// memory could be had.
 pub fn take_blocks(class: usize, wanted: u32) -> List {
     let size = heap::class_size(class);
+    let layout = Layout::of_class(class);
     let mut class_spans = class_lock(class);
     let mut list = heap::EMPTY;
     while list.count < wanted {
@@ -214,25 +232,30 @@ pub fn take_blocks(class: usize, wanted: u32) -> List {
         let start = span_start(index);
         while list.count < wanted && s.free.count > 0 {
             // SAFETY: the span's free blocks are this class's, held under its lock.
-            let Some(block) = (unsafe { s.free.pop_checked(start..start + SPAN_BYTES) }) else {
+            let Some(block) = (unsafe { s.free.pop_checked(start..start + SPAN_BYTES, layout) })
+            else {
                 break; // a damaged link: the blocks behind it stay unused
             };
             // SAFETY: a free block of this class, now the caller's.
-            unsafe { list.push(block) };
+            unsafe { list.push(block, layout) };
             s.handed_out += 1;
         }
         while list.count < wanted && can_carve(s, size) {
             let block = start + s.carved as usize;
             check_guard_word(block);
-            if heap::carve_skips(block) {
+            if heap::carve_skips(block, class) {
                 s.carved += heap::LARGEST_ALIGN as u32;
                 write_guard_word(start + s.carved as usize);
                 continue;
             }
             s.carved += size as u32;
+            let header = (block - heap::header_before_block(class)) as *mut BlockHeader;
             // SAFETY: a block of this class inside the span, never handed to anyone (or handed
             // out before the span was freed, all of them back since); pushing marks it freed.
-            unsafe { list.push(block as *mut u8) };
+            unsafe {
+                BlockHeader::carve(header, layout);
+                list.push(header.cast(), layout);
+            }
             write_guard_word(start + s.carved as usize);
             s.handed_out += 1;
         }
@@ -275,8 +298,8 @@ fn check_guard_word(at: usize) {
 
 /// What a walk of the heap finds.
 pub enum Found {
-    /// A block carved from a span (in any state).
-    Block(*mut BlockHeader),
+    /// The header of a block carved from a span (in any state), and its layout.
+    Block(*mut BlockHeader, Layout),
     /// The guard word behind the last block carved from a span, or in a gap carving left.
     GuardWord(*mut u64),
 }
@@ -308,13 +331,16 @@ pub fn for_each_block(locked: bool, mut visit: impl FnMut(Found, bool)) {
         let start = span_start(index);
         let end = start + carved as usize;
         let size = heap::class_size(class);
+        let layout = Layout::of_class(class);
+        let header_before = heap::header_before_block(class);
         let mut block = start + heap::first_block_offset(start, class);
         while block < end {
-            if heap::carve_skips(block) {
+            if heap::carve_skips(block, class) {
                 visit(Found::GuardWord(block as *mut u64), still);
                 block += heap::LARGEST_ALIGN;
             } else {
-                visit(Found::Block(block as *mut BlockHeader), still);
+                let header = (block - header_before) as *mut BlockHeader;
+                visit(Found::Block(header, layout), still);
                 block += size;
             }
         }
@@ -332,9 +358,10 @@ pub fn for_each_block(locked: bool, mut visit: impl FnMut(Found, bool)) {
 /// list, checked (`List::checked`), and nobody uses them any more.
 pub unsafe fn give_back(class: usize, list: List) {
     let size = heap::class_size(class);
+    let layout = Layout::of_class(class);
     let mut class_spans = class_lock(class);
     // SAFETY: guaranteed by the caller; `blocks` reads each link before the block is relinked.
-    for block in unsafe { list.blocks() } {
+    for block in unsafe { list.blocks(layout) } {
         let index = span_index(block as usize);
         // SAFETY: a span of this class (its block was handed out by it), under its lock.
         let s = unsafe { span(index) };
@@ -349,7 +376,7 @@ pub unsafe fn give_back(class: usize, list: List) {
         }
         let had_blocks = s.free.count > 0 || can_carve(s, size);
         // SAFETY: the block is free and the caller's to give.
-        unsafe { s.free.push(block) };
+        unsafe { s.free.push(block, layout) };
         s.handed_out -= 1;
         // SAFETY: the span serves this class; on its list exactly when it had blocks.
         unsafe {
@@ -459,7 +486,11 @@ fn fresh_span(region: &mut Region) -> Option<u32> {
     let end = carved.checked_add(SPAN_BYTES)?;
     while end > region.usable {
         let more = REGION_BYTES.min(region.reserved - region.usable);
-        if more == 0 || !sys::commit_pages((base + region.usable) as *mut u8, more) {
+        let side = CARVED.side.load(Ordering::Relaxed) + side_bytes(region.usable);
+        if more == 0
+            || !sys::commit_pages((base + region.usable) as *mut u8, more)
+            || !sys::commit_pages(side as *mut u8, side_bytes(more))
+        {
             return None;
         }
         region.usable += more;
@@ -479,7 +510,7 @@ unsafe fn free(index: u32, class: usize) {
     let keep = region.kept_count < KEPT_FREE_SPANS;
     if !keep {
         // SAFETY: the span's blocks are all free and on no list but its own, which goes away.
-        unsafe { sys::return_pages(span_start(index) as *mut u8, SPAN_BYTES) };
+        unsafe { return_span_pages(index) };
     }
     // SAFETY: a free span now, under the region lock.
     unsafe { region.push_free(index, keep) };
@@ -492,17 +523,35 @@ pub fn return_kept_spans() {
     while let Some(index) = region.pop_free(true) {
         // SAFETY: a free span, under the region lock: nobody serves it, so its pages may go.
         unsafe {
-            sys::return_pages(span_start(index) as *mut u8, SPAN_BYTES);
+            return_span_pages(index);
             region.push_free(index, false);
         }
     }
+}
+
+/// Gives the pages of span `index` and of its part of the side table back to the OS.
+///
+/// # Safety
+/// The span is free: nobody uses its blocks or their side words.
+unsafe fn return_span_pages(index: u32) {
+    let side = CARVED.side.load(Ordering::Relaxed) + side_bytes(index as usize * SPAN_BYTES);
+    // SAFETY: guaranteed by the caller.
+    unsafe {
+        sys::return_pages(span_start(index) as *mut u8, SPAN_BYTES);
+        sys::return_pages(side as *mut u8, SIDE_BYTES_PER_SPAN);
+    }
+}
+
+/// The side table's bytes for `bytes` of the spans' range.
+const fn side_bytes(bytes: usize) -> usize {
+    bytes / SIDE_STRIDE * size_of::<usize>()
 }
 
 /// Reserves the heap's address space and its span tables.
 #[cold]
 fn reserve(region: &mut Region) -> Option<()> {
     for bytes in RESERVE_BYTES {
-        let base = sys::reserve_pages(bytes);
+        let base = sys::reserve_pages(bytes + side_bytes(bytes));
         if base.is_null() {
             continue;
         }
@@ -510,9 +559,10 @@ fn reserve(region: &mut Region) -> Option<()> {
         let table = sys::map_pages(spans * (size_of::<Span>() + 1));
         if table.is_null() {
             // SAFETY: the reservation was made just above and is used by nobody.
-            unsafe { sys::unmap_pages(base, bytes) };
+            unsafe { sys::unmap_pages(base, bytes + side_bytes(bytes)) };
             return None;
         }
+        CARVED.side.store(base as usize + bytes, Ordering::Relaxed);
         SPANS.store(table.cast(), Ordering::Relaxed);
         OWNERS.store(
             table.wrapping_add(spans * size_of::<Span>()).cast(),
@@ -541,12 +591,15 @@ mod tests {
 
     #[test]
     fn a_fully_carved_span_keeps_a_guard_word_behind_its_last_block_that_walks_visit() {
-        let class = heap::class_for(50 * 1024, 0, 16).unwrap() as usize; // a class no other test uses
+        let class = heap::class_for(50 * 1024 - crate::tracker::header::HEADER_SIZE, 16, false)
+            .unwrap() as usize; // a class no other test uses
         let size = heap::class_size(class);
         // More blocks than one span holds: the first span is carved to its end.
         let list = take_blocks(class, (SPAN_BYTES / size) as u32 + 4);
         // SAFETY: the list's blocks are free and this test's.
-        let blocks: Vec<usize> = unsafe { list.blocks() }.map(|b| b as usize).collect();
+        let blocks: Vec<usize> = unsafe { list.blocks(Layout::Full) }
+            .map(|b| b as usize)
+            .collect();
         let first = blocks.iter().map(|&b| span_index(b)).min().unwrap();
         let (carved, full) = {
             let _lock = class_lock(class);
