@@ -313,11 +313,12 @@ pub fn take(class: u8, mine: &mut HeldShard<'_>) -> Option<*mut u8> {
             _ => refill(class)?,
         };
     }
-    // The link to the next block lies in this free block, where an overrun of the block in
-    // front may have reached: followed only when the block's freed cookie vouches for it. The
-    // head itself came from such a link, or from a list checked when it came to the thread.
-    // SAFETY: `head` is the first of `count > 0` free blocks of the heap this thread holds.
+    // The link to the next block lies in this free block (or its side word), where an overrun
+    // of the block in front may have reached: followed only when the block's freed cookie
+    // vouches for it. The head itself came from such a link, or from a list checked when it
+    // came to the thread.
     let layout = Layout::of_class(class);
+    // SAFETY: `head` is the first of `count > 0` free blocks of the heap this thread holds.
     let Some(next) = (unsafe { BlockHeader::free_link(head.cast(), layout) })
         .or_else(|| super::integrity::repair_free_link(head, layout))
     else {
