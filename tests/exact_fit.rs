@@ -1,6 +1,7 @@
 //! One-byte overruns of blocks that fill their size class exactly, where no guard bytes lie
 //! behind the block: the next block's header (live or free) or a span's guard word is the guard,
-//! and the report names the block in front, with its size, the offset and the byte.
+//! and the report names the block in front, with its size, the offset and the byte. Blocks of
+//! 16 bytes without a site (compact headers, 16 bytes in front of the block) too.
 
 mod support;
 
@@ -18,19 +19,32 @@ fn program() -> &'static PathBuf {
     })
 }
 
+/// How the program allocates its blocks.
+#[derive(Clone, Copy, PartialEq)]
+enum Made {
+    /// With `K15_NEW` (a site: full headers).
+    AtSite,
+    /// With a plain `new` (blocks of up to 16 bytes take compact headers).
+    WithoutSite,
+}
+
 /// Runs one overrun and returns its only error, after checking that the program went on to
 /// its last line and that the error names the block in front: its address, size, the offset
 /// of the byte (its size: the byte right behind it), the byte and where it was allocated.
 fn only_overrun(how: &str, size: usize) -> (support::Run, Value) {
-    let report = format!("{how}_{size}");
-    let run = support::run_with(
-        program(),
-        &report,
-        "malloc=0",
-        &[],
-        &[how, &size.to_string()],
-    );
-    let what = format!("{how} {size}");
+    overrun_of(how, size, Made::AtSite)
+}
+
+/// [`only_overrun`] of blocks made as `made` says.
+fn overrun_of(how: &str, size: usize, made: Made) -> (support::Run, Value) {
+    let size_arg = size.to_string();
+    let mut args = vec![how, size_arg.as_str()];
+    if made == Made::WithoutSite {
+        args.push("compact");
+    }
+    let report = args.join("_");
+    let run = support::run_with(program(), &report, "malloc=0", &[], &args);
+    let what = args.join(" ");
     let stdout = run.stdout();
     assert!(
         run.output.status.success(),
@@ -48,12 +62,21 @@ fn only_overrun(how: &str, size: usize) -> (support::Run, Value) {
     assert_eq!(error["size"], size, "{what}");
     assert_eq!(error["offset"], size, "{what}");
     assert_eq!(error["bytes"], "58", "{what}");
-    assert_eq!(error["file"], SOURCE, "{what}");
-    assert_eq!(
-        error["line"],
-        support::line_of(SOURCE, "// ALLOC make"),
-        "{what}"
-    );
+    match made {
+        Made::AtSite => {
+            assert_eq!(error["file"], SOURCE, "{what}");
+            assert_eq!(
+                error["line"],
+                support::line_of(SOURCE, "// ALLOC make"),
+                "{what}"
+            );
+        }
+        Made::WithoutSite => assert_eq!(
+            error["alloc_stack"][0]["line"],
+            support::line_of(SOURCE, "// ALLOC no_site"),
+            "{what}: {error}"
+        ),
+    }
     assert_eq!(run.leaks().len(), 0, "{what}: {}", run.text);
     (run, error)
 }
@@ -101,6 +124,26 @@ fn check_heap_finds_an_overrun_of_the_last_block_of_a_span() {
         let (run, error) = only_overrun("span_end", size);
         assert!(run.stdout().contains("check_heap 1"), "{size}");
         assert_eq!(error["detail"], "found by check_heap()", "{size}");
+    }
+}
+
+#[test]
+fn an_exact_fit_overrun_of_a_compact_block_is_found_wherever_it_lands() {
+    let (_, error) = overrun_of("delete", 16, Made::WithoutSite);
+    assert!(
+        error["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("found in the header behind the block"),
+        "{error}"
+    );
+    let (run, _) = overrun_of("reuse", 16, Made::WithoutSite);
+    assert!(run.stdout().contains("reused yes"), "{}", run.stdout());
+    assert!(run.stdout().contains("check_heap 1"), "{}", run.stdout());
+    for how in ["check_heap", "span_end"] {
+        let (run, error) = overrun_of(how, 16, Made::WithoutSite);
+        assert!(run.stdout().contains("check_heap 1"), "{how}");
+        assert_eq!(error["detail"], "found by check_heap()", "{how}");
     }
 }
 

@@ -383,28 +383,38 @@ impl BlockHeader {
     /// side table covers no other), so that a stray pointer's bytes never lead outside it.
     #[inline(always)]
     pub fn layout(&self) -> Layout {
-        if self.packed_byte(CLASS_BYTE) == COMPACT_BYTE && super::heap::contains(self.address()) {
+        if self.packs_compact() && super::heap::contains(self.address()) {
             Layout::Compact
         } else {
             Layout::Full
         }
     }
 
+    /// Whether `packed` is laid out as a compact block's: what the fields read from it alone
+    /// (size, stack, site) go by, without the heap's bounds that [`BlockHeader::layout`] reads
+    /// before it lets anyone read a side word.
+    #[inline(always)]
+    fn packs_compact(&self) -> bool {
+        self.packed_byte(CLASS_BYTE) == COMPACT_BYTE
+    }
+
     /// The size the program asked for.
     #[inline(always)]
     pub fn size(&self) -> usize {
-        match self.layout() {
-            Layout::Full => (self.packed >> SIZE_SHIFT) as usize,
-            Layout::Compact => self.packed_byte(COMPACT_SIZE_BYTE) as usize,
+        if self.packs_compact() {
+            self.packed_byte(COMPACT_SIZE_BYTE) as usize
+        } else {
+            (self.packed >> SIZE_SHIFT) as usize
         }
     }
 
     /// The stack of the allocation.
     #[inline]
     pub fn alloc_stack(&self) -> StackId {
-        match self.layout() {
-            Layout::Full => self.alloc_stack,
-            Layout::Compact => StackId((self.packed >> 32) as u32),
+        if self.packs_compact() {
+            StackId((self.packed >> 32) as u32)
+        } else {
+            self.alloc_stack
         }
     }
 
@@ -427,9 +437,10 @@ impl BlockHeader {
 
     /// The site's id (none for a compact block).
     fn site(&self) -> u32 {
-        match self.layout() {
-            Layout::Full => self.site,
-            Layout::Compact => 0,
+        if self.packs_compact() {
+            0
+        } else {
+            self.site
         }
     }
 

@@ -298,10 +298,10 @@ fn thread_heap() -> &'static ThreadHeap {
     THREAD_HEAP.with(|heap| unsafe { &*(heap as *const ThreadHeap) })
 }
 
-/// A free block of class `class` (header included, 16-aligned, its user pointer never
-/// page-aligned), for the calling thread, which holds its shard (`mine`): a walk of the heap
+/// The header of a free block of class `class` (16-aligned, its user pointer `HEADER_SIZE` on
+/// and never page-aligned), for the calling thread, which holds its shard (`mine`): a walk of the heap
 /// waits until the caller has made the block live. `None` when no memory could be mapped.
-#[inline]
+#[inline(always)]
 pub fn take(class: u8, mine: &mut HeldShard<'_>) -> Option<*mut u8> {
     let class = class as usize;
     let lists = &thread_heap().classes[class];

@@ -6,6 +6,9 @@
 //   reuse       the byte lands in a free neighbour's header, found when `new` reuses it
 //   check_heap  the byte lands in a live neighbour's header, found by check_heap()
 //   span_end    the block is the last one of a span: the byte lands in the span's guard word
+//
+// With a third argument `compact`, the blocks come from a plain `new` (no `K15_NEW` site): blocks
+// of up to 16 bytes then take the compact header, 16 bytes in front of the block.
 #include <k15/memory.h>
 
 #include <algorithm>
@@ -20,14 +23,19 @@
 namespace {
 
 // The header in front of every block (README, "Block header"): an exact fit's neighbour starts
-// this far behind its last byte.
-constexpr std::uintptr_t kHeader = 32;
+// this far behind its last byte. A compact header is 16 bytes.
+std::uintptr_t kHeader = 32;
+bool compact = false;
 
 void* volatile sink;
 volatile std::size_t one = 1;  // an index the compiler cannot see through
 
+[[gnu::noinline]] char* make_without_site(std::size_t size) {
+    return new char[size];  // ALLOC no_site
+}
+
 [[gnu::noinline]] char* make(std::size_t size) {
-    char* block = K15_NEW char[size];  // ALLOC make
+    char* block = compact ? make_without_site(size) : K15_NEW char[size];  // ALLOC make
     std::memset(block, 0, size);
     sink = block;
     return block;
@@ -91,9 +99,11 @@ char* last_of_a_span(std::size_t size, std::vector<char*>& kept) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    if (argc != 3) return 2;
+    if (argc != 3 && argc != 4) return 2;
     const std::string how = argv[1];
     const std::size_t size = std::strtoul(argv[2], nullptr, 10);
+    compact = argc == 4 && std::string(argv[3]) == "compact";
+    if (compact && size <= 16) kHeader = 16;
     if (how == "span_end") {
         std::vector<char*> kept;
         char* last = last_of_a_span(size, kept);
