@@ -364,6 +364,57 @@ fn an_overrun_that_wipes_the_next_header_is_reported_and_the_report_still_writte
 }
 
 #[test]
+fn compact_blocks_report_underruns_overruns_and_double_frees_like_the_others() {
+    let run = run_kind_with("compact_errors", 0, "free_stacks=1");
+    assert_eq!(
+        run.error_kinds(),
+        ["underrun", "overrun", "double_free"],
+        "{}",
+        run.text
+    );
+    let errors = run.errors();
+    for (error, size) in errors.iter().zip([12, 9, 8]) {
+        assert_eq!(error["size"], size, "{}", run.text);
+        assert!(error["file"].is_null(), "a plain new has no site: {error}");
+        assert_eq!(
+            error["alloc_stack"][0]["line"],
+            support::line_of(SOURCE, "// ALLOC make_plain"),
+            "{error}"
+        );
+    }
+    assert_eq!((&errors[0]["offset"], &errors[0]["bytes"]), (&(-1).into(), &"56".into()));
+    assert_eq!((&errors[1]["offset"], &errors[1]["bytes"]), (&9.into(), &"57".into()));
+    let first = function_names(&errors[2]["previous_free_stack"]);
+    assert!(first[0].contains("first_delete"), "{first:?}");
+    assert_eq!(run.leaks().len(), 0, "{}", run.text);
+    agrees_with_valgrind("compact_errors", &run);
+}
+
+/// No valgrind here: the block in front fills its 16 bytes, so no guard of its own lies behind
+/// it, and the 16 bytes wipe the whole header that would have told of it (valgrind names the
+/// block in front; the tracker, the block whose header went).
+#[test]
+fn an_overrun_that_wipes_a_compact_header_is_reported_and_that_block_left_alone() {
+    let run = run_kind_losing("compact_smashed", 1);
+    assert!(
+        run.stdout().contains("smashed: neighbour"),
+        "the layout this test relies on"
+    );
+    assert_eq!(run.error_kinds(), ["heap_corruption"], "{}", run.text);
+    let victim = &run.errors()[0];
+    assert_eq!(victim["offset"], -16);
+    assert_eq!(
+        victim["bytes"],
+        "48 48 48 48 48 48 48 48 48 48 48 48 48 48 48 48"
+    );
+    assert!(victim["detail"]
+        .as_str()
+        .unwrap()
+        .contains("no longer tracked"));
+    assert!(run.text.contains("SUMMARY"), "{}", run.text);
+}
+
+#[test]
 fn a_double_free_names_the_first_delete_with_free_stacks() {
     let sizes = [24, 64 << 10, 1 << 20, 64, 3000];
     let run = run_kind_with("double_frees", 0, "free_stacks=1");

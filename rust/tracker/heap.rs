@@ -5,11 +5,13 @@
 //! A block here is header and user bytes together (`total` bytes, rounded up to its class), on
 //! no list while live: the report and `check_heap()` walk the spans (`spans::for_each_block`).
 //! A `delete` of one of the thread's own blocks and the `new` that reuses it touch only the
-//! block and the thread's own list heads.
+//! block and the thread's own list heads. Blocks of up to 16 bytes without a site take the
+//! compact class ([`COMPACT_CLASS`]: 16 header bytes in a 32-byte slot, see `header`); lists and
+//! callers name every block by its header (for a compact block, 16 bytes in front of its slot).
 //!
 //! A free block keeps its site, stack, size and cookie (bytes 8..32), so a second `delete` still
-//! finds `FREED` until the block is handed out again; word 0 links it to the next block of its
-//! free list.
+//! finds `FREED` until the block is handed out again; word 0 (a compact block's side word) links
+//! it to the next block of its free list.
 //!
 //! Memory moves between a thread and its class's spans (`spans`) in whole lists of up to
 //! [`batch_blocks`] blocks, under the class lock (once per batch, not per call). A thread holds at

@@ -13,6 +13,9 @@
 //! ([`for_each_block`]): the guard of a block whose class leaves it no slack is the next block's
 //! header, and where there is no next block yet, this word. A span keeps [`GUARD_SIZE`] bytes
 //! at its end for it.
+//!
+//! Behind the spans' range lies the side table ([`side_word`]): a word per 32 bytes of it, where
+//! compact blocks keep their header's word 0, out of reach of an overrun.
 
 use super::header::{BlockHeader, Layout, GUARD, GUARD_SIZE};
 use super::heap::{self, List};

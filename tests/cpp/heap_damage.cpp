@@ -146,6 +146,41 @@ struct alignas(64) Line {
     second_delete(static_cast<char*>(sink));
 }
 
+// Blocks without a site (a plain `new`): those of up to 16 bytes take the compact header, 16
+// bytes in front of the block, its first word kept aside.
+[[gnu::noinline]] char* make_plain(std::size_t size) {
+    char* block = new char[size];  // ALLOC make_plain
+    std::memset(block, 0, size);
+    sink = block;
+    return block;
+}
+
+[[gnu::noinline]] void compact_errors() {
+    char* under = make_plain(12);
+    under[-static_cast<long>(one)] = 'V';  // WRITE compact underrun
+    release(under);
+    char* over = make_plain(9);
+    over[9 * one] = 'W';  // WRITE compact overrun
+    release(over);
+    char* twice = make_plain(8);
+    first_delete(twice);
+    sink = twice;
+    second_delete(static_cast<char*>(sink));
+}
+
+[[gnu::noinline]] void compact_smashed() {
+    // As smashed_header, for 16-byte blocks: the 16 bytes past the block's end are the whole
+    // compact header of the block behind it (its size, stack, kind and check word).
+    char* victim = make_plain(16);
+    char* block = make_plain(16 + one - 1);
+    std::memset(block + 16, 'H', 16 * one);  // WRITE compact_smashed
+    char* after = make_plain(16);
+    release(block);
+    release(after);
+    release(victim);
+    std::printf("smashed: %s\n", victim == block + 32 ? "neighbour" : "elsewhere");
+}
+
 // Writes after delete, run with quarantine=64K: one found by check_heap(), one when it leaves
 // the quarantine (pushed out by later frees), one by the report at exit.
 [[gnu::noinline]] char* freed(std::size_t size) {
@@ -181,6 +216,8 @@ int main(int argc, char** argv) {
     else if (is("second_base_delete")) second_base_delete();
     else if (is("double_frees")) double_frees();
     else if (is("use_after_free")) use_after_free();
+    else if (is("compact_errors")) compact_errors();
+    else if (is("compact_smashed")) compact_smashed();
     else {
         std::printf("unknown kind %s\n", kind);
         return 2;
