@@ -382,8 +382,14 @@ fn compact_blocks_report_underruns_overruns_and_double_frees_like_the_others() {
             "{error}"
         );
     }
-    assert_eq!((&errors[0]["offset"], &errors[0]["bytes"]), (&(-1).into(), &"56".into()));
-    assert_eq!((&errors[1]["offset"], &errors[1]["bytes"]), (&9.into(), &"57".into()));
+    assert_eq!(
+        (&errors[0]["offset"], &errors[0]["bytes"]),
+        (&(-1).into(), &"56".into())
+    );
+    assert_eq!(
+        (&errors[1]["offset"], &errors[1]["bytes"]),
+        (&9.into(), &"57".into())
+    );
     let first = function_names(&errors[2]["previous_free_stack"]);
     assert!(first[0].contains("first_delete"), "{first:?}");
     assert_eq!(run.leaks().len(), 0, "{}", run.text);

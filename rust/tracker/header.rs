@@ -705,10 +705,15 @@ impl BlockHeader {
         let address = h.address();
         let is_link =
             |link: usize| link.is_multiple_of(16) && (link == 0 || super::heap::contains(link));
+        // A write past the end of the block in front changes a compact `packed` from its low
+        // bytes up (shard, kind, class, size); one that left them as they were and changed only
+        // the stack's bytes is no such write, but an underrun, which changes the cookie's top
+        // bytes: a change those bytes alone would undo is not taken for one.
+        let from_front = |packed: usize| is_compact_packed(packed) && (packed ^ found) as u32 != 0;
         let as_freed = match layout {
             Layout::Full => Some(cookie ^ FREED ^ address).filter(|&link| is_link(link)),
             Layout::Compact => Some(cookie ^ FREED ^ address ^ beyond)
-                .filter(|&packed| is_link(first) && is_compact_packed(packed)),
+                .filter(|&packed| is_link(first) && from_front(packed)),
         };
         let was = match as_freed.filter(|&was| was != found) {
             Some(was) => was,
@@ -726,7 +731,7 @@ impl BlockHeader {
                                 }
                                 // The fields to check lie in the word itself: tried in place.
                                 Layout::Compact => {
-                                    is_compact_packed(was)
+                                    from_front(was)
                                         && threads.contains(&((first >> 32) as u32))
                                         && {
                                             // SAFETY: as above; put back unless it holds.

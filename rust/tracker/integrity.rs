@@ -607,17 +607,13 @@ pub fn foreign_free_error(ptr: *mut u8, freed_with: BlockKind, free_stack: Stack
         };
     }
     if addr == user && !h.cookie_valid(layout) {
+        // Read before the mark, which a compact header's bytes shown include.
+        let found = header_bytes(header);
         if super::heap::contains(addr) {
             // SAFETY: a heap block's header; marked so that it is reported once.
             unsafe { (*header).mark_damaged() };
         }
-        return corruption_error(
-            header,
-            Corrupted::Header,
-            header_bytes(header),
-            freed_with,
-            free_stack,
-        );
+        return corruption_error(header, Corrupted::Header, found, freed_with, free_stack);
     }
     plain
 }
