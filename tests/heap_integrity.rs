@@ -560,27 +560,29 @@ fn random_overruns_of_any_length_never_crash_the_tracker() {
         &["tests/cpp/random_overruns.cpp"],
         &[],
     );
-    for seed in 1..=6 {
-        for longest in ["8", "64", "300"] {
-            let seed = seed.to_string();
-            let run = support::run_with(&exe, "overruns", "stack_depth=2", &[], &[&seed, longest]);
-            let what = format!("seed {seed}, overruns up to {longest} bytes");
-            assert!(
-                run.output.status.success(),
-                "{what}: {:?}\n{}",
-                run.output.status,
-                run.stderr()
-            );
-            assert!(run.stdout().contains("last line"), "{what}");
-            assert!(run.text.contains("SUMMARY"), "{what}: no report");
-            let kinds = run.error_kinds();
-            assert!(kinds.iter().any(|k| k == "overrun"), "{what}: {kinds:?}");
-            assert!(
-                kinds
-                    .iter()
-                    .all(|k| ["overrun", "heap_corruption", "invalid_free"].contains(&k.as_str())),
-                "{what}: {kinds:?}"
-            );
-        }
+    // Blocks of up to 600 bytes, then of up to 16 (all with compact headers).
+    let runs = (1..=6).flat_map(|seed| ["8", "64", "300"].map(|longest| (seed, longest, "600")));
+    let compact = (7..=10).flat_map(|seed| ["4", "16", "40"].map(|longest| (seed, longest, "16")));
+    for (seed, longest, largest) in runs.chain(compact) {
+        let seed = seed.to_string();
+        let args = [seed.as_str(), longest, largest];
+        let run = support::run_with(&exe, "overruns", "stack_depth=2", &[], &args);
+        let what = format!("seed {seed}, overruns up to {longest} bytes of blocks to {largest}");
+        assert!(
+            run.output.status.success(),
+            "{what}: {:?}\n{}",
+            run.output.status,
+            run.stderr()
+        );
+        assert!(run.stdout().contains("last line"), "{what}");
+        assert!(run.text.contains("SUMMARY"), "{what}: no report");
+        let kinds = run.error_kinds();
+        assert!(kinds.iter().any(|k| k == "overrun"), "{what}: {kinds:?}");
+        assert!(
+            kinds
+                .iter()
+                .all(|k| ["overrun", "heap_corruption", "invalid_free"].contains(&k.as_str())),
+            "{what}: {kinds:?}"
+        );
     }
 }

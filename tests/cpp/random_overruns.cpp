@@ -1,5 +1,6 @@
 // Random overruns of random lengths past live blocks, among live and freed neighbours:
-// `random_overruns <seed> <longest overrun>`. Whatever they overwrite (guards, the tracker's
+// `random_overruns <seed> <longest overrun> [largest block]` (blocks of 1 to 600 bytes, or to
+// the largest given: 16 makes them all compact-header blocks). Whatever they overwrite (guards, the tracker's
 // list links and headers, the heap's free lists), the program must reach its last line with
 // the report written: the tracker reports what it finds and never crashes.
 #include <k15/memory.h>
@@ -13,11 +14,12 @@
 int main(int argc, char** argv) {
     std::srand(argc > 1 ? static_cast<unsigned>(std::atoi(argv[1])) : 1);
     const int longest = argc > 2 ? std::atoi(argv[2]) : 64;
+    const int largest = argc > 3 ? std::atoi(argv[3]) : 600;
     constexpr int kBlocks = 3000;
     std::vector<char*> blocks;
     std::vector<std::size_t> sizes;
     for (int i = 0; i < kBlocks; ++i) {
-        sizes.push_back(1 + static_cast<std::size_t>(std::rand() % 600));
+        sizes.push_back(1 + static_cast<std::size_t>(std::rand() % largest));
         blocks.push_back(new char[sizes.back()]);
         std::memset(blocks.back(), 1, sizes.back());
     }
@@ -37,7 +39,7 @@ int main(int argc, char** argv) {
         }
     }).join();
     for (int i = 0; i < 20000; ++i) {  // the heap hands out its free blocks again
-        char* block = new char[1 + std::rand() % 600];
+        char* block = new char[1 + std::rand() % largest];
         block[0] = 1;
         delete[] block;
     }
