@@ -331,13 +331,29 @@ fn a_delete_through_a_second_base_class_names_the_object() {
     agrees_with_valgrind("second_base_delete", &run);
 }
 
-#[test]
-fn an_overrun_that_wipes_the_next_header_is_reported_and_the_report_still_written() {
-    let run = run_kind_losing("smashed_header", 1);
+/// What both runs of `smash_the_header_behind` must give: the layout they rely on, and the error
+/// about the block behind, with its header's bytes in front of its user pointer (from `offset`)
+/// all overwritten, and the block left alone.
+fn assert_wiped_header(run: &support::Run, victim: &Value, offset: i64) {
     assert!(
         run.stdout().contains("smashed: neighbour"),
         "the layout this test relies on"
     );
+    assert_eq!(victim["offset"], offset);
+    assert_eq!(
+        victim["bytes"],
+        "48 48 48 48 48 48 48 48 48 48 48 48 48 48 48 48"
+    );
+    assert!(victim["detail"]
+        .as_str()
+        .unwrap()
+        .contains("no longer tracked"));
+    assert!(run.text.contains("SUMMARY"), "{}", run.text);
+}
+
+#[test]
+fn an_overrun_that_wipes_the_next_header_is_reported_and_the_report_still_written() {
+    let run = run_kind_losing("smashed_header", 1);
     let kinds = run.error_kinds();
     assert_eq!(kinds[0], "overrun", "{}", run.text);
     assert_eq!(
@@ -349,17 +365,7 @@ fn an_overrun_that_wipes_the_next_header_is_reported_and_the_report_still_writte
         kinds[2..].iter().all(|k| k == "heap_corruption"),
         "{kinds:?}"
     );
-    let victim = &run.errors()[1];
-    assert_eq!(victim["offset"], -32);
-    assert_eq!(
-        victim["bytes"],
-        "48 48 48 48 48 48 48 48 48 48 48 48 48 48 48 48"
-    );
-    assert!(victim["detail"]
-        .as_str()
-        .unwrap()
-        .contains("no longer tracked"));
-    assert!(run.text.contains("SUMMARY"), "{}", run.text);
+    assert_wiped_header(&run, &run.errors()[1], -32);
     agrees_with_valgrind("smashed_header", &run);
 }
 
@@ -402,22 +408,8 @@ fn compact_blocks_report_underruns_overruns_and_double_frees_like_the_others() {
 #[test]
 fn an_overrun_that_wipes_a_compact_header_is_reported_and_that_block_left_alone() {
     let run = run_kind_losing("compact_smashed", 1);
-    assert!(
-        run.stdout().contains("smashed: neighbour"),
-        "the layout this test relies on"
-    );
     assert_eq!(run.error_kinds(), ["heap_corruption"], "{}", run.text);
-    let victim = &run.errors()[0];
-    assert_eq!(victim["offset"], -16);
-    assert_eq!(
-        victim["bytes"],
-        "48 48 48 48 48 48 48 48 48 48 48 48 48 48 48 48"
-    );
-    assert!(victim["detail"]
-        .as_str()
-        .unwrap()
-        .contains("no longer tracked"));
-    assert!(run.text.contains("SUMMARY"), "{}", run.text);
+    assert_wiped_header(&run, &run.errors()[0], -16);
 }
 
 #[test]

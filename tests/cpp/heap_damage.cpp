@@ -39,6 +39,15 @@ std::uint64_t held_blocks = 0;
 
 [[gnu::noinline]] void release(char* block) { delete[] block; }  // RELEASE
 
+// Blocks without a site (a plain `new`): those of up to 16 bytes take the compact header, 16
+// bytes in front of the block, its first word kept aside.
+[[gnu::noinline]] char* make_plain(std::size_t size) {
+    char* block = new char[size];  // ALLOC make_plain
+    std::memset(block, 0, size);
+    sink = block;
+    return block;
+}
+
 [[gnu::noinline]] void overrun_by_one() {
     char* block = make(24);
     block[24 * one] = 'A';  // WRITE overrun_by_one
@@ -83,17 +92,20 @@ std::uint64_t held_blocks = 0;
     held_blocks += 1;
 }
 
-[[gnu::noinline]] void smashed_header() {
-    // An overrun that wipes the whole header of the block behind it: the tracker's links, size
-    // and check word. The program goes on, frees what it can and writes its report.
-    char* victim = make(200);
-    char* block = make(200 + one - 1);
-    std::memset(block + 200, 'H', 96 * one);  // WRITE smashed_header
-    char* after = make(200);
+// An overrun that wipes the whole header of the block behind it (`wipe` bytes past the end of a
+// block of `size` bytes from `make_block`, whose blocks lie `stride` bytes apart): the tracker's
+// size, check word and, in a full header, links. The program goes on, frees what it can and
+// writes its report.
+[[gnu::noinline]] void smash_the_header_behind(char* (*make_block)(std::size_t), std::size_t size,
+                                               std::size_t wipe, std::size_t stride) {
+    char* victim = make_block(size);
+    char* block = make_block(size + one - 1);
+    std::memset(block + size, 'H', wipe * one);  // WRITE smashed header
+    char* after = make_block(size);
     release(block);
     release(after);
     release(victim);
-    std::printf("smashed: %s\n", victim == block + 240 ? "neighbour" : "elsewhere");
+    std::printf("smashed: %s\n", victim == block + stride ? "neighbour" : "elsewhere");
 }
 
 [[gnu::noinline]] void interior_delete() {
@@ -146,15 +158,6 @@ struct alignas(64) Line {
     second_delete(static_cast<char*>(sink));
 }
 
-// Blocks without a site (a plain `new`): those of up to 16 bytes take the compact header, 16
-// bytes in front of the block, its first word kept aside.
-[[gnu::noinline]] char* make_plain(std::size_t size) {
-    char* block = new char[size];  // ALLOC make_plain
-    std::memset(block, 0, size);
-    sink = block;
-    return block;
-}
-
 [[gnu::noinline]] void compact_errors() {
     char* under = make_plain(12);
     under[-static_cast<long>(one)] = 'V';  // WRITE compact underrun
@@ -166,19 +169,6 @@ struct alignas(64) Line {
     first_delete(twice);
     sink = twice;
     second_delete(static_cast<char*>(sink));
-}
-
-[[gnu::noinline]] void compact_smashed() {
-    // As smashed_header, for 16-byte blocks: the 16 bytes past the block's end are the whole
-    // compact header of the block behind it (its size, stack, kind and check word).
-    char* victim = make_plain(16);
-    char* block = make_plain(16 + one - 1);
-    std::memset(block + 16, 'H', 16 * one);  // WRITE compact_smashed
-    char* after = make_plain(16);
-    release(block);
-    release(after);
-    release(victim);
-    std::printf("smashed: %s\n", victim == block + 32 ? "neighbour" : "elsewhere");
 }
 
 // Writes after delete, run with quarantine=64K: one found by check_heap(), one when it leaves
@@ -211,13 +201,14 @@ int main(int argc, char** argv) {
     else if (is("memcpy_overrun")) memcpy_overrun();
     else if (is("underrun")) underrun();
     else if (is("check_heap")) found_by_check_heap();
-    else if (is("smashed_header")) smashed_header();
+    else if (is("smashed_header")) smash_the_header_behind(make, 200, 96, 240);
     else if (is("interior_delete")) interior_delete();
     else if (is("second_base_delete")) second_base_delete();
     else if (is("double_frees")) double_frees();
     else if (is("use_after_free")) use_after_free();
     else if (is("compact_errors")) compact_errors();
-    else if (is("compact_smashed")) compact_smashed();
+    // 16-byte blocks: the 16 bytes past the end are the whole compact header behind.
+    else if (is("compact_smashed")) smash_the_header_behind(make_plain, 16, 16, 32);
     else {
         std::printf("unknown kind %s\n", kind);
         return 2;
