@@ -300,9 +300,10 @@ fn thread_heap() -> &'static ThreadHeap {
     THREAD_HEAP.with(|heap| unsafe { &*(heap as *const ThreadHeap) })
 }
 
-/// The header of a free block of class `class` (16-aligned, its user pointer `HEADER_SIZE` on
-/// and never page-aligned), for the calling thread, which holds its shard (`mine`): a walk of the heap
-/// waits until the caller has made the block live. `None` when no memory could be mapped.
+/// The header of a free block of class `class` (16-aligned; its user pointer, `HEADER_SIZE`
+/// bytes on, never page-aligned), for the calling thread, which holds its shard (`mine`): a walk
+/// of the heap waits until the caller has made the block live. `None` when no memory could be
+/// mapped.
 #[inline(always)]
 pub fn take(class: u8, mine: &mut HeldShard<'_>) -> Option<*mut u8> {
     let class = class as usize;
@@ -637,7 +638,8 @@ mod tests {
 
     #[test]
     fn a_free_block_whose_link_changed_is_repaired_and_one_whose_header_went_is_left_alone() {
-        let class = class_for(10 * 1024 - HEADER_SIZE, 16, false).unwrap(); // a class no other test uses
+        // A class no other test uses.
+        let class = class_for(10 * 1024 - HEADER_SIZE, 16, false).unwrap();
         with_my_shard(|mine| {
             let blocks: [*mut u8; 3] = core::array::from_fn(|_| take(class, mine).unwrap());
             for &block in blocks.iter().rev() {
@@ -676,7 +678,8 @@ mod tests {
 
     #[test]
     fn free_blocks_of_an_exited_thread_are_handed_out_again() {
-        let class = class_for(30 * 1024 - HEADER_SIZE, 16, false).unwrap(); // a class no other test uses
+        // A class no other test uses.
+        let class = class_for(30 * 1024 - HEADER_SIZE, 16, false).unwrap();
         let blocks = std::thread::spawn(move || {
             with_my_shard(|mine| {
                 let blocks: [usize; 20] =
@@ -700,7 +703,8 @@ mod tests {
 
     #[test]
     fn blocks_given_back_one_by_one_are_handed_out_again() {
-        let class = class_for(20 * 1024 - HEADER_SIZE, 16, false).unwrap(); // a class no other test uses
+        // A class no other test uses.
+        let class = class_for(20 * 1024 - HEADER_SIZE, 16, false).unwrap();
         let (given, held) = with_my_shard(|mine| {
             let blocks: [*mut u8; 4] = core::array::from_fn(|_| take(class, mine).unwrap());
             for &block in &blocks[..3] {
