@@ -6,8 +6,7 @@
 mod support;
 
 use serde_json::Value;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::OnceLock;
 
 const SOURCE: &str = "tests/cpp/exact_fit.cpp";
@@ -33,18 +32,18 @@ enum Made {
 /// its last line and that the error names the block in front: its address, size, the offset
 /// of the byte (its size: the byte right behind it), the byte and where it was allocated.
 fn only_overrun(how: &str, size: usize) -> (support::Run, Value) {
-    overrun_of(program(), how, size, Made::AtSite)
+    overrun_of(how, size, Made::AtSite)
 }
 
-/// [`only_overrun`] of blocks made as `made` says, by `exe` (the program or a wrapper of it).
-fn overrun_of(exe: &Path, how: &str, size: usize, made: Made) -> (support::Run, Value) {
+/// [`only_overrun`] of blocks made as `made` says.
+fn overrun_of(how: &str, size: usize, made: Made) -> (support::Run, Value) {
     let size_arg = size.to_string();
     let mut args = vec![how, size_arg.as_str()];
     if made == Made::WithoutSite {
         args.push("compact");
     }
     let report = args.join("_");
-    let run = support::run_with(exe, &report, "malloc=0", &[], &args);
+    let run = support::run_with(program(), &report, "malloc=0", &[], &args);
     let what = args.join(" ");
     let stdout = run.stdout();
     assert!(
@@ -130,7 +129,7 @@ fn check_heap_finds_an_overrun_of_the_last_block_of_a_span() {
 
 #[test]
 fn an_exact_fit_overrun_of_a_compact_block_is_found_wherever_it_lands() {
-    let (_, error) = overrun_of(program(), "delete", 16, Made::WithoutSite);
+    let (_, error) = overrun_of("delete", 16, Made::WithoutSite);
     assert!(
         error["detail"]
             .as_str()
@@ -138,30 +137,14 @@ fn an_exact_fit_overrun_of_a_compact_block_is_found_wherever_it_lands() {
             .starts_with("found in the header behind the block"),
         "{error}"
     );
-    let (run, _) = overrun_of(program(), "reuse", 16, Made::WithoutSite);
+    let (run, _) = overrun_of("reuse", 16, Made::WithoutSite);
     assert!(run.stdout().contains("reused yes"), "{}", run.stdout());
     assert!(run.stdout().contains("check_heap 1"), "{}", run.stdout());
     for how in ["check_heap", "span_end"] {
-        let (run, error) = overrun_of(program(), how, 16, Made::WithoutSite);
+        let (run, error) = overrun_of(how, 16, Made::WithoutSite);
         assert!(run.stdout().contains("check_heap 1"), "{how}");
         assert_eq!(error["detail"], "found by check_heap()", "{how}");
     }
-}
-
-/// Under an address-space limit (`ulimit -v`) with no room for the heap's larger reservations,
-/// its smallest ones still serve: compact blocks lie side by side (the program finds two 32
-/// bytes apart), and an exact-fit overrun is caught as ever. Before, such a process got its
-/// blocks from glibc.
-#[test]
-fn under_a_700_megabyte_address_space_limit_the_heap_still_serves_compact_blocks() {
-    let wrapper = program().with_file_name("exact_fit_limited");
-    std::fs::write(
-        &wrapper,
-        "#!/bin/sh\nulimit -v 700000\nexec ./exact_fit \"$@\"\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
-    overrun_of(&wrapper, "delete", 16, Made::WithoutSite);
 }
 
 #[test]
