@@ -6,6 +6,7 @@
 mod support;
 
 use serde_json::Value;
+use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
@@ -144,6 +145,41 @@ fn an_exact_fit_overrun_of_a_compact_block_is_found_wherever_it_lands() {
         let (run, error) = overrun_of(how, 16, Made::WithoutSite);
         assert!(run.stdout().contains("check_heap 1"), "{how}");
         assert_eq!(error["detail"], "found by check_heap()", "{how}");
+    }
+}
+
+/// A process near its address-space limit (`ulimit -v`: the tracker's heap and tables take much
+/// of it) must still never be aborted by the tracker, and its report must be written: the
+/// symbolizer leaves a module raw when it has no room for its tables, and the report writes
+/// through a small buffer when it cannot have its large one. Limits from 200 to 500 MB, where
+/// an allocation of the symbolizer or of the report's buffer failed (and aborted) before.
+#[test]
+fn under_any_address_space_limit_the_tracker_never_aborts_and_the_report_is_written() {
+    let wrapper = program().with_file_name("exact_fit_limited");
+    let script = "#!/bin/sh\nulimit -v \"$1\"\nshift\nexec ./exact_fit \"$@\"\n";
+    std::fs::write(&wrapper, script).unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for kib in (200_000..=500_000).step_by(10_000) {
+        let limit = kib.to_string();
+        let run = support::run_with(
+            &wrapper,
+            "limited",
+            "malloc=0",
+            &[],
+            &[&limit, "delete", "48"],
+        );
+        // 0: the overrun was found; 3: the blocks came from glibc, never side by side.
+        let status = run.output.status.code();
+        assert!(
+            matches!(status, Some(0) | Some(3)),
+            "{kib} KiB: {:?}\n{}",
+            run.output.status,
+            run.stderr()
+        );
+        assert!(run.text.contains("SUMMARY"), "{kib} KiB: no report");
+        if status == Some(0) {
+            assert_eq!(run.error_kinds(), ["overrun"], "{kib} KiB: {}", run.text);
+        }
     }
 }
 

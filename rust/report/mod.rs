@@ -592,9 +592,21 @@ fn write_file(
         error,
     };
     let file = std::fs::File::create(path).map_err(failed)?;
-    let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+    let mut out = std::io::BufWriter::with_capacity(buffer_bytes(), file);
     render(&mut out).map_err(failed)?;
     out.flush().map_err(failed)
+}
+
+/// The report's write buffer: 1 MiB (large reports in few writes), or 4 KiB in a process that
+/// cannot have that much (near its address-space limit), where a failed allocation would abort.
+fn buffer_bytes() -> usize {
+    const LARGE: usize = 1 << 20;
+    let mut probe = Vec::<u8>::new();
+    if probe.try_reserve_exact(LARGE).is_ok() {
+        LARGE
+    } else {
+        4096
+    }
 }
 
 /// The report's paths: `%p` becomes the pid; a forked child whose paths have no `%p` writes

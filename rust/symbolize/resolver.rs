@@ -600,6 +600,23 @@ fn unit_at(ranges: &[(u64, u64, usize)], probe: u64) -> Option<usize> {
         .map(|r| r.2)
 }
 
+/// Address space the symbolizer wants free beside a module's mapped files, for the tables it
+/// builds from them (a few MiB for the largest modules).
+const HEADROOM: usize = 32 << 20;
+
+/// Whether [`HEADROOM`] of address space is still free: a process near its address-space limit
+/// (`ulimit -v`) gets its module left unsymbolized (raw addresses in the report) rather than an
+/// allocation failing halfway, which aborts (the symbolizer's allocations are not fallible).
+fn has_headroom() -> bool {
+    let probe = crate::sys::reserve_pages(HEADROOM);
+    if probe.is_null() {
+        return false;
+    }
+    // SAFETY: the reservation was made just above and is used by nobody.
+    unsafe { crate::sys::unmap_pages(probe, HEADROOM) };
+    true
+}
+
 /// The debug info of one module, built on the first address that falls into it.
 pub(crate) struct DebugInfo {
     // Fields drop in declaration order: everything that borrows from `storage` comes first.
@@ -627,7 +644,7 @@ impl DebugInfo {
     }
 
     fn open(path: &Path, probes: Option<&[u64]>) -> Option<Self> {
-        let mut binary = Storage::open(path)?;
+        let mut binary = Storage::open(path).filter(|_| has_headroom())?;
         let object = object::File::parse(binary.bytes()).ok()?;
         let mut info = DebugInfo {
             dwarf: None,
@@ -638,7 +655,10 @@ impl DebugInfo {
         };
         if has_section(&object, ".debug_info") {
             info.dwarf = Dwarf::load(&mut binary, &object, probes);
-        } else if let Some(mut debug) = separate_debug_file(path).and_then(|p| Storage::open(&p)) {
+        } else if let Some(mut debug) = separate_debug_file(path)
+            .and_then(|p| Storage::open(&p))
+            .filter(|_| has_headroom())
+        {
             // addr2line's Loader does not follow debuglinks ("TODO: use debuglink and
             // debugaltlink" in its loader.rs); backtrace-rs gimli/elf.rs does it like this.
             if let Ok(object) = object::File::parse(debug.bytes()) {
