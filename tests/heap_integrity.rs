@@ -43,9 +43,15 @@ fn run_kind_losing(kind: &str, lost: u64) -> support::Run {
 
 /// As [`run_kind_losing`], with `options`.
 fn run_kind_with(kind: &str, lost: u64, options: &str) -> support::Run {
+    run_kind_as(kind, kind, lost, options)
+}
+
+/// As [`run_kind_with`], its report named `report`: tests that run the same kind at the same
+/// time (in parallel threads) must not write over each other's reports.
+fn run_kind_as(kind: &str, report: &str, lost: u64, options: &str) -> support::Run {
     // malloc=0: the live blocks compared are the program's `new`s, not the C runtime's buffers.
     let options = format!("malloc=0:{options}");
-    let run = support::run_with(&programs().0, kind, &options, &[], &[kind]);
+    let run = support::run_with(&programs().0, report, &options, &[], &[kind]);
     let stdout = run.stdout();
     assert!(
         run.output.status.success(),
@@ -446,7 +452,7 @@ fn a_double_free_names_the_first_delete_with_free_stacks() {
 
 #[test]
 fn break_on_stops_in_the_debugger_at_the_allocation_the_report_numbers() {
-    let run = run_kind("check_heap");
+    let run = run_kind_as("check_heap", "break_numbering", 0, "");
     let leak = &run.leaks()[0];
     let (thread, seq) = (
         leak["thread"].as_u64().unwrap(),
