@@ -194,3 +194,16 @@ fn the_engine_and_bullet_samples_are_classified_as_valgrind_classifies_them() {
     ];
     same_classes_as_valgrind(&dir, "bullet", &bullet, &["-I", "/usr/include/bullet"], 1);
 }
+
+#[test]
+fn leaks_beside_blocks_freed_by_another_thread_stay_direct_leaks() {
+    let dir = support::scratch("leak_kinds_beside_frees");
+    // valgrind agrees: 2000 blocks definitely lost, nothing else.
+    same_classes_as_valgrind(
+        &dir,
+        "leaks_beside_frees",
+        &["tests/cpp/leaks_beside_frees.cpp"],
+        &[],
+        2000,
+    );
+}

@@ -73,22 +73,29 @@ pub fn classify(nodes: &[Node], stack: Option<core::ops::Range<usize>>) -> Vec<V
     let mut roots: Vec<core::ops::Range<usize>> = stack.into_iter().collect();
     // SAFETY: the callback matches what dl_iterate_phdr expects and `roots` outlives the call.
     unsafe { libc::dl_iterate_phdr(Some(add_roots), (&raw mut roots).cast::<c_void>()) };
-    let excluded = crate::stack::tracker_thread_state();
-    classify_from(nodes, &roots, excluded)
+    // The tracker's own state holds addresses that are not the program's pointers: copies of
+    // stack words (the caller's last walk) and header addresses, stale ones too (the shards'
+    // queues of settled frees). A compact block's header address is the user address of the
+    // block in front, so such a word would keep a leak in front "reachable".
+    let excluded = [
+        crate::stack::tracker_thread_state(),
+        crate::tracker::live_list::shards_range(),
+    ];
+    classify_from(nodes, &roots, &excluded)
 }
 
-/// [`classify`] from the given root ranges, skipping the words of `excluded` (the tracker's own
-/// per-thread state, which keeps copies of stack words).
+/// [`classify`] from the given root ranges, skipping the words of the `excluded` ranges (the
+/// tracker's own state).
 pub fn classify_from(
     nodes: &[Node],
     roots: &[core::ops::Range<usize>],
-    excluded: core::ops::Range<usize>,
+    excluded: &[core::ops::Range<usize>],
 ) -> Vec<Verdict> {
     let graph = Graph::new(nodes);
     let mut reached = vec![false; nodes.len()];
     let mut work = Vec::new();
     for range in roots {
-        for (lo, hi) in split_around(range.clone(), &excluded) {
+        for (lo, hi) in uncovered(range.clone(), excluded) {
             graph.scan(lo, hi, &mut |i| {
                 if !reached[i] {
                     reached[i] = true;
@@ -224,18 +231,28 @@ impl<'a> Graph<'a> {
     }
 }
 
-/// `range` without the part that overlaps `hole`.
-fn split_around(
+/// The parts of `range` that no range of `holes` covers, in address order.
+fn uncovered(
     range: core::ops::Range<usize>,
-    hole: &core::ops::Range<usize>,
-) -> [(usize, usize); 2] {
-    if hole.end <= range.start || hole.start >= range.end {
-        return [(range.start, range.end), (0, 0)];
+    holes: &[core::ops::Range<usize>],
+) -> Vec<(usize, usize)> {
+    let mut holes: Vec<_> = holes
+        .iter()
+        .filter(|h| h.start < range.end && h.end > range.start)
+        .collect();
+    holes.sort_unstable_by_key(|h| h.start);
+    let mut parts = Vec::new();
+    let mut from = range.start;
+    for hole in holes {
+        if hole.start > from {
+            parts.push((from, hole.start));
+        }
+        from = from.max(hole.end);
     }
-    [
-        (range.start, hole.start.max(range.start)),
-        (hole.end.min(range.end), range.end),
-    ]
+    if from < range.end {
+        parts.push((from, range.end));
+    }
+    parts
 }
 
 /// `dl_iterate_phdr` callback: the module's writable `PT_LOAD` segments and the calling
@@ -292,7 +309,7 @@ mod tests {
         }
         let root_words: Vec<usize> = roots.iter().map(|&r| nodes[r].address).collect();
         let root = root_words.as_ptr() as usize..root_words.as_ptr() as usize + 8 * roots.len();
-        classify_from(&nodes, &[root], 0..0)
+        classify_from(&nodes, &[root], &[])
     }
 
     fn kinds(v: &[Verdict]) -> Vec<(LeakKind, Option<usize>)> {
@@ -353,7 +370,19 @@ mod tests {
         ];
         let mut memory = memory;
         memory[0][1] = nodes[1].address;
-        let v = classify_from(&nodes, &[], 0..0);
+        let v = classify_from(&nodes, &[], &[]);
         assert!(v.iter().all(|v| v.kind == LeakKind::Reachable), "{v:?}");
+    }
+
+    #[test]
+    fn excluded_ranges_are_cut_out_of_the_roots() {
+        assert_eq!(uncovered(0..100, &[]), [(0, 100)]);
+        assert_eq!(
+            uncovered(0..100, &[40..50, 10..20]),
+            [(0, 10), (20, 40), (50, 100)]
+        );
+        assert_eq!(uncovered(10..20, &[0..15, 18..30, 200..300]), [(15, 18)]);
+        assert_eq!(uncovered(10..20, &[0..15, 15..30]), []);
+        assert_eq!(uncovered(10..20, &[12..14, 13..16]), [(10, 12), (16, 20)]);
     }
 }
