@@ -300,6 +300,14 @@ fn thread_heap() -> &'static ThreadHeap {
     THREAD_HEAP.with(|heap| unsafe { &*(heap as *const ThreadHeap) })
 }
 
+/// Where the calling thread's heap lies: its list heads are header addresses (a compact
+/// header's is the user address of the block in front), which a leak scan must not take for
+/// the program's pointers.
+pub fn thread_heap_range() -> core::ops::Range<usize> {
+    let start = thread_heap() as *const ThreadHeap as usize;
+    start..start + core::mem::size_of::<ThreadHeap>()
+}
+
 /// The header of a free block of class `class` (16-aligned; its user pointer, `HEADER_SIZE`
 /// bytes on, never page-aligned), for the calling thread, which holds its shard (`mine`): a walk
 /// of the heap waits until the caller has made the block live. `None` when no memory could be

@@ -21,6 +21,7 @@ pub mod raw;
 mod site;
 mod spans;
 
+pub use heap::thread_heap_range;
 pub use kind::BlockKind;
 
 use crate::stack::{self, StackId, StartFrame};
