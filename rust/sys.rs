@@ -93,13 +93,23 @@ unsafe impl std::alloc::GlobalAlloc for GlibcAlloc {
 
 /// Fresh anonymous pages, or null.
 pub fn map_pages(len: usize) -> *mut u8 {
+    map_with(len, 0)
+}
+
+/// Fresh anonymous pages that reserve no swap (only touched pages cost memory), or null.
+pub fn map_unreserved(len: usize) -> *mut u8 {
+    map_with(len, libc::MAP_NORESERVE)
+}
+
+/// Fresh anonymous readable and writable pages mapped with `flags` besides, or null.
+fn map_with(len: usize, flags: libc::c_int) -> *mut u8 {
     // SAFETY: an anonymous private mapping touches no existing memory.
     let p = unsafe {
         libc::mmap(
             null_mut(),
             len,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | flags,
             -1,
             0,
         )
@@ -121,25 +131,21 @@ pub fn map_once<T>(slot: &AtomicPtr<T>, bytes: usize) -> *mut T {
     if !there.is_null() {
         return there;
     }
-    // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
-    let p = unsafe {
-        libc::mmap(
-            null_mut(),
-            bytes,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
+    let mine = map_unreserved(bytes).cast::<T>();
+    if mine.is_null() {
         return slot.load(Ordering::Acquire);
     }
-    match slot.compare_exchange(null_mut(), p.cast(), Ordering::AcqRel, Ordering::Acquire) {
-        Ok(_) => p.cast(),
+    publish_once(slot, mine, bytes)
+}
+
+/// Publishes `mine`, a fresh mapping of `bytes` bytes, in `slot` unless another thread's is
+/// there already: the mapping published. `mine` is unmapped when it lost the race.
+pub fn publish_once<T>(slot: &AtomicPtr<T>, mine: *mut T, bytes: usize) -> *mut T {
+    match slot.compare_exchange(null_mut(), mine, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => mine,
         Err(theirs) => {
-            // SAFETY: our own mapping of `bytes` bytes, never shared.
-            unsafe { libc::munmap(p, bytes) };
+            // SAFETY: the caller's own mapping of `bytes` bytes, never shared.
+            unsafe { libc::munmap(mine.cast(), bytes) };
             theirs
         }
     }

@@ -151,15 +151,17 @@ fn an_exact_fit_overrun_of_a_compact_block_is_found_wherever_it_lands() {
 /// A process near its address-space limit (`ulimit -v`: the tracker's heap and tables take much
 /// of it) must still never be aborted by the tracker, and its report must be written: the
 /// symbolizer leaves a module raw when it has no room for its tables, and the report writes
-/// through a small buffer when it cannot have its large one. Limits from 200 to 500 MB, where
-/// an allocation of the symbolizer or of the report's buffer failed (and aborted) before.
+/// through a small buffer when it cannot have its large one. Limits from 100 MB to 1.5 GB (the
+/// heap's and the stack depot's smaller reservations are taken from about 500 MB down); an
+/// allocation of the symbolizer or of the report's buffer failed (and aborted) at 280 and 340 MB.
 #[test]
 fn under_any_address_space_limit_the_tracker_never_aborts_and_the_report_is_written() {
     let wrapper = program().with_file_name("exact_fit_limited");
     let script = "#!/bin/sh\nulimit -v \"$1\"\nshift\nexec ./exact_fit \"$@\"\n";
     std::fs::write(&wrapper, script).unwrap();
     std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
-    for kib in (200_000..=500_000).step_by(10_000) {
+    let limits = (100_000..500_000).step_by(10_000);
+    for kib in limits.chain((500_000..=1_500_000).step_by(50_000)) {
         let limit = kib.to_string();
         let run = support::run_with(
             &wrapper,
@@ -179,6 +181,8 @@ fn under_any_address_space_limit_the_tracker_never_aborts_and_the_report_is_writ
         assert!(run.text.contains("SUMMARY"), "{kib} KiB: no report");
         if status == Some(0) {
             assert_eq!(run.error_kinds(), ["overrun"], "{kib} KiB: {}", run.text);
+            let stack = &run.errors()[0]["alloc_stack"];
+            assert!(!stack.as_array().unwrap().is_empty(), "{kib} KiB: no stack");
         }
     }
 }

@@ -27,9 +27,10 @@
 //! list fills exactly once before the hash gets any of its node's children, so no child is
 //! ever added twice: each (parent, return address) has one node, and each stack one id.
 //!
-//! Nothing is ever full but the arena (16 Mi nodes, some 6 million distinct stacks), after
-//! which new stacks get `StackId(0)`, as does a stack with a return address at or above 2^48
-//! (user-space code lies below 2^47).
+//! Nothing is ever full but the arena (16 Mi nodes, some 6 million distinct stacks; less in a
+//! process under an address-space limit, see [`ARENA_SIZES`]), after which new stacks get
+//! `StackId(0)`, as does a stack with a return address at or above 2^48 (user-space code lies
+//! below 2^47).
 //!
 //! Generations: when the module set changes (`dlopen`, `dlclose`), the same return addresses may
 //! be other code (a plugin reloaded at the same address), so stacks interned from then on hang
@@ -49,6 +50,9 @@ const BUCKET_BITS: u32 = 16;
 const BUCKETS: usize = 1 << BUCKET_BITS;
 /// Arena size in nodes: 256 MiB of address space. Indexes must fit a node's 24-bit links.
 const ARENA_NODES: usize = 1 << 24;
+/// The arena sizes tried in turn, in nodes: 256 MiB of address space, then 64 and 16 for a
+/// process under an address-space limit (`ulimit -v`), whose stacks would otherwise all be lost.
+const ARENA_SIZES: [usize; 3] = [ARENA_NODES, ARENA_NODES / 4, ARENA_NODES / 16];
 
 /// A node: the return address (bits 0..48), the parent's index and the next node of its chain
 /// (24 bits each) packed into three words that never change once published, and the head of its
@@ -75,14 +79,42 @@ static BUCKETS_PTR: AtomicPtr<AtomicU32> = AtomicPtr::new(ptr::null_mut());
 static ARENA: AtomicPtr<Node> = AtomicPtr::new(ptr::null_mut());
 /// Next free node of the arena; node 0 is the root, holding no frame but the root's children.
 static BUMP: AtomicUsize = AtomicUsize::new(1);
+/// Nodes the arena holds: stored by the thread whose mapping became the arena, after it did (so
+/// never more than that mapping holds); 0 until then, when a node claimed counts as past it.
+static CAPACITY: AtomicUsize = AtomicUsize::new(0);
 
 /// Maps the buckets and the arena if that has not happened yet. Returns false if mapping failed.
 #[cold]
 #[inline(never)]
 pub(super) fn init() -> bool {
     // The arena first: a reader that sees the buckets (checked first in `child`) sees both.
-    !map_once(&ARENA, ARENA_NODES * size_of::<Node>()).is_null()
-        && !map_once(&BUCKETS_PTR, BUCKETS * 4).is_null()
+    map_arena() && !map_once(&BUCKETS_PTR, BUCKETS * 4).is_null()
+}
+
+/// Maps the arena, the largest of [`ARENA_SIZES`] the address space allows, unless another
+/// thread did.
+fn map_arena() -> bool {
+    for nodes in ARENA_SIZES {
+        if !ARENA.load(Ordering::Acquire).is_null() {
+            return true;
+        }
+        let bytes = nodes * size_of::<Node>();
+        let mine = crate::sys::map_unreserved(bytes).cast::<Node>();
+        if mine.is_null() {
+            continue;
+        }
+        if crate::sys::publish_once(&ARENA, mine, bytes) == mine {
+            CAPACITY.store(nodes, Ordering::Release);
+        }
+        return true;
+    }
+    false
+}
+
+/// Nodes handed out so far, the root included (1 before the arena is mapped).
+fn published() -> usize {
+    BUMP.load(Ordering::Acquire)
+        .min(CAPACITY.load(Ordering::Acquire).max(1))
 }
 
 /// Bits of a chain head that hold the chain's first node; the ones above hold the chain's
@@ -210,7 +242,7 @@ fn find_or_push(
         }
         if *mine == 0 {
             let claimed = BUMP.fetch_add(1, Ordering::Relaxed);
-            if claimed >= ARENA_NODES {
+            if claimed >= CAPACITY.load(Ordering::Acquire) {
                 return Some(StackId(0));
             }
             *mine = claimed as u32;
@@ -253,7 +285,7 @@ pub(super) fn generation_root() -> StackId {
 /// The id the next new node will get at the earliest: ids grow with time, so a stack whose id
 /// is below the watermark read at some moment was captured before it.
 pub fn watermark() -> u32 {
-    BUMP.load(Ordering::Acquire).min(ARENA_NODES) as u32
+    published() as u32
 }
 
 /// Returns the id of `frames` (innermost first), storing the nodes that are new.
@@ -411,7 +443,7 @@ pub fn frames(id: StackId) -> Frames {
         len: 0,
     };
     let arena = ARENA.load(Ordering::Acquire);
-    if arena.is_null() || id.0 as usize >= BUMP.load(Ordering::Acquire).min(ARENA_NODES) {
+    if arena.is_null() || id.0 as usize >= published() {
         return out;
     }
     let mut at = id.0;
@@ -433,7 +465,7 @@ pub fn frames(id: StackId) -> Frames {
 
 /// Number of nodes stored so far (distinct stacks and the outer parts they share).
 pub fn len() -> usize {
-    BUMP.load(Ordering::Relaxed).min(ARENA_NODES) - 1
+    published() - 1
 }
 
 #[cfg(test)]

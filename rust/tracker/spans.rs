@@ -34,8 +34,9 @@ const KEPT_FREE_SPANS: u32 = 4;
 
 /// The heap's address space is reserved once, inaccessible, and made usable a region at a time:
 /// one range, so that whether an address is the heap's is a subtraction and a compare
-/// ([`contains`]). The first size the OS grants is used.
-const RESERVE_BYTES: [usize; 3] = [64 << 30, 8 << 30, 1 << 30];
+/// ([`contains`]). The first size the OS grants is used (with the side table, a quarter more):
+/// the small ones for a process under an address-space limit (`ulimit -v`).
+const RESERVE_BYTES: [usize; 5] = [64 << 30, 8 << 30, 1 << 30, 256 << 20, REGION_BYTES];
 /// Bytes made usable at once.
 const REGION_BYTES: usize = 64 * 1024 * 1024;
 
