@@ -4,7 +4,7 @@
 
 mod support;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// (kind, size) -> blocks, for the blocks allocated by `operator new`/`new[]`.
@@ -81,6 +81,19 @@ fn valgrind_census(plain: &Path, args: &[&str]) -> (Census, String) {
     (census, text)
 }
 
+/// `sources` built with the tracker and without it (`-DK15_MEMORY_DISABLED`), for valgrind.
+fn tracked_and_plain(
+    dir: &Path,
+    name: &str,
+    sources: &[&str],
+    flags: &[&str],
+) -> (PathBuf, PathBuf) {
+    let tracked = support::build(dir, name, sources, flags);
+    let plain_flags = [flags, &["-DK15_MEMORY_DISABLED"]].concat();
+    let plain = support::build(dir, &format!("{name}_plain"), sources, &plain_flags);
+    (tracked, plain)
+}
+
 fn k15_census(run: &support::Run) -> Census {
     let mut census = Census::new();
     for leak in run.leaks() {
@@ -103,14 +116,8 @@ fn blocks(census: &Census, kind: &str) -> Vec<(u64, u64)> {
 #[test]
 fn every_shape_is_classified_as_valgrind_classifies_it() {
     let dir = support::scratch("leak_kinds_battery");
-    let source = ["tests/cpp/leak_kinds.cpp"];
-    let tracked = support::build(&dir, "leak_kinds", &source, &[]);
-    let plain = support::build(
-        &dir,
-        "leak_kinds_plain",
-        &source,
-        &["-DK15_MEMORY_DISABLED"],
-    );
+    let (tracked, plain) =
+        tracked_and_plain(&dir, "leak_kinds", &["tests/cpp/leak_kinds.cpp"], &[]);
     let run = support::run(&tracked, "");
     assert!(run.output.status.success(), "{}", run.stderr());
     let ours = k15_census(&run);
@@ -165,9 +172,7 @@ fn every_shape_is_classified_as_valgrind_classifies_it() {
 /// Builds `sources` tracked and plain, and checks that the tracker's classes equal valgrind's,
 /// block for block, with `direct` direct leaks and no indirect one.
 fn same_classes_as_valgrind(dir: &Path, name: &str, sources: &[&str], flags: &[&str], direct: u64) {
-    let tracked = support::build(dir, name, sources, flags);
-    let plain_flags = [flags, &["-DK15_MEMORY_DISABLED"]].concat();
-    let plain = support::build(dir, &format!("{name}_plain"), sources, &plain_flags);
+    let (tracked, plain) = tracked_and_plain(dir, name, sources, flags);
     let run = support::run(&tracked, "");
     assert!(run.output.status.success(), "{}", run.stderr());
     let (theirs, valgrind_text) = valgrind_census(&plain, &[]);
@@ -263,13 +268,7 @@ fn valgrind_summary(plain: &Path, args: &[&str]) -> ([(u64, u64); 4], String) {
 fn random_graphs_of_blocks_are_classified_as_valgrind_classifies_them() {
     let dir = support::scratch("leak_kinds_random_graphs");
     let source = ["tests/cpp/random_graph.cpp"];
-    let tracked = support::build(&dir, "random_graph", &source, &[]);
-    let plain = support::build(
-        &dir,
-        "random_graph_plain",
-        &source,
-        &["-DK15_MEMORY_DISABLED"],
-    );
+    let (tracked, plain) = tracked_and_plain(&dir, "random_graph", &source, &[]);
     for seed in ["1", "2", "3", "4"] {
         let args = [seed, "3000"];
         let run = support::run_with(&tracked, &format!("graph_{seed}"), "", &[], &args);
