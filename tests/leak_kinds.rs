@@ -10,10 +10,8 @@ use std::process::Command;
 /// (kind, size) -> blocks, for the blocks allocated by `operator new`/`new[]`.
 type Census = BTreeMap<(String, u64), u64>;
 
-/// valgrind's loss records (`--show-leak-kinds=all`) of blocks that `operator new` allocated:
-/// those are the ones the tracker sees (`malloc`'d blocks of glibc and libstdc++, such as the
-/// emergency exception pool and stdio buffers, are not tracked unless `malloc=1`).
-fn valgrind_census(plain: &Path, args: &[&str]) -> (Census, String) {
+/// What valgrind's memcheck says of `plain args`, every loss record listed.
+fn valgrind_leak_check(plain: &Path, args: &[&str]) -> String {
     let out = Command::new("valgrind")
         .args([
             "--leak-check=full",
@@ -25,7 +23,14 @@ fn valgrind_census(plain: &Path, args: &[&str]) -> (Census, String) {
         .current_dir(plain.parent().unwrap())
         .output()
         .expect("valgrind is installed (.ci/run installs it)");
-    let text = String::from_utf8_lossy(&out.stderr).into_owned();
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// valgrind's loss records (`--show-leak-kinds=all`) of blocks that `operator new` allocated:
+/// those are the ones the tracker sees (`malloc`'d blocks of glibc and libstdc++, such as the
+/// emergency exception pool and stdio buffers, are not tracked unless `malloc=1`).
+fn valgrind_census(plain: &Path, args: &[&str]) -> (Census, String) {
+    let text = valgrind_leak_check(plain, args);
     let mut census = Census::new();
     let lines: Vec<&str> = text
         .lines()
@@ -228,14 +233,7 @@ fn leaks_beside_freed_blocks_stay_direct_leaks_at_exit_and_midway() {
 /// valgrind's leak summary for `plain args`: (blocks, bytes) definitely lost, indirectly lost,
 /// possibly lost and still reachable.
 fn valgrind_summary(plain: &Path, args: &[&str]) -> ([(u64, u64); 4], String) {
-    let out = Command::new("valgrind")
-        .args(["--leak-check=full", "--error-exitcode=0"])
-        .arg(plain)
-        .args(args)
-        .current_dir(plain.parent().unwrap())
-        .output()
-        .expect("valgrind is installed (.ci/run installs it)");
-    let text = String::from_utf8_lossy(&out.stderr).into_owned();
+    let text = valgrind_leak_check(plain, args);
     let kinds = [
         "definitely lost:",
         "indirectly lost:",
