@@ -1,6 +1,7 @@
 //! Leak kinds: a conservative pointer scan over the live blocks at report time, from the roots
 //! that still exist then (writable data and BSS of every loaded module, the calling thread's TLS,
-//! ignored blocks), as valgrind's memcheck and LeakSanitizer do.
+//! ignored blocks; the tracker's own state in them excepted), as valgrind's memcheck and
+//! LeakSanitizer do.
 //!
 //! Stacks: at exit the only stack left is the exit handlers' (nothing of the program's), and
 //! stale words there would hide real leaks, so none is scanned. A report written during the run
