@@ -75,11 +75,13 @@ pub fn classify(nodes: &[Node], stack: Option<core::ops::Range<usize>>) -> Vec<V
     // SAFETY: the callback matches what dl_iterate_phdr expects and `roots` outlives the call.
     unsafe { libc::dl_iterate_phdr(Some(add_roots), (&raw mut roots).cast::<c_void>()) };
     // The tracker's own state holds addresses that are not the program's pointers: copies of
-    // stack words (the caller's last walk) and header addresses, stale ones too (the caller's
-    // free lists, the shards' queues of settled frees). A compact block's header address is the
-    // user address of the block in front, so such a word would keep a leak in front "reachable".
+    // stack words (the caller's last walk) and block and header addresses, stale ones too (the
+    // caller's free lists and deferred frees, the shards' queues of settled frees). A compact
+    // block's header address is the user address of the block in front, so such a word would
+    // keep a leak in front "reachable".
     let excluded = [
         crate::stack::tracker_thread_state(),
+        crate::tracker::guard::thread_state_range(),
         crate::tracker::thread_heap_range(),
         crate::tracker::live_list::shards_range(),
     ];
