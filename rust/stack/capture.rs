@@ -249,7 +249,10 @@ fn walk(start: StartFrame, out: &mut [MaybeUninit<usize>], intern: bool) -> (usi
                     let n = unwind_checked(start, Stack::new(start.sp, hi), &t.hint, last, out);
                     match interned {
                         Some(interned) => (n, last.intern(interned, out, n)),
-                        None => (n, StackId(0)),
+                        None => {
+                            last.write_taken_over(out);
+                            (n, StackId(0))
+                        }
                     }
                 }
                 _ => (0, StackId(0)),

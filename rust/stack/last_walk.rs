@@ -147,8 +147,9 @@ impl LastWalk {
     }
 
     /// At frame `i` of the walk in progress, with registers `(pc, sp, bp)`: the walk's frame
-    /// count, with every frame in `out`, if the last walk's frames from here on repeat on
-    /// `stack`. Otherwise the frame is noted and the walk goes on.
+    /// count if the last walk's frames from here on repeat on `stack` (the pcs of those are
+    /// written to `out` by [`LastWalk::write_taken_over`] or [`LastWalk::intern`], if at all).
+    /// Otherwise the frame is noted and the walk goes on.
     #[inline(always)]
     pub(super) fn take_over(
         &mut self,
@@ -207,24 +208,28 @@ impl LastWalk {
             self.keep(k + 1, i, out);
         } // else the last walk stays: a record is only ever used once its reads check again
         self.outcome = if n == total && total <= MAX_DEPTH {
+            // Their pcs are written only if asked for (`write_taken_over`): interning the walk
+            // needs its own frames alone.
             Outcome::Resumed { fresh: i, k }
         } else {
-            Outcome::Unrelated // cut inside the frames taken over: not a path from the root
+            // Cut inside the frames taken over: not a path from the root.
+            self.write_pcs(k, &mut out[i..n]);
+            Outcome::Unrelated
         };
         Some(n)
     }
 
-    /// Writes `frames[k]` and its callers to `out[i..n]` if the steps which gave them (and the
-    /// last walk's end, if this walk ends there too) read the same again on `stack`; else `Err`
-    /// with the index of the frame whose step reads otherwise. Frames beyond `n` are not
-    /// checked: a walk that stops at its depth never makes their steps.
+    /// Whether the steps which gave `frames[k]` and its callers (and the last walk's end, if this
+    /// walk ends there too) read the same again on `stack`, for a walk that has `i` frames of its
+    /// own and holds `n`: if not, `Err` with the index of the frame whose step reads otherwise.
+    /// Frames beyond `n` are not checked: a walk that stops at its depth never makes their steps.
     fn repeats(
         &self,
         i: usize,
         k: usize,
         n: usize,
         stack: Stack,
-        out: &mut [MaybeUninit<usize>],
+        out: &[MaybeUninit<usize>],
     ) -> Result<(), usize> {
         if !stack.holds_from(self.frames[k].low) {
             return Err(k + 1);
@@ -256,10 +261,23 @@ impl LastWalk {
         if !end_same {
             return Err(0);
         }
-        for (o, f) in out[i..n].iter_mut().zip(self.frames[..=k].iter().rev()) {
+        Ok(())
+    }
+
+    /// Writes the pcs of `frames[k]` and its callers, innermost first, into `out` (as many as
+    /// it holds).
+    fn write_pcs(&self, k: usize, out: &mut [MaybeUninit<usize>]) {
+        for (o, f) in out.iter_mut().zip(self.frames[..=k].iter().rev()) {
             o.write(f.pc);
         }
-        Ok(())
+    }
+
+    /// Completes `out` after a walk that took over the last walk's frames: their pcs, which
+    /// [`LastWalk::splice`] left unwritten.
+    pub(super) fn write_taken_over(&self, out: &mut [MaybeUninit<usize>]) {
+        if let Outcome::Resumed { fresh, k } = self.outcome {
+            self.write_pcs(k, &mut out[fresh..]);
+        }
     }
 
     /// The step from frame `i` by `rule` is being made: [`LastWalk::note_read`] records its reads.
@@ -329,17 +347,18 @@ impl LastWalk {
     pub(super) fn intern(
         &mut self,
         interned: &mut Interned,
-        out: &[MaybeUninit<usize>],
+        out: &mut [MaybeUninit<usize>],
         n: usize,
     ) -> StackId {
-        // SAFETY: the walk initialised `out[..n]`.
-        let frames = unsafe { core::slice::from_raw_parts(out.as_ptr().cast::<usize>(), n) };
-        let outcome = core::mem::replace(&mut self.outcome, Outcome::Unrelated);
-        if let Outcome::Resumed { fresh, k } = outcome {
+        if let Outcome::Resumed { fresh, k } = self.outcome {
             let base = self.frames[k].node;
             if base != 0 && self.root == depot::generation_root().0 {
+                self.outcome = Outcome::Unrelated;
+                // SAFETY: the walk initialised its own frames, `out[..fresh]`.
+                let own =
+                    unsafe { core::slice::from_raw_parts(out.as_ptr().cast::<usize>(), fresh) };
                 let mut id = StackId(base);
-                for (j, &ra) in frames[..fresh].iter().enumerate().rev() {
+                for (j, &ra) in own.iter().enumerate().rev() {
                     id = interned.child(id, ra);
                     self.frames[k + fresh - j].node = id.0;
                     if id.0 == 0 {
@@ -349,6 +368,10 @@ impl LastWalk {
                 return id;
             }
         }
+        self.write_taken_over(out);
+        let outcome = core::mem::replace(&mut self.outcome, Outcome::Unrelated);
+        // SAFETY: the walk initialised `out[..n]` but the frames it took over, written just now.
+        let frames = unsafe { core::slice::from_raw_parts(out.as_ptr().cast::<usize>(), n) };
         let id = interned.intern(frames);
         if !matches!(outcome, Outcome::Unrelated) {
             let (nodes, root) = interned.nodes();
