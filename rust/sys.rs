@@ -235,6 +235,12 @@ pub fn process_barrier() {
     }
 }
 
+/// The bytes `value` occupies, as addresses (for ranges a leak scan must skip).
+pub fn bytes_of<T: ?Sized>(value: &T) -> core::ops::Range<usize> {
+    let start = core::ptr::from_ref(value).cast::<u8>() as usize;
+    start..start + core::mem::size_of_val(value)
+}
+
 /// Whether the page holding `addr` is mapped and readable: a `PROT_NONE` reservation (glibc's
 /// arenas keep one after each heap, the tracker's own heap too) is mapped, but reading it
 /// faults. Syscalls: only for rare paths (page-aligned frees, damaged headers).

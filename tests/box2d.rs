@@ -82,7 +82,7 @@ fn the_leaked_world_and_its_box2d_blocks_are_reported_and_valgrind_agrees() {
     assert_eq!(run.json["summary"]["errors"], 0);
 
     let plain = build(&dir, "box2d_plain", &["-DK15_MEMORY_DISABLED"]);
-    let text = support::valgrind_leak_check(&plain, &dir);
+    let text = support::valgrind_leak_check(&plain, &dir, &[]);
     let lost = support::valgrind_lost(&text);
     let our_bytes: u64 = ours.iter().map(|l| l["size"].as_u64().unwrap()).sum();
     assert_eq!(

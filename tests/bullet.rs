@@ -70,7 +70,7 @@ fn the_leaked_shape_is_reported_with_its_allocating_function() {
 fn valgrind_counts_the_same_one_block() {
     let dir = support::scratch("bullet_referee");
     let plain = build(&dir, "bullet_plain", &["-DK15_MEMORY_DISABLED"]);
-    let text = support::valgrind_leak_check(&plain, &dir);
+    let text = support::valgrind_leak_check(&plain, &dir, &[]);
     let line = text
         .lines()
         .find(|l| l.contains("definitely lost:"))

@@ -5,32 +5,15 @@
 mod support;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// (kind, size) -> blocks, for the blocks allocated by `operator new`/`new[]`.
 type Census = BTreeMap<(String, u64), u64>;
-
-/// What valgrind's memcheck says of `plain args`, every loss record listed.
-fn valgrind_leak_check(plain: &Path, args: &[&str]) -> String {
-    let out = Command::new("valgrind")
-        .args([
-            "--leak-check=full",
-            "--show-leak-kinds=all",
-            "--error-exitcode=0",
-        ])
-        .arg(plain)
-        .args(args)
-        .current_dir(plain.parent().unwrap())
-        .output()
-        .expect("valgrind is installed (.ci/run installs it)");
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
 
 /// valgrind's loss records (`--show-leak-kinds=all`) of blocks that `operator new` allocated:
 /// those are the ones the tracker sees (`malloc`'d blocks of glibc and libstdc++, such as the
 /// emergency exception pool and stdio buffers, are not tracked unless `malloc=1`).
 fn valgrind_census(plain: &Path, args: &[&str]) -> (Census, String) {
-    let text = valgrind_leak_check(plain, args);
+    let text = support::valgrind_leak_check(plain, plain.parent().unwrap(), args);
     let mut census = Census::new();
     let lines: Vec<&str> = text
         .lines()
@@ -232,29 +215,18 @@ fn leaks_beside_freed_blocks_stay_direct_leaks_at_exit_and_midway() {
 
 /// valgrind's leak summary for `plain args`: (blocks, bytes) definitely lost, indirectly lost,
 /// possibly lost and still reachable.
-fn valgrind_summary(plain: &Path, args: &[&str]) -> ([(u64, u64); 4], String) {
-    let text = valgrind_leak_check(plain, args);
+fn valgrind_kinds(plain: &Path, args: &[&str]) -> ([(u64, u64); 4], String) {
+    let text = support::valgrind_leak_check(plain, plain.parent().unwrap(), args);
     let kinds = [
         "definitely lost:",
         "indirectly lost:",
         "possibly lost:",
         "still reachable:",
     ];
-    let summary = kinds.map(|kind| {
-        let line = text
-            .lines()
-            .find(|l| l.contains(kind))
-            .unwrap_or_else(|| panic!("no '{kind}' in valgrind's summary:\n{text}"));
-        let numbers: Vec<u64> = line
-            .split_once(kind)
-            .unwrap()
-            .1
-            .split_whitespace()
-            .filter_map(|w| w.replace(',', "").parse().ok())
-            .collect();
-        (numbers[1], numbers[0])
-    });
-    (summary, text)
+    (
+        kinds.map(|kind| support::valgrind_summary(&text, kind)),
+        text,
+    )
 }
 
 /// Random graphs of blocks (many of them compact, freed by this thread or another, among reused
@@ -273,7 +245,7 @@ fn random_graphs_of_blocks_are_classified_as_valgrind_classifies_them() {
         assert!(run.output.status.success(), "{}", run.stderr());
         let ours = &run.json["summary"];
         let figure = |key: &str| ours[key].as_u64().unwrap();
-        let (theirs, valgrind_text) = valgrind_summary(&plain, &args);
+        let (theirs, valgrind_text) = valgrind_kinds(&plain, &args);
         let [direct, indirect, possibly, reachable] = theirs;
         let context = format!("seed {seed}: valgrind said:\n{valgrind_text}\nwe said:\n{ours}");
         assert_eq!(possibly, (0, 0), "{context}");

@@ -402,7 +402,7 @@ fn valgrind_agrees_on_a_malloc_heavy_program() {
         .iter()
         .map(|l| l["size"].as_u64().unwrap())
         .sum();
-    let text = support::valgrind_leak_check(&plain, &dir);
+    let text = support::valgrind_leak_check(&plain, &dir, &[]);
     let lost = support::valgrind_lost(&text);
     assert_eq!(
         lost,

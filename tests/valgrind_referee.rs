@@ -3,21 +3,6 @@
 
 mod support;
 
-fn definitely_lost(valgrind_output: &str) -> (u64, u64) {
-    let line = valgrind_output
-        .lines()
-        .find(|l| l.contains("definitely lost:"))
-        .expect("a LEAK SUMMARY");
-    let numbers: Vec<u64> = line
-        .split("definitely lost:")
-        .nth(1)
-        .unwrap()
-        .split_whitespace()
-        .filter_map(|w| w.replace(',', "").parse().ok())
-        .collect();
-    (numbers[1], numbers[0]) // "N bytes in M blocks" -> (blocks, bytes)
-}
-
 #[test]
 fn tracker_and_valgrind_agree_on_the_engine_sample() {
     let dir = support::scratch("valgrind_referee");
@@ -32,9 +17,9 @@ fn tracker_and_valgrind_agree_on_the_engine_sample() {
         summary["leaked_bytes"].as_u64().unwrap(),
     );
 
-    let text = support::valgrind_leak_check(&plain, &dir);
+    let text = support::valgrind_leak_check(&plain, &dir, &[]);
     assert_eq!(
-        definitely_lost(&text),
+        support::valgrind_summary(&text, "definitely lost:"),
         our_leaks,
         "valgrind said:\n{text}\nwe said:\n{}",
         ours.text

@@ -115,10 +115,7 @@ thread_local! {
 
 /// The address range of the calling thread's [`ThreadState`].
 pub(super) fn thread_state_range() -> core::ops::Range<usize> {
-    THREAD.with(|t| {
-        let start = t as *const ThreadState as usize;
-        start..start + core::mem::size_of::<ThreadState>()
-    })
+    THREAD.with(crate::sys::bytes_of)
 }
 
 /// A DWARF walk by framehop alone, with a brand-new rule cache and no rule table (tests only): framehop's cache is not quite transparent (a failed DWARF evaluation caches

@@ -59,8 +59,7 @@ fn this_thread() -> &'static ThreadState {
 /// Where the calling thread's state lies: its record of deferred frees keeps block and header
 /// addresses after they are applied, which a leak scan must not take for the program's pointers.
 pub fn thread_state_range() -> core::ops::Range<usize> {
-    let start = this_thread() as *const ThreadState as usize;
-    start..start + core::mem::size_of::<ThreadState>()
+    crate::sys::bytes_of(this_thread())
 }
 
 static NEXT_THREAD_NUMBER: AtomicU32 = AtomicU32::new(1);

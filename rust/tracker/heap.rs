@@ -304,8 +304,7 @@ fn thread_heap() -> &'static ThreadHeap {
 /// header's is the user address of the block in front), which a leak scan must not take for
 /// the program's pointers.
 pub fn thread_heap_range() -> core::ops::Range<usize> {
-    let start = thread_heap() as *const ThreadHeap as usize;
-    start..start + core::mem::size_of::<ThreadHeap>()
+    crate::sys::bytes_of(thread_heap())
 }
 
 /// The header of a free block of class `class` (16-aligned; its user pointer, `HEADER_SIZE`

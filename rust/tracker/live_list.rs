@@ -184,8 +184,7 @@ pub static SHARDS: [Shard; SHARD_COUNT] = {
 /// Where the shards lie: their list ends and queues hold header addresses, not the program's
 /// pointers, so a leak scan skips them.
 pub fn shards_range() -> core::ops::Range<usize> {
-    let start = SHARDS.as_ptr() as usize;
-    start..start + core::mem::size_of_val(&SHARDS)
+    crate::sys::bytes_of(&SHARDS)
 }
 
 /// Written only by whoever holds the shard, so a plain load and store suffice.

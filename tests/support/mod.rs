@@ -304,35 +304,43 @@ pub fn run_measured(cmd: &mut Command) -> (i32, f64, i64) {
     )
 }
 
-/// What `valgrind --leak-check=full` prints (its stderr) for `exe` run in `dir`: the referee
-/// the tests hold the tracker's leak sets against.
-pub fn valgrind_leak_check(exe: &Path, dir: &Path) -> String {
+/// What `valgrind --leak-check=full --show-leak-kinds=all` prints (its stderr) for `exe args`
+/// run in `dir`: the referee the tests hold the tracker's leak sets against.
+pub fn valgrind_leak_check(exe: &Path, dir: &Path, args: &[&str]) -> String {
     let out = Command::new("valgrind")
-        .arg("--leak-check=full")
+        .args([
+            "--leak-check=full",
+            "--show-leak-kinds=all",
+            "--error-exitcode=0",
+        ])
         .arg(exe)
+        .args(args)
         .current_dir(dir)
         .output()
         .expect("valgrind is installed (.ci/run installs it)");
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// One line of valgrind's leak summary (`kind`: "definitely lost:", "still reachable:", ...):
+/// (blocks, bytes).
+pub fn valgrind_summary(valgrind_output: &str, kind: &str) -> (u64, u64) {
+    let line = valgrind_output
+        .lines()
+        .find(|l| l.contains(kind))
+        .unwrap_or_else(|| panic!("no {kind} in:\n{valgrind_output}"));
+    let numbers: Vec<u64> = line
+        .split_once(kind)
+        .unwrap()
+        .1
+        .split_whitespace()
+        .filter_map(|w| w.replace(',', "").parse().ok())
+        .collect();
+    (numbers[1], numbers[0]) // "N bytes in M blocks"
+}
+
 /// valgrind's definitely plus indirectly lost (blocks, bytes).
 pub fn valgrind_lost(valgrind_output: &str) -> (u64, u64) {
-    let mut total = (0, 0);
-    for kind in ["definitely lost:", "indirectly lost:"] {
-        let line = valgrind_output
-            .lines()
-            .find(|l| l.contains(kind))
-            .unwrap_or_else(|| panic!("no {kind} in:\n{valgrind_output}"));
-        let numbers: Vec<u64> = line
-            .split(kind)
-            .nth(1)
-            .unwrap()
-            .split_whitespace()
-            .filter_map(|w| w.replace(',', "").parse().ok())
-            .collect();
-        total.0 += numbers[1];
-        total.1 += numbers[0];
-    }
-    total
+    let direct = valgrind_summary(valgrind_output, "definitely lost:");
+    let indirect = valgrind_summary(valgrind_output, "indirectly lost:");
+    (direct.0 + indirect.0, direct.1 + indirect.1)
 }
