@@ -10,8 +10,11 @@
 //! then published in a table shared by every thread, so that every later step from that address
 //! is a probe and one or two reads. Rows that need more (CFA or register expressions, registers
 //! other than rsp and rbp, as in stack-realigning prologues) are marked as such and stepped by
-//! framehop, like addresses without an FDE and everything once the row arena is full. Past
-//! [`PC_SLOTS`] * 3/4 return addresses, new ones find their FDE's compiled rows on every step.
+//! framehop, like addresses without an FDE and everything once the row arena is full. Both
+//! maps grow with the program: at a fixed size, every return address past it searched
+//! `.eh_frame_hdr` on every step, and every FDE past it was compiled into the arena again on
+//! every miss (the arena's resident memory grew with each pass over such code). Past 3 million
+//! return addresses, new ones find their FDE's compiled rows on every step.
 //!
 //! Rules are keyed by address, and an address means the same code only while its module stays
 //! mapped: the one table ([`RULES`]) outlives module snapshots, and a rescan forgets the rules
@@ -19,21 +22,23 @@
 
 use core::ops::Range;
 use core::ptr;
-use core::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
-use crate::sys::map_once;
+use crate::sys::{map_once, map_unreserved};
 
 use gimli::{
     BaseAddresses, CfaRule, EhFrame, EhFrameHdr, EhFrameOffset, EndianSlice, FrameDescriptionEntry,
     LittleEndian, RegisterRule, UnwindContext, UnwindSection, X86_64,
 };
 
-/// Slots of the map by return address: 1 MiB of address space, pages touched as keys arrive
-/// (yaml-cpp's test suite meets 25,000 return addresses).
-const PC_SLOTS: usize = 1 << 16;
-/// Slots of the map by FDE: 256 KiB (yaml-cpp's suite meets 2,600 FDEs, which touch every page
-/// of a map this size, so a larger one costs resident memory for nothing).
-const FDE_SLOTS: usize = 1 << 14;
+/// Slots of the map by return address, log2: 1 MiB of address space at first, pages touched as
+/// keys arrive (yaml-cpp's test suite meets 25,000 return addresses); 64 MiB (3 million
+/// addresses) at most.
+const PC_BITS: (u32, u32) = (16, 22);
+/// Slots of the map by FDE, log2: 256 KiB at first (yaml-cpp's suite meets 2,600 FDEs, which
+/// touch every page of a map this size, so a larger one costs resident memory for nothing); 16
+/// MiB at most.
+const FDE_BITS: (u32, u32) = (14, 20);
 /// Slots probed before giving up on a key.
 const MAX_PROBES: usize = 32;
 
@@ -204,16 +209,16 @@ impl RowArena {
 pub(crate) static RULES: Rules = Rules::new();
 
 pub(crate) struct Rules {
-    by_pc: WordMap<PC_SLOTS>,
-    by_fde: WordMap<FDE_SLOTS>,
+    by_pc: WordMap,
+    by_fde: WordMap,
     rows: RowArena,
 }
 
 impl Rules {
     const fn new() -> Self {
         Rules {
-            by_pc: WordMap::new(),
-            by_fde: WordMap::new(),
+            by_pc: WordMap::new(PC_BITS.0, PC_BITS.1),
+            by_fde: WordMap::new(FDE_BITS.0, FDE_BITS.1),
             rows: RowArena {
                 rows: AtomicPtr::new(ptr::null_mut()),
                 used: AtomicUsize::new(0),
@@ -438,44 +443,167 @@ fn rule_of_row<S: gimli::UnwindContextStorage<usize>>(
 }
 
 /// A lock-free map of nonzero words to nonzero words: open addressing over `[key, value]`
-/// pairs in one `MAP_NORESERVE` mapping. An entry is claimed by a CAS of its key and then
-/// given its value; a reader that finds the key before the value treats it as absent. `SLOTS`
-/// is a power of two.
-struct WordMap<const SLOTS: usize> {
-    slots: AtomicPtr<[AtomicU64; 2]>,
+/// pairs in a `MAP_NORESERVE` table. An entry is claimed by a CAS of its key and then given its
+/// value; a reader that finds the key before the value treats it as absent.
+///
+/// It is a cache of pure functions (a rule depends only on code that stays mapped), so an
+/// entry may always be lost: a lookup that misses computes the value again. That makes growing
+/// simple. Past 3/4 full, the inserting thread that takes `growing` copies the entries into a
+/// table four times larger and publishes it; inserts made meanwhile into the old table are lost,
+/// and its pages go back to the OS (a reader still probing them reads zeros: a miss). Old
+/// tables stay mapped, as readers may hold them. A [`WordMap::forget`] that runs while entries
+/// are copied may miss the copies, so a copy made across one is emptied after it is published.
+struct WordMap {
+    /// The current table's address with its size's log2 in the low bits (tables are
+    /// page-aligned); 0 before the first lookup maps one.
+    table: AtomicUsize,
+    /// Entries of the current table (approximately: inserts lost to a copy still count).
     entries: AtomicUsize,
+    growing: AtomicBool,
+    /// Forgets so far: a copy that saw this change must forget everything it copied.
+    forgets: AtomicUsize,
+    /// Log2 of the first table's size and of the largest table's.
+    first_bits: u32,
+    last_bits: u32,
 }
 
-impl<const SLOTS: usize> WordMap<SLOTS> {
-    /// Past this many entries new keys are left out (probe chains stay short).
-    const MAX_ENTRIES: usize = SLOTS / 4 * 3;
+#[cfg(test)]
+std::thread_local! {
+    /// Run once by the calling thread's next copy just before it publishes its table, or by
+    /// its next forget just before it scans (tests only): the races between the two, made
+    /// to happen.
+    static INTERLEAVE: core::cell::Cell<Option<fn(&WordMap)>> = const { core::cell::Cell::new(None) };
+}
 
-    const fn new() -> Self {
+#[cfg(test)]
+fn interleave(map: &WordMap) {
+    if let Some(run) = INTERLEAVE.take() {
+        run(map);
+    }
+}
+
+/// Low bits of [`WordMap::table`] that hold how far a hash is shifted to index the table: 64
+/// less its size's log2 (the hot probe needs the shift, and a mask made from it).
+const SHIFT_BITS: usize = 63;
+
+/// One table of a [`WordMap`]: `1 << bits` slots.
+#[derive(Clone, Copy)]
+struct Table {
+    word: usize,
+}
+
+impl Table {
+    /// The table of `1 << bits` slots mapped at `at`.
+    fn new(at: *mut u8, bits: u32) -> Table {
+        Table {
+            word: at as usize | (64 - bits) as usize,
+        }
+    }
+
+    fn shift(self) -> u32 {
+        (self.word & SHIFT_BITS) as u32
+    }
+
+    fn bits(self) -> u32 {
+        64 - self.shift()
+    }
+
+    fn slots(self) -> &'static [[AtomicU64; 2]] {
+        // SAFETY: a published table word is the address of a mapping of `1 << bits` zeroed
+        // pairs that is never unmapped, and every access to it is atomic.
+        unsafe {
+            core::slice::from_raw_parts(
+                (self.word & !SHIFT_BITS) as *const [AtomicU64; 2],
+                1 << self.bits(),
+            )
+        }
+    }
+
+    fn start(self, key: u64) -> usize {
+        (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> self.shift()) as usize
+    }
+
+    fn next(self, i: usize) -> usize {
+        (i + 1) & (usize::MAX >> self.shift())
+    }
+
+    /// Entries past which the map grows, or new keys are left out (probe chains stay short).
+    fn full(self) -> usize {
+        (1 << self.bits()) / 4 * 3
+    }
+
+    /// Claims a slot for `key -> value`: true if a new entry was made.
+    fn insert(self, key: u64, value: u64) -> bool {
+        let slots = self.slots();
+        let mut i = self.start(key);
+        for _ in 0..MAX_PROBES {
+            let [k, v] = &slots[i];
+            match k.compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    v.store(value, Ordering::Release);
+                    return true;
+                }
+                Err(found) if found == key => {
+                    // Claimed by a concurrent insert (which stores the same rule) or forgotten.
+                    let _ = v.compare_exchange(0, value, Ordering::AcqRel, Ordering::Relaxed);
+                    return false;
+                }
+                Err(_) => i = self.next(i),
+            }
+        }
+        false
+    }
+}
+
+impl WordMap {
+    /// A map of `1 << first_bits` slots at first, growing to `1 << last_bits` at most.
+    const fn new(first_bits: u32, last_bits: u32) -> Self {
         WordMap {
-            slots: AtomicPtr::new(ptr::null_mut()),
+            table: AtomicUsize::new(0),
             entries: AtomicUsize::new(0),
+            growing: AtomicBool::new(false),
+            forgets: AtomicUsize::new(0),
+            first_bits,
+            last_bits,
         }
     }
 
     #[inline(always)]
-    fn slots(&self) -> Option<&[[AtomicU64; 2]]> {
-        let mut p = self.slots.load(Ordering::Acquire);
-        if p.is_null() {
-            p = map_once(&self.slots, SLOTS * 16);
+    fn current(&self) -> Option<Table> {
+        match self.table.load(Ordering::Acquire) {
+            0 => self.first_table(),
+            word => Some(Table { word }),
         }
-        // SAFETY: a non-null pointer is a mapping of SLOTS zero-initialised pairs that is never
-        // unmapped, and every access to it is atomic.
-        (!p.is_null()).then(|| unsafe { core::slice::from_raw_parts(p, SLOTS) })
     }
 
-    fn start(key: u64) -> usize {
-        key.wrapping_mul(0x9e37_79b9_7f4a_7c15) as usize >> (64 - SLOTS.trailing_zeros())
+    /// Maps the first table unless another thread did; `None` when mapping failed.
+    #[cold]
+    #[inline(never)]
+    fn first_table(&self) -> Option<Table> {
+        let bytes = 16usize << self.first_bits;
+        let mine = map_unreserved(bytes);
+        if mine.is_null() {
+            return None;
+        }
+        let word = Table::new(mine, self.first_bits).word;
+        match self
+            .table
+            .compare_exchange(0, word, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => Some(Table { word }),
+            Err(theirs) => {
+                // SAFETY: our own mapping of `bytes` bytes, never published.
+                unsafe { libc::munmap(mine.cast(), bytes) };
+                Some(Table { word: theirs })
+            }
+        }
     }
 
     #[inline(always)]
     fn get(&self, key: u64) -> Option<u64> {
-        let slots = self.slots()?;
-        let mut i = Self::start(key);
+        let table = self.current()?;
+        let slots = table.slots();
+        let mut i = table.start(key);
         for _ in 0..MAX_PROBES {
             let [k, value] = &slots[i];
             match k.load(Ordering::Acquire) {
@@ -484,7 +612,7 @@ impl<const SLOTS: usize> WordMap<SLOTS> {
                     let v = value.load(Ordering::Acquire);
                     return (v != 0).then_some(v);
                 }
-                _ => i = (i + 1) % SLOTS,
+                _ => i = table.next(i),
             }
         }
         None
@@ -493,53 +621,213 @@ impl<const SLOTS: usize> WordMap<SLOTS> {
     /// Empties the values of the keys `doomed` picks: their entries stay (probe chains run
     /// through them) and read as absent until [`WordMap::insert`] gives them a value again.
     fn forget(&self, doomed: impl Fn(u64) -> bool) {
-        let p = self.slots.load(Ordering::Acquire);
-        if p.is_null() {
-            return;
-        }
-        // SAFETY: as in `slots`.
-        let slots = unsafe { core::slice::from_raw_parts(p, SLOTS) };
-        for [k, value] in slots {
-            let key = k.load(Ordering::Acquire);
-            if key != 0 && doomed(key) {
-                value.store(0, Ordering::Release);
+        loop {
+            let word = self.table.load(Ordering::SeqCst);
+            if word == 0 {
+                return;
+            }
+            #[cfg(test)]
+            interleave(self);
+            for [k, value] in (Table { word }).slots() {
+                let key = k.load(Ordering::Acquire);
+                if key != 0 && doomed(key) {
+                    value.store(0, Ordering::Release);
+                }
+            }
+            // Counted once the table is clean: a copy begun before the count may hold what was
+            // just forgotten, and empties itself when it sees the count change; a table
+            // published meanwhile is cleaned in the next round.
+            self.forgets.fetch_add(1, Ordering::SeqCst);
+            if self.table.load(Ordering::SeqCst) == word {
+                return;
             }
         }
     }
 
-    /// Adds `key -> value` unless the key has a value already or the map is full: either way
-    /// later lookups find `value` or another thread's value for the same key. A forgotten key
-    /// gets its value back.
+    /// Adds `key -> value` unless the key has a value already or the map is full: later
+    /// lookups find `value`, another thread's value for the same key, or nothing (a lost entry,
+    /// computed again). A forgotten key gets its value back.
     fn insert(&self, key: u64, value: u64) {
-        let Some(slots) = self.slots() else {
+        let Some(mut table) = self.current() else {
             return;
         };
-        if self.entries.load(Ordering::Relaxed) >= Self::MAX_ENTRIES {
-            return;
-        }
-        let mut i = Self::start(key);
-        for _ in 0..MAX_PROBES {
-            let [k, v] = &slots[i];
-            match k.compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => {
-                    self.entries.fetch_add(1, Ordering::Relaxed);
-                    v.store(value, Ordering::Release);
-                    return;
-                }
-                Err(found) if found == key => {
-                    // Claimed by a concurrent insert (which stores the same rule) or forgotten.
-                    let _ = v.compare_exchange(0, value, Ordering::AcqRel, Ordering::Relaxed);
-                    return;
-                }
-                Err(_) => i = (i + 1) % SLOTS,
+        if self.entries.load(Ordering::Relaxed) >= table.full() {
+            match self.grow(table) {
+                Some(larger) => table = larger,
+                None => return,
             }
         }
+        if table.insert(key, value) {
+            self.entries.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Moves the entries of `old` into a table four times larger and publishes it; `None` when
+    /// the map is as large as it gets, another thread grows it, or mapping failed.
+    #[cold]
+    #[inline(never)]
+    fn grow(&self, old: Table) -> Option<Table> {
+        if old.bits() + 2 > self.last_bits
+            || self
+                .growing
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+        {
+            return None;
+        }
+        let larger = self.copy_into_larger(old);
+        self.growing.store(false, Ordering::Release);
+        larger
+    }
+
+    /// [`WordMap::grow`] once `growing` is held.
+    fn copy_into_larger(&self, old: Table) -> Option<Table> {
+        if self.table.load(Ordering::SeqCst) != old.word {
+            return None; // grown since the caller looked
+        }
+        let bits = old.bits() + 2;
+        let mapped = map_unreserved(16 << bits);
+        if mapped.is_null() {
+            return None;
+        }
+        let larger = Table::new(mapped, bits);
+        let forgets = self.forgets.load(Ordering::SeqCst);
+        let mut copied = 0;
+        for [k, v] in old.slots() {
+            let (key, value) = (k.load(Ordering::Acquire), v.load(Ordering::Acquire));
+            if key != 0 && value != 0 && larger.insert(key, value) {
+                copied += 1;
+            }
+        }
+        self.entries.store(copied, Ordering::Relaxed);
+        #[cfg(test)]
+        interleave(self);
+        self.table.store(larger.word, Ordering::SeqCst);
+        if self.forgets.load(Ordering::SeqCst) != forgets {
+            for [_, value] in larger.slots() {
+                value.store(0, Ordering::Release);
+            }
+        }
+        let old_slots = old.slots();
+        // SAFETY: the old table is no longer published: a thread still probing it reads zeros
+        // (a miss), and one still inserting there writes an entry nobody needs.
+        unsafe { crate::sys::return_pages(old_slots.as_ptr() as *mut u8, old_slots.len() * 16) };
+        Some(larger)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A map of its own for a test: tables are never unmapped, and a leaked map keeps them
+    /// reachable for the threads that use it.
+    fn leaked_map(first_bits: u32, last_bits: u32) -> &'static WordMap {
+        Box::leak(Box::new(WordMap::new(first_bits, last_bits)))
+    }
+
+    #[test]
+    fn a_map_grows_and_keeps_its_entries() {
+        let map = leaked_map(8, 16);
+        let keys = 1..=20_000u64;
+        for k in keys.clone() {
+            map.insert(k * 64, k);
+        }
+        assert_eq!(map.current().unwrap().bits(), 16);
+        // One thread alone loses no entry to a copy; a probe chain past its limit may.
+        let found = keys.clone().filter(|&k| map.get(k * 64) == Some(k)).count();
+        assert!(found >= 19_900, "{found} of 20000");
+        assert!(keys.clone().all(|k| map.get(k * 64).is_none_or(|v| v == k)));
+    }
+
+    #[test]
+    fn a_map_stops_growing_at_its_largest_size() {
+        let map = leaked_map(6, 10);
+        for k in 1..=10_000u64 {
+            map.insert(k, k);
+        }
+        let table = map.current().unwrap();
+        assert_eq!(table.bits(), 10);
+        let held = (1..=10_000u64).filter(|&k| map.get(k).is_some()).count();
+        assert!(held <= table.full() && held >= table.full() - 16, "{held}");
+    }
+
+    /// A map with odd keys (to be forgotten) and even ones, which the next insert grows.
+    fn map_about_to_grow() -> &'static WordMap {
+        let map = leaked_map(8, 12);
+        let mut k = 1;
+        while map.entries.load(Ordering::Relaxed) < map.current().unwrap().full() {
+            map.insert(k, 7);
+            k += 1;
+        }
+        map
+    }
+
+    fn forget_odd_keys(map: &WordMap) {
+        map.forget(|k| k % 2 == 1);
+    }
+
+    fn no_odd_key_has_a_value(map: &WordMap) {
+        let table = map.current().unwrap();
+        assert_eq!(table.bits(), 10, "the map grew once");
+        for [k, v] in table.slots() {
+            let key = k.load(Ordering::Relaxed);
+            assert!(key % 2 == 0 || v.load(Ordering::Relaxed) == 0, "{key}");
+        }
+    }
+
+    /// A forget made after a copy read the entries and before it is published: the copy
+    /// forgets everything, as it cannot tell what it missed.
+    #[test]
+    fn a_forget_during_a_copy_is_not_undone_by_the_copy() {
+        let map = map_about_to_grow();
+        INTERLEAVE.set(Some(forget_odd_keys));
+        map.insert(1 << 40, 9);
+        assert!(INTERLEAVE.take().is_none(), "the copy ran the forget");
+        no_odd_key_has_a_value(map);
+    }
+
+    /// A copy published while a forget scans the old table: the forget scans the new one too.
+    #[test]
+    fn a_forget_that_outlasts_a_copy_forgets_in_the_copy_too() {
+        let map = map_about_to_grow();
+        INTERLEAVE.set(Some(|map| map.insert(1 << 40, 9)));
+        forget_odd_keys(map);
+        assert!(INTERLEAVE.take().is_none(), "the forget ran the copy");
+        no_odd_key_has_a_value(map);
+    }
+
+    /// Walks stay those of the referee once the rules by return address moved into a larger
+    /// table (filled here with addresses no code has). Each walk runs on a thread of its own,
+    /// so that it takes over nothing from an earlier walk and looks up the rule of every frame.
+    #[test]
+    fn walks_agree_with_the_referee_after_the_rule_table_grows() {
+        let walk_in_a_new_thread = || {
+            std::thread::spawn(|| {
+                let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+                super::super::tests::referee_outer(&mut ours, &mut theirs);
+                let start = theirs
+                    .iter()
+                    .position(|&a| a == ours[0])
+                    .expect("first frame");
+                let common = ours.len().min(theirs.len() - start);
+                assert!(common >= 3, "{ours:x?}");
+                assert_eq!(&ours[..common], &theirs[start..start + common]);
+            })
+            .join()
+            .unwrap()
+        };
+        walk_in_a_new_thread();
+        let before = RULES.by_pc.current().unwrap().bits();
+        let no_code = 0xffff_8000_0000_0000u64;
+        let mut k = 0;
+        while RULES.by_pc.current().unwrap().bits() == before {
+            RULES.by_pc.insert(no_code + k * 16, Rule::FRAMEHOP_STEP.0);
+            k += 1;
+        }
+        walk_in_a_new_thread();
+        walk_in_a_new_thread();
+    }
 
     /// The direct search of `.eh_frame_hdr` finds the FDE gimli's finds, for addresses all over
     /// the code of this test program and of libc (and none where gimli finds none).

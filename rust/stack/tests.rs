@@ -70,7 +70,7 @@ fn nested_rust_frames_in_order() {
 }
 
 #[inline(never)]
-fn referee_inner(ours: &mut Vec<usize>, theirs: &mut Vec<usize>) {
+pub(super) fn referee_inner(ours: &mut Vec<usize>, theirs: &mut Vec<usize>) {
     let mut buf = [0usize; MAX_DEPTH];
     let n = capture::unwind_into_slice(StartFrame::here(), &mut buf);
     ours.extend_from_slice(&buf[..n]);
@@ -85,7 +85,7 @@ fn referee_inner(ours: &mut Vec<usize>, theirs: &mut Vec<usize>) {
 }
 
 #[inline(never)]
-fn referee_outer(ours: &mut Vec<usize>, theirs: &mut Vec<usize>) {
+pub(super) fn referee_outer(ours: &mut Vec<usize>, theirs: &mut Vec<usize>) {
     referee_inner(ours, theirs);
     black_box(());
 }
