@@ -153,6 +153,11 @@ pub fn stack_above(sp: usize) -> Option<core::ops::Range<usize>> {
 }
 
 pub(crate) use capture::lock_caches_for_fork;
+
+/// In a forked child, after the threads that were growing a rule table are gone.
+pub(crate) fn note_forked_child() {
+    rules::RULES.after_fork_in_child();
+}
 pub(crate) use modules::lock_for_fork as lock_modules_for_fork;
 
 /// After a `dlopen` or `dlclose`: the unwinder's view of the modules and the history of modules

@@ -226,6 +226,13 @@ impl Rules {
         }
     }
 
+    /// In a forked child: a map that a thread of the parent was growing can grow again (that
+    /// thread is gone, and its copy was never published).
+    pub(crate) fn after_fork_in_child(&self) {
+        self.by_pc.growing.store(false, Ordering::Release);
+        self.by_fde.growing.store(false, Ordering::Release);
+    }
+
     /// Forgets the rules of return addresses and FDEs in `code` (the ranges of modules gone):
     /// later lookups there miss and compile again from whatever is mapped then.
     pub(crate) fn forget_code(&self, code: &[Range<usize>]) {
@@ -454,8 +461,8 @@ fn rule_of_row<S: gimli::UnwindContextStorage<usize>>(
 /// tables stay mapped, as readers may hold them. A [`WordMap::forget`] that runs while entries
 /// are copied may miss the copies, so a copy made across one is emptied after it is published.
 struct WordMap {
-    /// The current table's address with its size's log2 in the low bits (tables are
-    /// page-aligned); 0 before the first lookup maps one.
+    /// The current table: its address with the shift of its hashes in the low bits (see
+    /// [`Table`]); 0 before the first lookup maps one.
     table: AtomicUsize,
     /// Entries of the current table (approximately: inserts lost to a copy still count).
     entries: AtomicUsize,

@@ -143,6 +143,7 @@ extern "C" fn release_in_parent() {
 extern "C" fn release_in_child() {
     crate::report::note_forked_child();
     crate::symbolize::modules::note_forked_child();
+    crate::stack::note_forked_child();
     let me = super::guard::thread_number();
     let held = HELD.with(Cell::get);
     // SAFETY: `prepare` on this thread left it there, and only `release` below takes it.
