@@ -229,8 +229,8 @@ impl Rules {
     /// In a forked child: a map that a thread of the parent was growing can grow again (that
     /// thread is gone, and its copy was never published).
     pub(crate) fn after_fork_in_child(&self) {
-        self.by_pc.growing.store(false, Ordering::Release);
-        self.by_fde.growing.store(false, Ordering::Release);
+        self.by_pc.forget_grower();
+        self.by_fde.forget_grower();
     }
 
     /// Forgets the rules of return addresses and FDEs in `code` (the ranges of modules gone):
@@ -687,6 +687,12 @@ impl WordMap {
         larger
     }
 
+    /// Lets the map grow again after the thread that was growing it vanished (in a forked
+    /// child: its copy was never published).
+    fn forget_grower(&self) {
+        self.growing.store(false, Ordering::Release);
+    }
+
     /// [`WordMap::grow`] once `growing` is held.
     fn copy_into_larger(&self, old: Table) -> Option<Table> {
         if self.table.load(Ordering::SeqCst) != old.word {
@@ -781,6 +787,20 @@ mod tests {
             let key = k.load(Ordering::Relaxed);
             assert!(key % 2 == 0 || v.load(Ordering::Relaxed) == 0, "{key}");
         }
+    }
+
+    /// A child forked while a thread of the parent grew the map: it grows when the next insert
+    /// finds it full, once told that the grower is gone.
+    #[test]
+    fn a_map_that_a_vanished_thread_was_growing_grows_again() {
+        let map = map_about_to_grow();
+        map.growing.store(true, Ordering::Release); // the parent's thread, mid-copy at the fork
+        map.insert(1 << 40, 9);
+        assert_eq!(map.current().unwrap().bits(), 8, "no second copy at once");
+        map.forget_grower();
+        map.insert(1 << 41, 9);
+        assert_eq!(map.current().unwrap().bits(), 10);
+        assert_eq!(map.get(1 << 41), Some(9));
     }
 
     /// A forget made after a copy read the entries and before it is published: the copy
