@@ -202,6 +202,7 @@ fn main() {
     let rounds = std::env::var("K15_BENCH_ROUNDS")
         .ok()
         .and_then(|r| r.parse().ok())
+        .filter(|&r| r > 0)
         .unwrap_or(RUNS);
     let mut runs: Vec<Vec<(f64, i64)>> = vec![Vec::with_capacity(rounds); variants.len()];
     for _ in 0..rounds {
