@@ -153,12 +153,12 @@ pub fn stack_above(sp: usize) -> Option<core::ops::Range<usize>> {
 }
 
 pub(crate) use capture::lock_caches_for_fork;
+pub(crate) use modules::lock_for_fork as lock_modules_for_fork;
 
 /// In a forked child, after the threads that were growing a rule table are gone.
 pub(crate) fn note_forked_child() {
     rules::RULES.after_fork_in_child();
 }
-pub(crate) use modules::lock_for_fork as lock_modules_for_fork;
 
 /// After a `dlopen` or `dlclose`: the unwinder's view of the modules and the history of modules
 /// are brought up to date (a library mapped where an unloaded one was must not be walked with
