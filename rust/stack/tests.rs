@@ -497,11 +497,13 @@ fn depot_concurrent_interning_is_consistent() {
             .map(|t| {
                 let stacks = &stacks;
                 s.spawn(move || {
+                    // As a capturing thread interns: ids claimed in batches of its own.
+                    let mut interned = Box::new(depot::Interned::EMPTY);
                     let mut ids = vec![StackId(0); stacks.len()];
                     for k in 0..stacks.len() {
                         // Different orders per thread so that inserts race.
                         let i = if t % 2 == 0 { k } else { stacks.len() - 1 - k };
-                        ids[i] = depot::intern(&stacks[i]);
+                        ids[i] = interned.intern(&stacks[i]);
                     }
                     ids
                 })
@@ -517,6 +519,41 @@ fn depot_concurrent_interning_is_consistent() {
     for (i, id) in results[0].iter().enumerate() {
         assert_eq!(frames(*id), &stacks[i][..]);
     }
+}
+
+#[test]
+fn nodes_added_after_a_watermark_lie_above_it() {
+    let mut interned = Box::new(depot::Interned::EMPTY);
+    let before = interned.intern(&[0x6100, 0x6200]);
+    let mark = depot::watermark();
+    // The thread still holds ids it claimed with the first stack's nodes: they lie below the
+    // mark, and a stack captured after it must not get one.
+    let after = interned.intern(&[0x6101, 0x6200]);
+    assert!(
+        before.0 < mark && after.0 >= mark,
+        "{before:?} {mark} {after:?}"
+    );
+    assert_eq!(frames(after), &[0x6101, 0x6200]);
+}
+
+#[test]
+fn a_stack_below_a_parent_with_a_higher_id_is_whole() {
+    // Thread `a` claims its ids first (four nodes: claims of 1, 2 and 4 ids, three left), `b`
+    // later: a child `a` adds below `b`'s node gets the lower id (unless a watermark read
+    // elsewhere made `a` claim again; then try again).
+    let mut seen = false;
+    for attempt in 0..20usize {
+        let mut a = Box::new(depot::Interned::EMPTY);
+        let mut b = Box::new(depot::Interned::EMPTY);
+        let base = 0x7100_0000 + attempt * 0x100;
+        a.intern(&[base + 4, base + 5, base + 6, base + 7]);
+        let parent = b.intern(&[base + 1, base + 2]);
+        let child = a.intern(&[base + 3, base + 1, base + 2]);
+        assert_eq!(frames(child), &[base + 3, base + 1, base + 2]);
+        assert_eq!(frames(parent), &[base + 1, base + 2]);
+        seen |= child.0 < parent.0;
+    }
+    assert!(seen, "no child got an id below its parent's");
 }
 
 /// Counts the calling thread's heap allocations (the test binary's global allocator).
@@ -810,7 +847,8 @@ fn depot_tree_shares_outer_frames() {
     let outer = depot::intern(&[0x5100, 0x5200, 0x5300]);
     let inner = depot::intern(&[0x5000, 0x5100, 0x5200, 0x5300]);
     // The longer stack is one node below the shorter: its outer frames are not stored again.
-    assert_eq!(depot::child(outer, 0x5000), inner);
+    let mut interned = Box::new(depot::Interned::EMPTY);
+    assert_eq!(interned.child(outer, 0x5000), inner);
     assert_eq!(frames(inner), &[0x5000, 0x5100, 0x5200, 0x5300]);
     assert_eq!(frames(outer), &[0x5100, 0x5200, 0x5300]);
     assert_ne!(depot::intern(&[0x5001, 0x5100, 0x5200, 0x5300]), inner);
