@@ -62,7 +62,7 @@ static CLAIM_EPOCH: AtomicU32 = AtomicU32::new(0);
 
 /// Node ids a thread claimed and has not used yet: `next..end`, claimed in watermark epoch
 /// `epoch`. Ids claimed and never used (at thread exit, at a new epoch) are holes in the
-/// arena: zeroed nodes no chain links to.
+/// arena: zeroed nodes no chain links to, at most as many as the thread's nodes.
 pub(super) struct Claims {
     next: u32,
     end: u32,
@@ -91,7 +91,13 @@ impl Claims {
     #[inline]
     fn claim(&mut self) -> Option<u32> {
         let epoch = CLAIM_EPOCH.load(Ordering::Relaxed);
-        if self.next == self.end || epoch != self.epoch {
+        if epoch != self.epoch {
+            // The ids kept back are left unused, and claims start small again: a thread leaves
+            // at most as many unused as it used since (a plugin reloaded in a loop changes the
+            // epoch at every load).
+            (self.end, self.batch, self.epoch) = (self.next, 1, epoch);
+        }
+        if self.next == self.end {
             let base = BUMP.fetch_add(self.batch as usize, Ordering::Relaxed);
             let capacity = CAPACITY.load(Ordering::Acquire);
             if base >= capacity {
@@ -102,7 +108,6 @@ impl Claims {
                 base as u32,
                 (base + self.batch as usize).min(capacity) as u32,
             );
-            self.epoch = epoch;
             self.batch = (self.batch * 2).min(self.most);
         }
         self.next += 1;
@@ -609,6 +614,14 @@ mod tests {
                 "{kept_back} after {used}"
             );
         }
+        // A watermark read leaves the ids kept back unused and starts the claims small again.
+        let _ = watermark();
+        let id = claims.claim().unwrap();
+        assert_eq!(
+            claims.end - claims.next,
+            0,
+            "{id}: kept back after a watermark"
+        );
         // An id given back right after its claim is the next one claimed.
         let id = claims.claim().unwrap();
         claims.unclaim(id);
