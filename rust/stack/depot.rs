@@ -101,8 +101,7 @@ impl Claims {
             let base = BUMP.fetch_add(self.batch as usize, Ordering::Relaxed);
             let capacity = CAPACITY.load(Ordering::Acquire);
             if base >= capacity {
-                self.end = self.next;
-                return None;
+                return None; // nothing kept back: `next == end` stays
             }
             (self.next, self.end) = (
                 base as u32,
