@@ -73,8 +73,9 @@ fn on_path(tool: &str) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-/// Best of `RUNS` nanoseconds per pair.
-fn measure(v: &Variant, threads: u32, family: Family, dir: &Path) -> Option<f64> {
+/// Best of `RUNS` nanoseconds per pair; `shared`: every iteration also stores to one global
+/// all threads share (`churn.cpp`).
+fn measure(v: &Variant, threads: u32, family: Family, shared: bool, dir: &Path) -> Option<f64> {
     let pairs = PAIRS / v.pairs_divisor;
     let runs = if v.pairs_divisor > 1 { 1 } else { RUNS };
     let mut best = f64::INFINITY;
@@ -93,6 +94,7 @@ fn measure(v: &Variant, threads: u32, family: Family, dir: &Path) -> Option<f64>
             .args(args)
             .args([threads.to_string(), pairs.to_string()])
             .arg(family.argument())
+            .args(shared.then_some("shared"))
             .current_dir(dir)
             .envs(v.env.iter().map(|(k, val)| (*k, val.as_str())))
             .output()
@@ -254,20 +256,89 @@ fn main() {
         };
         for threads in [1, 2] {
             println!("\nchurn built {opt}, {threads} thread(s), {PAIRS} {pairs} pairs per thread (best of {RUNS}; slow peers on fewer pairs, once):");
-            println!(
-                "  {:<42} {:>12} {:>10}",
-                "allocator", "ns per pair", "vs glibc"
-            );
-            let mut baseline = None;
-            for v in &variants {
-                match measure(v, threads, family, &dir) {
-                    Some(ns) => {
-                        let base = *baseline.get_or_insert(ns);
-                        println!("  {:<42} {:>12.1} {:>9.2}x", v.name, ns, ns / base);
-                    }
-                    None => println!("  {:<42} {:>12}", v.name, "failed"),
-                }
-            }
+            print_rows(&variants, threads, family, false, &dir);
+        }
+        if opt == "-O2" && family == Family::NewDelete {
+            shared_store(&variants, &dir);
         }
     }
+}
+
+/// One line per variant: nanoseconds per pair and the ratio to the first (glibc).
+fn print_rows<'a>(
+    variants: impl IntoIterator<Item = &'a Variant>,
+    threads: u32,
+    family: Family,
+    shared: bool,
+    dir: &Path,
+) {
+    println!("  {:<42} {:>12} {:>10}", "allocator", "ns per pair", "vs glibc");
+    let mut baseline = None;
+    for v in variants {
+        match measure(v, threads, family, shared, dir) {
+            Some(ns) => {
+                let base = *baseline.get_or_insert(ns);
+                println!("  {:<42} {:>12.1} {:>9.2}x", v.name, ns, ns / base);
+            }
+            None => println!("  {:<42} {:>12}", v.name, "failed"),
+        }
+    }
+}
+
+/// Churn whose threads also store to one shared global every iteration, as engine code does (a
+/// frame counter): each store of the allocator waits behind the line the other thread holds, so
+/// what counts is how many stores a pair makes, which cachegrind counts (one thread, the
+/// difference between 400,000 and 200,000 pairs, so that start-up and exit fall away).
+fn shared_store(variants: &[Variant], dir: &Path) {
+    let wanted = [
+        "glibc new/delete (baseline)",
+        "mimalloc (LD_PRELOAD)",
+        "k15, stack_depth=0",
+        "k15, stacks (DWARF, default)",
+        "LeakSanitizer (clang -fsanitize=leak)",
+    ];
+    let chosen: Vec<&Variant> = variants.iter().filter(|v| wanted.contains(&v.name)).collect();
+    for threads in [1, 2] {
+        println!("\nchurn built -O2 with a store to one shared global every iteration, {threads} thread(s), {PAIRS} new/delete pairs per thread (best of {RUNS}):");
+        print_rows(chosen.iter().copied(), threads, Family::NewDelete, true, dir);
+    }
+    if !on_path("valgrind") {
+        println!("  (stores per pair skipped: install valgrind)");
+        return;
+    }
+    println!("\nper new/delete pair of churn -O2 (cachegrind: instructions, loads, stores):");
+    println!("  {:<42} {:>8} {:>8} {:>8}", "allocator", "instr", "loads", "stores");
+    for v in chosen.iter().filter(|v| v.name.starts_with("glibc") || v.name.starts_with("k15")) {
+        match per_pair_counts(v, dir) {
+            Some([instr, loads, stores]) => println!("  {:<42} {instr:>8.1} {loads:>8.1} {stores:>8.1}", v.name),
+            None => println!("  {:<42} {:>8}", v.name, "failed"),
+        }
+    }
+}
+
+/// Instructions, loads and stores per pair under cachegrind, one thread.
+fn per_pair_counts(v: &Variant, dir: &Path) -> Option<[f64; 3]> {
+    let counts = |pairs: u64| -> Option<[f64; 3]> {
+        let out = Command::new("valgrind")
+            .args(["--tool=cachegrind", "--cache-sim=yes", "--cachegrind-out-file=/dev/null"])
+            .arg(&v.exe)
+            .args(["1", &pairs.to_string(), "new"])
+            .current_dir(dir)
+            .envs(v.env.iter().map(|(k, val)| (*k, val.as_str())))
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stderr).replace(',', "");
+        let number_after = |label: &str| -> Option<f64> {
+            let line = text.lines().find(|l| l.contains(label))?;
+            line.split(label).nth(1)?.split_whitespace().next()?.parse().ok()
+        };
+        // "D   refs:  N  (R rd   + W wr)"
+        let data = text.lines().find(|l| l.contains("D   refs:"))?;
+        let inside = data.split('(').nth(1)?;
+        let loads: f64 = inside.split_whitespace().next()?.parse().ok()?;
+        let stores: f64 = inside.split('+').nth(1)?.split_whitespace().next()?.parse().ok()?;
+        Some([number_after("I   refs:")?, loads, stores])
+    };
+    let (small, large) = (counts(200_000)?, counts(400_000)?);
+    Some([0, 1, 2].map(|i| (large[i] - small[i]) / 200_000.0))
 }

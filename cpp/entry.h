@@ -9,6 +9,8 @@
 extern "C" {
 void* k15_memory_allocate(std::size_t size, std::size_t align, k15::memory::detail::BlockKind kind, const char* file,
                           int line, std::size_t frame_address) noexcept;
+// k15_memory_allocate(size, 0, kind, nullptr, 0, frame_address), with fewer arguments to keep.
+void* k15_memory_new(std::size_t size, k15::memory::detail::BlockKind kind, std::size_t frame_address) noexcept;
 void k15_memory_deallocate(void* ptr, k15::memory::detail::BlockKind kind, std::size_t frame_address) noexcept;
 // After a take-over (cpp/take_over.cpp): blocks the previous allocator served are freed by it.
 void k15_memory_pass_foreign_blocks_to(void (*original_delete)(void*)) noexcept;

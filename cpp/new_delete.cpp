@@ -28,7 +28,9 @@ inline std::size_t alignment(std::align_val_t align) { return static_cast<std::s
 void* allocate_or_throw(std::size_t size, std::size_t align, BlockKind kind, const char* file, int line,
                         std::size_t frame) {
     for (;;) {
-        if (void* block = k15_memory_allocate(size, align, kind, file, line, frame)) return block;
+        void* block = align == 0 && file == nullptr ? k15_memory_new(size, kind, frame)
+                                                    : k15_memory_allocate(size, align, kind, file, line, frame);
+        if (block != nullptr) return block;
         std::new_handler handler = std::get_new_handler();
         if (handler == nullptr) throw std::bad_alloc();
         handler();

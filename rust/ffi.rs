@@ -243,6 +243,23 @@ pub unsafe extern "C" fn k15_memory_allocate(
     line: i32,
     frame_address: usize,
 ) -> *mut u8 {
+    // SAFETY: as the caller guarantees.
+    unsafe { allocate(size, align, kind, file, line, frame_address) }
+}
+
+/// The body of both allocating entries.
+///
+/// # Safety
+/// As [`k15_memory_allocate`].
+#[inline(always)]
+unsafe fn allocate(
+    size: usize,
+    align: usize,
+    kind: bridge::BlockKind,
+    file: *const c_char,
+    line: i32,
+    frame_address: usize,
+) -> *mut u8 {
     // SAFETY: forwarded from the caller's guarantee.
     let start = move || unsafe { StartFrame::caller_of(frame_address) };
     // SAFETY: `kind` and `file` are as the caller guarantees.
@@ -252,6 +269,21 @@ pub unsafe extern "C" fn k15_memory_allocate(
         // without it, and checked only where a file is given.
         tracker::allocate(size, align, kind, file, line as u32, start)
     }
+}
+
+/// [`k15_memory_allocate`] with default alignment and no file: the entry of `operator new` and
+/// `new[]`, whose quick path keeps only three arguments for the general path it may hand over to.
+///
+/// # Safety
+/// As [`k15_memory_allocate`].
+#[no_mangle]
+pub unsafe extern "C" fn k15_memory_new(
+    size: usize,
+    kind: bridge::BlockKind,
+    frame_address: usize,
+) -> *mut u8 {
+    // SAFETY: as the caller guarantees; no file.
+    unsafe { allocate(size, 0, kind, core::ptr::null(), 0, frame_address) }
 }
 
 /// Frees a block from [`k15_memory_allocate`]; bad frees are reported, never crash.

@@ -3,9 +3,14 @@
 // beside 1000 long-lived blocks, through three levels of engine-like calls. Prints nanoseconds
 // per pair.
 //
-//   churn <threads> <pairs per thread> [new|malloc]
+//   churn <threads> <pairs per thread> [new|malloc] [shared]
+//
+// `shared`: every iteration of every thread also stores to one global that all threads share,
+// as engine code does (a frame counter, a statistics word): each store of the allocator then
+// waits behind the line the other thread holds.
 #include <k15/memory.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -19,6 +24,8 @@ namespace {
 constexpr unsigned kSlots = 4096;
 
 bool use_malloc = false;  // the C family instead of new[]/delete[]
+bool store_shared = false;
+std::atomic<long> shared_word{0};  // stored to by every thread, every iteration
 
 struct Rng {
     std::uint64_t state;
@@ -53,7 +60,10 @@ void churn(unsigned thread, long pairs) {
     std::vector<char*> long_lived;
     for (int i = 0; i < 1000; ++i) long_lived.push_back(make_buffer(64));
     std::vector<char*> slots(kSlots, nullptr);
-    for (long i = 0; i < pairs; ++i) update_slot(slots[rng.next() % kSlots], rng);
+    for (long i = 0; i < pairs; ++i) {
+        update_slot(slots[rng.next() % kSlots], rng);
+        if (store_shared) shared_word.store(i, std::memory_order_relaxed);
+    }
     for (char* block : slots) release(block);
     for (char* block : long_lived) release(block);
 }
@@ -64,6 +74,7 @@ int main(int argc, char** argv) {
     const unsigned threads = argc > 1 ? static_cast<unsigned>(std::atoi(argv[1])) : 1;
     const long pairs = argc > 2 ? std::atol(argv[2]) : 2000000;
     use_malloc = argc > 3 && std::string(argv[3]) == "malloc";
+    store_shared = argc > 4 && std::string(argv[4]) == "shared";
     const auto start = std::chrono::steady_clock::now();
     std::vector<std::thread> workers;
     for (unsigned t = 0; t < threads; ++t) workers.emplace_back(churn, t, pairs);

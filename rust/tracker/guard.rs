@@ -80,10 +80,41 @@ impl Inside {
     /// and the sequence number of the allocation being made now (1, 2, … per thread).
     #[inline]
     pub fn next_allocation(&self) -> (Me, u32) {
+        (me_of(self.0), self.next_seq())
+    }
+
+    /// The sequence number of the allocation being made now.
+    #[inline(always)]
+    pub fn next_seq(&self) -> u32 {
         let t = self.0;
         let seq = t.allocations.get().wrapping_add(1);
         t.allocations.set(seq);
-        (me_of(t), seq)
+        seq
+    }
+}
+
+/// Leaves the tracker after [`Inside::enter`] without applying the frees signal handlers
+/// deferred meanwhile; true if there are any (the caller applies them, or enters again, as
+/// the general allocation path does, and they are applied when it leaves).
+impl Inside {
+    #[inline(always)]
+    pub fn leave(self) -> bool {
+        let thread = self.0;
+        core::mem::forget(self);
+        thread.inside_tracker.set(false);
+        thread.deferred_len.load(Ordering::Relaxed) != 0
+    }
+
+    /// The calling thread if it works on a shard of its own; `None` if it has no shard yet
+    /// or shares a guest shard.
+    #[inline(always)]
+    pub fn me_on_own_shard(&self) -> Option<Me> {
+        let t = self.0;
+        let shard = t.shard.get().filter(|shard| shard.owned)?;
+        Some(Me {
+            number: t.number.get(),
+            shard,
+        })
     }
 }
 

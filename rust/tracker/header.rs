@@ -514,7 +514,7 @@ impl BlockHeader {
     /// `raw` came from `raw::acquire*`, which reserved `HEADER_SIZE` writable bytes in front of
     /// its user pointer, and `block.file` is null or a NUL-terminated string that outlives the
     /// block.
-    #[inline]
+    #[inline(always)]
     pub unsafe fn write(
         raw: &RawBlock,
         block: &NewBlock,

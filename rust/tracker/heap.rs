@@ -313,6 +313,31 @@ pub fn thread_heap_range() -> core::ops::Range<usize> {
 /// mapped.
 #[inline(always)]
 pub fn take(class: u8, mine: &mut HeldShard<'_>) -> Option<*mut u8> {
+    take_from_active(class, mine).or_else(|| take_otherwise(class, mine))
+}
+
+/// [`take`] from the thread's active list of `class`, when it has a block whose link vouches
+/// for the next; `None`, with nothing changed, otherwise (the quick allocation path then leaves
+/// the block to [`take`]). Calls nothing.
+#[inline(always)]
+pub fn take_from_active(class: u8, _mine: &mut HeldShard<'_>) -> Option<*mut u8> {
+    let lists = &thread_heap().classes[class as usize];
+    let head = lists.active.get();
+    let count = lists.active_count.get();
+    if count == 0 {
+        return None;
+    }
+    // SAFETY: `head` is the first of `count > 0` free blocks of the heap this thread holds.
+    let next = unsafe { BlockHeader::free_link(head.cast(), Layout::of_class(class as usize)) }?;
+    lists.active.set(next);
+    lists.active_count.set(count - 1);
+    Some(head)
+}
+
+/// [`take`] where [`take_from_active`] could not: an empty active list, or a link to repair.
+#[cold]
+#[inline(never)]
+fn take_otherwise(class: u8, mine: &mut HeldShard<'_>) -> Option<*mut u8> {
     let class = class as usize;
     let lists = &thread_heap().classes[class];
     let mut head = lists.active.get();

@@ -23,6 +23,13 @@ impl Hot {
         (self.0 & 0xffff) as usize
     }
 
+    /// Whether an allocation may take the quick path: no stack to capture, no budget, no
+    /// `break_on`.
+    #[inline]
+    pub fn allows_quick_allocation(self) -> bool {
+        self.stack_depth() == 0 && !self.rare_allocation_options()
+    }
+
     /// Whether blocks come from the budget (`budget=`).
     #[inline]
     pub fn budget(self) -> bool {
@@ -84,7 +91,7 @@ pub fn set_up_hot() -> Hot {
 /// allocation set the tracker up).
 #[inline]
 pub fn peek() -> Option<Hot> {
-    match HOT.load(Ordering::Relaxed) {
+    match HOT.load(Ordering::Acquire) {
         0 => None,
         hot => Some(Hot(hot)),
     }

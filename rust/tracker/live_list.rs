@@ -321,6 +321,26 @@ impl Shard {
         })
     }
 
+    /// [`Shard::hold`] by its owner, when nobody else is on it: `None`, with nothing changed,
+    /// otherwise. Calls nothing.
+    #[inline(always)]
+    pub fn hold_as_owner(&self) -> Option<HeldShard<'_>> {
+        if self.busy.load(Ordering::Relaxed) != 0 {
+            return None;
+        }
+        self.busy.store(1, Ordering::Relaxed);
+        // As in `hold`.
+        compiler_fence(Ordering::SeqCst);
+        if self.revoked.load(Ordering::Relaxed) {
+            self.busy.store(0, Ordering::Release);
+            return None;
+        }
+        Some(HeldShard {
+            shard: self,
+            how: Held::ByOwner,
+        })
+    }
+
     /// Locks another thread's shard if nobody owns it (an exited owner, a guest shard):
     /// `None` when a thread owns it, or `me` holds the lock already.
     pub fn lock_unowned(&self, me: u32) -> Result<HeldShard<'_>, NotHeld> {
@@ -438,15 +458,31 @@ impl HeldShard<'_> {
     /// Counts a new block of `size` bytes.
     #[inline]
     pub fn count_allocation(&mut self, size: usize) {
+        let live = self.count_allocation_unflushed(size);
+        if live >= self.shard.flush_above.load(Ordering::Relaxed) {
+            self.shard.flush_live_bytes(live);
+        }
+    }
+
+    /// Whether an allocation of `size` bytes counted now leaves the process-wide sum alone
+    /// (see [`Shard::flush_live_bytes`]).
+    #[inline(always)]
+    pub fn counts_unflushed(&self, size: usize) -> bool {
+        let s = self.shard;
+        s.live_bytes.load(Ordering::Relaxed) + (size as u64) < s.flush_above.load(Ordering::Relaxed)
+    }
+
+    /// [`HeldShard::count_allocation`] but for the process-wide sum, which
+    /// [`HeldShard::counts_unflushed`] said it does not need; the shard's live bytes.
+    #[inline(always)]
+    pub fn count_allocation_unflushed(&mut self, size: usize) -> u64 {
         let s = self.shard;
         bump(&s.allocations, 1);
         let live = bump(&s.live_bytes, size as u64);
         if live > s.peak_bytes.load(Ordering::Relaxed) {
             s.peak_bytes.store(live, Ordering::Relaxed);
         }
-        if live >= s.flush_above.load(Ordering::Relaxed) {
-            s.flush_live_bytes(live);
-        }
+        live
     }
 
     /// Counts the free of a block of `size` bytes.

@@ -43,13 +43,24 @@ pub fn acquire_from_heap(
     // No overflow: the heap's sizes are far below usize::MAX, and larger ones are refused first.
     // The guard is what the class leaves; a block of 0 bytes still gets room (a free stack).
     let class = heap::class_for(size.max(1), align, compact)?;
-    let raw = heap::take(class, mine)?;
-    Some(RawBlock {
+    Some(heap_block(heap::take(class, mine)?, class))
+}
+
+/// [`acquire_from_heap`] of a block of `class` from the thread's active list alone (see
+/// [`heap::take_from_active`]): `None`, with nothing changed, where that list cannot give one.
+#[inline(always)]
+pub fn acquire_from_active_list(class: u8, mine: &mut HeldShard<'_>) -> Option<RawBlock> {
+    Some(heap_block(heap::take_from_active(class, mine)?, class))
+}
+
+#[inline(always)]
+fn heap_block(raw: *mut u8, class: u8) -> RawBlock {
+    RawBlock {
         user: raw.wrapping_add(HEADER_SIZE),
         raw_offset: HEADER_SIZE,
         placement: Placement::Heap,
         class,
-    })
+    }
 }
 
 /// Memory for what [`acquire_from_heap`] did not serve, on no list: from our mappings or glibc.
