@@ -2,7 +2,9 @@
 //! per thread, then the same with malloc/free) under plain glibc and its peers and under the
 //! tracker, each in its own process, all in one run (the tracker also preloaded into the plain
 //! build, beside heaptrack on that same binary); prints nanoseconds per pair and the ratio to
-//! plain glibc. Peers that are not installed are skipped with a note.
+//! plain glibc. Peers that are not installed are skipped with a note. Then, at `-O2`, churn whose
+//! threads also store to one shared global every iteration, and the instructions, loads and
+//! stores of one pair under cachegrind.
 //! `cargo bench --bench new_delete`
 
 #[path = "../tests/support/mod.rs"]
@@ -272,7 +274,10 @@ fn print_rows<'a>(
     shared: bool,
     dir: &Path,
 ) {
-    println!("  {:<42} {:>12} {:>10}", "allocator", "ns per pair", "vs glibc");
+    println!(
+        "  {:<42} {:>12} {:>10}",
+        "allocator", "ns per pair", "vs glibc"
+    );
     let mut baseline = None;
     for v in variants {
         match measure(v, threads, family, shared, dir) {
@@ -297,30 +302,61 @@ fn shared_store(variants: &[Variant], dir: &Path) {
         "k15, stacks (DWARF, default)",
         "LeakSanitizer (clang -fsanitize=leak)",
     ];
-    let chosen: Vec<&Variant> = variants.iter().filter(|v| wanted.contains(&v.name)).collect();
+    let chosen: Vec<&Variant> = variants
+        .iter()
+        .filter(|v| wanted.contains(&v.name))
+        .collect();
     for threads in [1, 2] {
         println!("\nchurn built -O2 with a store to one shared global every iteration, {threads} thread(s), {PAIRS} new/delete pairs per thread (best of {RUNS}):");
-        print_rows(chosen.iter().copied(), threads, Family::NewDelete, true, dir);
+        print_rows(
+            chosen.iter().copied(),
+            threads,
+            Family::NewDelete,
+            true,
+            dir,
+        );
     }
     if !on_path("valgrind") {
         println!("  (stores per pair skipped: install valgrind)");
         return;
     }
     println!("\nper new/delete pair of churn -O2 (cachegrind: instructions, loads, stores):");
-    println!("  {:<42} {:>8} {:>8} {:>8}", "allocator", "instr", "loads", "stores");
-    for v in chosen.iter().filter(|v| v.name.starts_with("glibc") || v.name.starts_with("k15")) {
+    println!(
+        "  {:<42} {:>8} {:>8} {:>8}",
+        "allocator", "instr", "loads", "stores"
+    );
+    for v in chosen
+        .iter()
+        .filter(|v| v.name.starts_with("glibc") || v.name.starts_with("k15"))
+    {
         match per_pair_counts(v, dir) {
-            Some([instr, loads, stores]) => println!("  {:<42} {instr:>8.1} {loads:>8.1} {stores:>8.1}", v.name),
+            Some([instr, loads, stores]) => {
+                println!("  {:<42} {instr:>8.1} {loads:>8.1} {stores:>8.1}", v.name)
+            }
             None => println!("  {:<42} {:>8}", v.name, "failed"),
         }
     }
+}
+
+/// The number that follows `marker` in `line`.
+fn number_after(line: &str, marker: &str) -> Option<f64> {
+    line.split(marker)
+        .nth(1)?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// Instructions, loads and stores per pair under cachegrind, one thread.
 fn per_pair_counts(v: &Variant, dir: &Path) -> Option<[f64; 3]> {
     let counts = |pairs: u64| -> Option<[f64; 3]> {
         let out = Command::new("valgrind")
-            .args(["--tool=cachegrind", "--cache-sim=yes", "--cachegrind-out-file=/dev/null"])
+            .args([
+                "--tool=cachegrind",
+                "--cache-sim=yes",
+                "--cachegrind-out-file=/dev/null",
+            ])
             .arg(&v.exe)
             .args(["1", &pairs.to_string(), "new"])
             .current_dir(dir)
@@ -328,16 +364,14 @@ fn per_pair_counts(v: &Variant, dir: &Path) -> Option<[f64; 3]> {
             .output()
             .ok()?;
         let text = String::from_utf8_lossy(&out.stderr).replace(',', "");
-        let number_after = |label: &str| -> Option<f64> {
-            let line = text.lines().find(|l| l.contains(label))?;
-            line.split(label).nth(1)?.split_whitespace().next()?.parse().ok()
-        };
-        // "D   refs:  N  (R rd   + W wr)"
-        let data = text.lines().find(|l| l.contains("D   refs:"))?;
-        let inside = data.split('(').nth(1)?;
-        let loads: f64 = inside.split_whitespace().next()?.parse().ok()?;
-        let stores: f64 = inside.split('+').nth(1)?.split_whitespace().next()?.parse().ok()?;
-        Some([number_after("I   refs:")?, loads, stores])
+        // "I   refs:  N" and "D   refs:  N  (R rd   + W wr)"
+        let line = |label: &str| text.lines().find(|l| l.contains(label)).map(str::to_owned);
+        let (instructions, data) = (line("I   refs:")?, line("D   refs:")?);
+        Some([
+            number_after(&instructions, "refs:")?,
+            number_after(&data, "(")?,
+            number_after(&data, "+")?,
+        ])
     };
     let (small, large) = (counts(200_000)?, counts(400_000)?);
     Some([0, 1, 2].map(|i| (large[i] - small[i]) / 200_000.0))

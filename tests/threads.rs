@@ -7,7 +7,20 @@ mod support;
 fn two_threads_cross_thread_frees_and_thread_exit_allocations() {
     let dir = support::scratch("threads");
     let exe = support::build(&dir, "threads", &["tests/cpp/threads.cpp"], &[]);
+    // Without stacks, `new` takes its quick path: the counts are the same.
+    counts_stay_exact(&support::run(&exe, "stack_depth=0"));
     let run = support::run(&exe, "");
+    counts_stay_exact(&run);
+    // Captured during thread exit, from the thread_local's destructor.
+    let stack = &run.leaks()[0]["stack"];
+    assert_eq!(
+        stack[0]["function"], "(anonymous namespace)::ThreadExitWork::~ThreadExitWork()",
+        "{}",
+        run.text
+    );
+}
+
+fn counts_stay_exact(run: &support::Run) {
     let stdout = run.stdout();
     assert!(run.output.status.success(), "{}", run.stderr());
     assert!(
@@ -40,13 +53,6 @@ fn two_threads_cross_thread_frees_and_thread_exit_allocations() {
         .collect();
     assert_eq!(threads.len(), 100, "one leak per thread");
     assert_eq!(run.json["summary"]["leaked_blocks"], 100);
-    // Captured during thread exit, from the thread_local's destructor.
-    let stack = &run.leaks()[0]["stack"];
-    assert_eq!(
-        stack[0]["function"], "(anonymous namespace)::ThreadExitWork::~ThreadExitWork()",
-        "{}",
-        run.text
-    );
     assert_eq!(run.json["summary"]["errors"], 0);
 }
 
@@ -87,7 +93,14 @@ fn two_threads_racing_to_delete_the_same_blocks_free_each_once() {
     let dir = support::scratch("racing_frees");
     let exe = support::build(&dir, "racing_frees", &["tests/cpp/racing_frees.cpp"], &[]);
     // malloc=0: the counts are of the deletes only, not of the threads' own glibc blocks.
-    let run = support::run(&exe, "stack_depth=4:malloc=0");
+    // Without stacks, `new` takes its quick path.
+    for stacks in ["stack_depth=4", "stack_depth=0"] {
+        racing_deletes_free_each_block_once(&exe, stacks);
+    }
+}
+
+fn racing_deletes_free_each_block_once(exe: &std::path::Path, stacks: &str) {
+    let run = support::run(exe, &format!("{stacks}:malloc=0"));
     let stdout = run.stdout();
     assert!(run.output.status.success(), "{}", run.stderr());
     assert!(stdout.contains("live blocks dropped by: 20000"), "{stdout}");
@@ -103,7 +116,14 @@ fn two_threads_racing_to_delete_the_same_blocks_free_each_once() {
 fn memory_freed_on_another_thread_comes_back_to_the_allocating_one() {
     let dir = support::scratch("handoff");
     let exe = support::build(&dir, "handoff", &["tests/cpp/handoff.cpp"], &[]);
-    let run = support::run(&exe, "stack_depth=4");
+    // Without stacks, `new` takes its quick path, and its lists are refilled by the general one.
+    for stacks in ["stack_depth=4", "stack_depth=0"] {
+        freed_memory_comes_back(&exe, stacks);
+    }
+}
+
+fn freed_memory_comes_back(exe: &std::path::Path, stacks: &str) {
+    let run = support::run(exe, stacks);
     let stdout = run.stdout();
     assert!(run.output.status.success(), "{}", run.stderr());
     assert!(stdout.contains("done"), "{stdout}");
