@@ -272,7 +272,7 @@ unsafe fn allocate(
 }
 
 /// [`k15_memory_allocate`] with default alignment and no file: the entry of `operator new` and
-/// `new[]`, whose quick path keeps only three arguments for the general path it may hand over to.
+/// `new[]`, three arguments to pass instead of six, and the alignment's tests compiled away.
 ///
 /// # Safety
 /// As [`k15_memory_allocate`].

@@ -91,12 +91,10 @@ impl Inside {
         t.allocations.set(seq);
         seq
     }
-}
 
-/// Leaves the tracker after [`Inside::enter`] without applying the frees signal handlers
-/// deferred meanwhile; true if there are any (the caller applies them, or enters again, as
-/// the general allocation path does, and they are applied when it leaves).
-impl Inside {
+    /// Leaves the tracker without applying the frees signal handlers deferred meanwhile; true
+    /// if there are any (the caller applies them, or enters again, as the general allocation
+    /// path does, and they are applied when it leaves).
     #[inline(always)]
     pub fn leave(self) -> bool {
         let thread = self.0;

@@ -299,17 +299,9 @@ impl Shard {
             if self.busy.load(Ordering::Relaxed) != 0 {
                 return None;
             }
-            self.busy.store(1, Ordering::Relaxed);
-            // The store above and the load below are ordered by the stopping thread's
-            // membarrier, which makes this compiler fence a full one (see the module docs).
-            compiler_fence(Ordering::SeqCst);
-            if !self.revoked.load(Ordering::Relaxed) {
-                return Some(HeldShard {
-                    shard: self,
-                    how: Held::ByOwner,
-                });
+            if let Some(held) = self.take_as_owner() {
+                return Some(held);
             }
-            self.busy.store(0, Ordering::Release);
         }
         if self.lock.held_by(me) {
             return None;
@@ -328,8 +320,16 @@ impl Shard {
         if self.busy.load(Ordering::Relaxed) != 0 {
             return None;
         }
+        self.take_as_owner()
+    }
+
+    /// The owner's hold of a shard it is not on: `None` (and not on it) when stopping the world
+    /// revoked it.
+    #[inline(always)]
+    fn take_as_owner(&self) -> Option<HeldShard<'_>> {
         self.busy.store(1, Ordering::Relaxed);
-        // As in `hold`.
+        // The store above and the load below are ordered by the stopping thread's membarrier,
+        // which makes this compiler fence a full one (see the module docs).
         compiler_fence(Ordering::SeqCst);
         if self.revoked.load(Ordering::Relaxed) {
             self.busy.store(0, Ordering::Release);

@@ -62,8 +62,8 @@ pub unsafe fn allocate(
 
 /// The common allocation, with stacks off and none of the rare options: a block without a file
 /// from the thread's active list of its class. Calls nothing else it comes back from, so that
-/// it keeps what it needs in registers; hands anything else over to [`allocate_generally`],
-/// with nothing changed.
+/// it keeps what it needs in registers; hands anything else over to the general path
+/// ([`allocate_without_file`]) with nothing changed.
 #[inline(never)]
 extern "C" fn allocate_quickly(
     size: usize,
