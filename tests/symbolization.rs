@@ -256,6 +256,35 @@ fn compressed_debug_sections_give_the_same_report() {
 }
 
 #[test]
+fn compressed_dwarf_is_read_once_and_only_for_the_frames_shown() {
+    let dir = support::scratch("symbolization_gz_memory");
+    let exe = support::build(
+        &dir,
+        "engine_gz",
+        &support::ENGINE_SAMPLE,
+        &["-O2", "-gz=zlib"],
+    );
+    // Finding `main` (to cut the frames below it) once read the program's DWARF for every
+    // frame, `_start` too: no unit covers `_start`, so every unit `.debug_aranges` leaves out
+    // was decompressed (all of rustc's, the tracker's own), and since rustc's units refer to
+    // each other, `.debug_info` whole; then the report read it all again. 20 MiB over the run
+    // without the report; now the symbol table finds `main`, and the sections every lookup
+    // needs (strings, ranges: mostly the tracker's own) are decompressed once, about 12 MiB.
+    let run = support::run(&exe, "");
+    let world = "samples/engine/world.cpp";
+    let sky = frames(&leak_at(&run, world, "K15_NEW Vec3[64]")["stack"]);
+    assert_eq!(sky[0].0, "engine::World::load_sky()");
+    assert_eq!(sky.last().map(|f| f.0.as_str()), Some("main"));
+    let best = |options: &str| (0..3).map(|_| peak_rss_kib(&exe, options)).min().unwrap();
+    let (silent, reported) = (best("report=0"), best(""));
+    println!("peak RSS {reported} KiB with the report, {silent} KiB without");
+    assert!(
+        reported - silent < 16 * 1024,
+        "the report raised the peak from {silent} KiB to {reported} KiB"
+    );
+}
+
+#[test]
 fn stack_depth_zero_gives_empty_stacks() {
     let dir = support::scratch("symbolization_depth0");
     let exe = support::build(&dir, "engine", &support::ENGINE_SAMPLE, &[]);

@@ -121,17 +121,14 @@ impl Symbolizer {
         }
         wanted.sort_unstable();
         wanted.dedup();
-        let (kept, loaded_for_cut) = if crate::options::get().show_below_main {
-            (HashMap::new(), None)
+        let kept = if crate::options::get().show_below_main {
+            HashMap::new()
         } else {
             self.cut_below_main(&ids, &mut wanted)
         };
         for group in wanted.chunk_by(|a, b| a.0 == b.0) {
             let addresses: Vec<usize> = group.iter().map(|w| w.1).collect();
             self.resolve_module(group[0].0, &addresses);
-            if loaded_for_cut == Some(group[0].0) {
-                self.debug[group[0].0] = None; // released like any module read for a batch
-            }
         }
         ids.into_iter()
             .map(|id| {
@@ -145,16 +142,17 @@ impl Symbolizer {
     /// default): a stack through the executable's `main` ends there, `main` included; others
     /// stay whole. `main` is found by the executable's symbol table, before any DWARF is read,
     /// so that what lies below it costs nothing: `_start`, which no unit covers (finding that
-    /// out walks every unit `.debug_aranges` leaves out), and libc's start-up frames (its debug
-    /// file, compressed). `wanted` keeps only the addresses some stack still shows; the second
-    /// value is the module whose debug info was loaded here, kept for its batch.
+    /// out walks every unit `.debug_aranges` leaves out, and in compressed DWARF decompresses
+    /// them), and libc's start-up frames (its debug file, compressed). The batch then reads the
+    /// executable's DWARF for the frames shown alone. `wanted` keeps only the addresses some
+    /// stack still shows.
     fn cut_below_main(
         &mut self,
         ids: &[StackId],
         wanted: &mut Vec<(usize, usize)>,
-    ) -> (HashMap<StackId, usize>, Option<usize>) {
+    ) -> HashMap<StackId, usize> {
         let Some(exe) = self.map.modules.iter().position(|m| m.is_main) else {
-            return (HashMap::new(), None);
+            return HashMap::new();
         };
         let bias = self.map.modules[exe].bias;
         let unresolved: Vec<usize> = wanted.iter().filter(|w| w.0 == exe).map(|w| w.1).collect();
@@ -162,18 +160,16 @@ impl Symbolizer {
             .iter()
             .map(|&address| probe(address.wrapping_sub(bias)))
             .collect();
-        let mut loaded = None;
-        if self.debug[exe].is_none() && !probes.is_empty() {
-            let info = self.map.modules[exe]
-                .file
-                .as_deref()
-                .and_then(|file| DebugInfo::load_for(file, &probes));
-            loaded = info.is_some().then_some(exe);
-            self.debug[exe] = Some(info);
-        }
         let names = match &mut self.debug[exe] {
             Some(Some(info)) => info.symbol_names(&probes),
-            _ => Vec::new(),
+            Some(None) => Vec::new(),
+            None if probes.is_empty() => Vec::new(),
+            None => self.map.modules[exe]
+                .file
+                .as_deref()
+                .and_then(DebugInfo::load_symbols)
+                .map(|mut info| info.symbol_names(&probes))
+                .unwrap_or_default(),
         };
         let mut in_main: HashSet<usize> = unresolved
             .iter()
@@ -206,7 +202,7 @@ impl Symbolizer {
             kept.insert(id, depth);
         }
         wanted.retain(|w| shown.contains(&w.1));
-        (kept, loaded)
+        kept
     }
 
     /// Resolves `addresses`, all in module `index`, into the cache. Debug info loaded before

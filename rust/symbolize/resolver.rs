@@ -618,6 +618,25 @@ fn has_headroom() -> bool {
 }
 
 /// The debug info of one module, built on the first address that falls into it.
+/// How much of a file's DWARF [`DebugInfo::open`] reads.
+enum DwarfRead<'a> {
+    Everything,
+    /// What these addresses need (compressed DWARF: only their units).
+    For(&'a [u64]),
+    /// None: the symbol tables alone.
+    Nothing,
+}
+
+impl DwarfRead<'_> {
+    fn load(&self, storage: &mut Storage, object: &object::File<'static>) -> Option<Dwarf> {
+        match *self {
+            DwarfRead::Everything => Dwarf::load(storage, object, None),
+            DwarfRead::For(probes) => Dwarf::load(storage, object, Some(probes)),
+            DwarfRead::Nothing => None,
+        }
+    }
+}
+
 pub(crate) struct DebugInfo {
     // Fields drop in declaration order: everything that borrows from `storage` comes first.
     dwarf: Option<Dwarf>,
@@ -634,16 +653,22 @@ impl DebugInfo {
     /// Opens the module's file (memory-mapped); its symbol table is read when first needed,
     /// DWARF unit by unit on lookup. `None` when the file cannot be read or parsed.
     pub(crate) fn load(path: &Path) -> Option<Self> {
-        Self::open(path, None)
+        Self::open(path, DwarfRead::Everything)
     }
 
     /// [`DebugInfo::load`] for a known set of addresses (as stated in the file): compressed
     /// DWARF is decompressed only where their units lie. Other addresses may find less.
     pub(crate) fn load_for(path: &Path, probes: &[u64]) -> Option<Self> {
-        Self::open(path, Some(probes))
+        Self::open(path, DwarfRead::For(probes))
     }
 
-    fn open(path: &Path, probes: Option<&[u64]>) -> Option<Self> {
+    /// The module's symbol tables alone, for [`DebugInfo::symbol_names`]: none of its DWARF
+    /// is read (compressed, even the sections every lookup needs would be decompressed).
+    pub(crate) fn load_symbols(path: &Path) -> Option<Self> {
+        Self::open(path, DwarfRead::Nothing)
+    }
+
+    fn open(path: &Path, read: DwarfRead) -> Option<Self> {
         let mut binary = Storage::open(path).filter(|_| has_headroom())?;
         let object = object::File::parse(binary.bytes()).ok()?;
         let mut info = DebugInfo {
@@ -654,7 +679,7 @@ impl DebugInfo {
             storage: Vec::new(),
         };
         if has_section(&object, ".debug_info") {
-            info.dwarf = Dwarf::load(&mut binary, &object, probes);
+            info.dwarf = read.load(&mut binary, &object);
         } else if let Some(mut debug) = separate_debug_file(path)
             .and_then(|p| Storage::open(&p))
             .filter(|_| has_headroom())
@@ -662,7 +687,7 @@ impl DebugInfo {
             // addr2line's Loader does not follow debuglinks ("TODO: use debuglink and
             // debugaltlink" in its loader.rs); backtrace-rs gimli/elf.rs does it like this.
             if let Ok(object) = object::File::parse(debug.bytes()) {
-                info.dwarf = Dwarf::load(&mut debug, &object, probes);
+                info.dwarf = read.load(&mut debug, &object);
                 info.objects.push(object);
             }
             info.storage.push(debug);
