@@ -19,18 +19,21 @@
 #include <thread>
 #include <vector>
 
+// Stored to by every thread, every iteration (`shared`): a cache line of its own, so that the
+// flags below, read every iteration, do not share it (that measured their reads' misses, and
+// only in g++'s layout), and outside the anonymous namespace: clang drops every store to an
+// internal variable that nothing reads, atomic or not.
+struct alignas(64) SharedLine {
+    std::atomic<long> word{0};
+};
+SharedLine churn_shared_line;
+
 namespace {
 
 constexpr unsigned kSlots = 4096;
 
 bool use_malloc = false;  // the C family instead of new[]/delete[]
 bool store_shared = false;
-// Stored to by every thread, every iteration; a cache line of its own, so that the flags
-// above, read every iteration, do not share it (that measured their reads' misses, and only
-// in g++'s layout: clang put the flags elsewhere).
-struct alignas(64) SharedLine {
-    std::atomic<long> word{0};
-} shared_line;
 
 struct Rng {
     std::uint64_t state;
@@ -67,7 +70,7 @@ void churn(unsigned thread, long pairs) {
     std::vector<char*> slots(kSlots, nullptr);
     for (long i = 0; i < pairs; ++i) {
         update_slot(slots[rng.next() % kSlots], rng);
-        if (store_shared) shared_line.word.store(i, std::memory_order_relaxed);
+        if (store_shared) churn_shared_line.word.store(i, std::memory_order_relaxed);
     }
     for (char* block : slots) release(block);
     for (char* block : long_lived) release(block);
