@@ -113,8 +113,8 @@ def run(folder):
             ("k15 stack_depth=0", "yaml-cpp-tests-k15", {"K15_MEMORY_OPTIONS": "stack_depth=0"}),
             ("k15 default (report, -gz DWARF)", "yaml-cpp-tests-k15", {}),
             ("k15 DWARF stacks, report=0", "yaml-cpp-tests-k15", tracker("")),
-            ("k15 frame pointers", "yaml-cpp-tests-k15",
-             {"K15_MEMORY_OPTIONS": "unwinder=frame_pointer"}),
+            ("k15 frame pointers, report=0", "yaml-cpp-tests-k15",
+             tracker("unwinder=frame_pointer")),
             ("LeakSanitizer (g++)", "yaml-cpp-tests-lsan", {"LD_LIBRARY_PATH": folder})]
     yaml = [y for y in yaml if os.path.exists(exe(y[1]))]
     if not yaml or yaml[0][1] != "yaml-cpp-tests":
