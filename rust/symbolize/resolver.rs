@@ -617,7 +617,6 @@ fn has_headroom() -> bool {
     true
 }
 
-/// The debug info of one module, built on the first address that falls into it.
 /// How much of a file's DWARF [`DebugInfo::open`] reads.
 enum DwarfRead<'a> {
     Everything,
@@ -637,6 +636,7 @@ impl DwarfRead<'_> {
     }
 }
 
+/// The debug info of one module, built on the first address that falls into it.
 pub(crate) struct DebugInfo {
     // Fields drop in declaration order: everything that borrows from `storage` comes first.
     dwarf: Option<Dwarf>,
