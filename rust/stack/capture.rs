@@ -54,7 +54,7 @@ impl Cache {
     fn new() -> Self {
         Cache {
             framehop: CacheX86_64::new_in(),
-            cfi: CfiContext::new(),
+            cfi: CfiContext::new_in(),
         }
     }
 }

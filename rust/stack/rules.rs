@@ -43,7 +43,19 @@ const FDE_BITS: (u32, u32) = (14, 20);
 const MAX_PROBES: usize = 32;
 
 /// gimli's CFI evaluation context, one per unwinder slot (created outside the hot path).
-pub(crate) type CfiContext = UnwindContext<usize>;
+pub(crate) type CfiContext = UnwindContext<usize, CompactCfi>;
+
+/// Room for what compiled rules need of CFI, inline: x86-64 code states at most the six
+/// callee-saved registers and the return address, where gimli's default storage keeps 192
+/// rules a row (6 KiB, which it copies whole each time it clones or moves a row: a third of
+/// the extra cache-line writes of yaml-cpp's suite). CFI that needs more rules or a deeper
+/// remember-state stack fails to evaluate here and is left to framehop ([`Rules::rows_of`]).
+pub(crate) struct CompactCfi;
+
+impl gimli::UnwindContextStorage<usize> for CompactCfi {
+    type Rules = [(gimli::Register, RegisterRule<usize>); 24];
+    type Stack = [gimli::UnwindTableRow<usize, Self>; 4];
+}
 
 /// A packed rule (0 = none yet): bit 0 set; bit 1: step with framehop instead; bit 4: no caller
 /// (the end of the stack); bit 2: the CFA
@@ -358,6 +370,8 @@ impl Rules {
     /// Writes `fde`'s rows to `out` (rows that differ only in registers a step never reads are
     /// one row here) and a row with no rule at the FDE's end: `Ok` with their number, or `Err`
     /// with the number of rows (and end row) before merging if `out` is too short for them.
+    /// From a row gimli cannot evaluate on, the FDE is framehop's: the row before it ends where
+    /// it did, rather than stand for the rest.
     fn rows_of(
         fde: &FrameDescriptionEntry<EndianSlice<'_, LittleEndian>>,
         eh_frame: &EhFrame<EndianSlice<'_, LittleEndian>>,
@@ -367,16 +381,32 @@ impl Rules {
     ) -> Option<Result<usize, usize>> {
         let mut table = fde.rows(eh_frame, bases, ctx).ok()?;
         let (mut n, mut count) = (0, 1);
-        while let Ok(Some(row)) = table.next_row() {
+        let mut push = |start: u64, rule: Rule| {
             count += 1;
-            let rule = rule_of_row(row).unwrap_or(Rule::FRAMEHOP_STEP);
             if n > 0 && out.get(n - 1).is_some_and(|last| last[1] == rule.0) {
-                continue;
+                return;
             }
             if let Some(slot) = out.get_mut(n) {
-                *slot = [row.start_address(), rule.0];
+                *slot = [start, rule.0];
             }
             n += 1;
+        };
+        let mut evaluated_to = fde.initial_address();
+        loop {
+            match table.next_row() {
+                Ok(Some(row)) => {
+                    push(
+                        row.start_address(),
+                        rule_of_row(row).unwrap_or(Rule::FRAMEHOP_STEP),
+                    );
+                    evaluated_to = row.end_address();
+                }
+                Ok(None) => break,
+                Err(_) => {
+                    push(evaluated_to, Rule::FRAMEHOP_STEP);
+                    break;
+                }
+            }
         }
         if n >= out.len() {
             return Some(Err(count));

@@ -344,9 +344,39 @@ fn std_thread_stacks_reach_libstdcxx_entry() {
     assert!(mods.last().unwrap().contains("libc.so"), "{mods:?}");
 }
 
+#[inline(never)]
+fn call_deep_cfi(call: extern "C" fn(Callback)) {
+    call(capture_here_and_referee);
+    black_box(());
+}
+
+#[test]
+fn unwinds_through_cfi_the_rule_compiler_cannot_hold() {
+    let Some(h) = build_and_open("deep_cfi", &[]) else {
+        return;
+    };
+    // SAFETY: the shim's function has exactly this C signature.
+    let call = unsafe {
+        core::mem::transmute::<*mut c_void, extern "C" fn(Callback)>(symbol(
+            h,
+            c"k15_deep_cfi_call",
+        ))
+    };
+    RBP_CAPTURES.with(|c| c.borrow_mut().clear());
+    call_deep_cfi(call);
+    let captures = RBP_CAPTURES.with(|c| c.borrow().clone());
+    assert!(
+        captures.len() == 1 && captures[0].1,
+        "the compiled rules gave another stack than the referee: {captures:?}"
+    );
+    let f = frames(RBP_STACK.with(core::cell::Cell::get));
+    let caller = position(&f, "call_deep_cfi").expect("call_deep_cfi beyond the deep CFI");
+    assert!(module_of(f[caller - 1]).contains("k15_deep_cfi"), "{f:x?}");
+}
+
 thread_local! {
-    /// Per capture from `capture_and_referee`: frames, and whether they equal those of a walk
-    /// that depends on nothing but the stack.
+    /// Per capture from `record_against_referee`: frames, and whether they equal those of a
+    /// walk that depends on nothing but the stack.
     static RBP_CAPTURES: std::cell::RefCell<Vec<(usize, bool)>> =
         const { std::cell::RefCell::new(Vec::new()) };
     /// The interned stack of the last of those captures.
@@ -357,7 +387,15 @@ thread_local! {
 /// walk with a fresh unwinder cache and no rule table.
 extern "C" fn capture_and_referee(frame_address: usize) {
     // SAFETY: the shim passes `__builtin_frame_address(0)` of its live frame-pointer frame.
-    let start = unsafe { StartFrame::caller_of(frame_address) };
+    record_against_referee(unsafe { StartFrame::caller_of(frame_address) });
+}
+
+/// [`capture_and_referee`] from the callback's own frame.
+extern "C" fn capture_here_and_referee() {
+    record_against_referee(StartFrame::here());
+}
+
+fn record_against_referee(start: StartFrame) {
     let mut ours = [0usize; 32];
     let n = capture::unwind_into_slice(start, &mut ours);
     let mut clean = [core::mem::MaybeUninit::uninit(); 32];
