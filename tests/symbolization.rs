@@ -275,8 +275,10 @@ fn compressed_dwarf_is_read_once_and_only_for_the_frames_shown() {
     let sky = frames(&leak_at(&run, world, "K15_NEW Vec3[64]")["stack"]);
     assert_eq!(sky[0].0, "engine::World::load_sky()");
     assert_eq!(sky.last().map(|f| f.0.as_str()), Some("main"));
-    let best = |options: &str| (0..3).map(|_| peak_rss_kib(&exe, options)).min().unwrap();
-    let (silent, reported) = (best("report=0"), best(""));
+    let (silent, reported) = (
+        least_peak_rss_kib(&exe, "report=0"),
+        least_peak_rss_kib(&exe, ""),
+    );
     println!("peak RSS {reported} KiB with the report, {silent} KiB without");
     assert!(
         reported - silent < 16 * 1024,
@@ -375,6 +377,12 @@ fn peak_rss_kib(exe: &std::path::Path, options: &str) -> i64 {
     peak
 }
 
+/// The least of three runs' peaks: page-cache and fault-around timing make single runs differ
+/// by a few pages.
+fn least_peak_rss_kib(exe: &std::path::Path, options: &str) -> i64 {
+    (0..3).map(|_| peak_rss_kib(exe, options)).min().unwrap()
+}
+
 #[test]
 fn symbolizing_at_exit_loads_only_what_the_reported_stacks_need() {
     let dir = support::scratch("symbolization_memory");
@@ -417,10 +425,8 @@ fn the_report_at_exit_fits_in_the_memory_the_heap_gave_up() {
         leak.iter().any(|f| f.0.starts_with("__libc_start")),
         "the report symbolized libc's frames too: {leak:?}"
     );
-    // Best of three: page-cache and fault-around timing make single runs differ by a few pages.
-    let best = |options: &str| (0..3).map(|_| peak_rss_kib(&exe, options)).min().unwrap();
-    let silent = best("report=0");
-    let reported = best("show_below_main=1");
+    let silent = least_peak_rss_kib(&exe, "report=0");
+    let reported = least_peak_rss_kib(&exe, "show_below_main=1");
     println!("peak RSS {reported} KiB with the report, {silent} KiB without");
     assert!(
         reported - silent < 1024,
