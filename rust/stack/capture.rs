@@ -38,6 +38,7 @@ use super::last_walk::LastWalk;
 use super::modules::{self, Snapshot};
 use super::rules::{CfiContext, Rule, RULES};
 use super::{StackId, StartFrame, UnwindMode};
+use crate::sys;
 
 /// Number of unwinder-cache slots; more simultaneous captures than this use the rbp walk.
 pub const POOL: usize = 64;
@@ -96,6 +97,9 @@ struct ThreadState {
     interned: UnsafeCell<Interned>,
     /// The thread's last DWARF walk; only touched while `busy` is set.
     last: UnsafeCell<LastWalk>,
+    /// During a walk of a stack the thread is not known to own ([`ForeignStack`]): the run of
+    /// pages `[lo, hi)` from the walk's start up that the kernel said this thread can read.
+    foreign_pages: Cell<(usize, usize)>,
 }
 
 thread_local! {
@@ -109,6 +113,7 @@ thread_local! {
             busy: Cell::new(false),
             interned: UnsafeCell::new(Interned::EMPTY),
             last: UnsafeCell::new(LastWalk::EMPTY),
+            foreign_pages: Cell::new((0, 0)),
         }
     };
 }
@@ -190,7 +195,8 @@ pub(super) fn this_thread_stack_bounds() -> Option<(usize, usize)> {
     THREAD.try_with(stack_bounds).ok().flatten()
 }
 
-/// [`StartFrame::caller_of`] with both reads checked against the current thread's stack.
+/// [`StartFrame::caller_of`] with both reads checked against the current thread's stack, or
+/// asked of the kernel on a stack the thread is not known to own.
 #[inline]
 pub(super) fn caller_of_checked(fp: usize) -> StartFrame {
     let bounds = THREAD.try_with(stack_bounds).ok().flatten();
@@ -199,6 +205,21 @@ pub(super) fn caller_of_checked(fp: usize) -> StartFrame {
             // SAFETY: `fp` is aligned and `[fp, fp+16)` is inside this thread's stack.
             unsafe { StartFrame::caller_of(fp) }
         }
+        _ => caller_of_foreign(fp),
+    }
+}
+
+/// [`caller_of_checked`] on a fiber's or a signal handler's stack (slow path).
+#[cold]
+#[inline(never)]
+fn caller_of_foreign(fp: usize) -> StartFrame {
+    let stack = ForeignStack::from(fp);
+    match (stack.read(fp as u64), stack.read(fp as u64 + 8)) {
+        (Ok(saved_fp), Ok(ret)) => StartFrame {
+            pc: ret as usize,
+            sp: fp + 16,
+            fp: saved_fp as usize,
+        },
         _ => StartFrame {
             pc: 0,
             sp: 0,
@@ -210,13 +231,20 @@ pub(super) fn caller_of_checked(fp: usize) -> StartFrame {
 /// Unwinds from `start` into `out` (at most `out.len()` frames, `out[0] = start.pc`) and
 /// returns how many were written. 0 when the stack cannot be read safely or on reentry.
 pub fn unwind_into(start: StartFrame, out: &mut [MaybeUninit<usize>]) -> usize {
-    walk(start, out, false).0
+    match walk(start, out, false).0 {
+        0 => walk_foreign(start, out, false).0,
+        n => n,
+    }
 }
 
 /// Unwinds like [`unwind_into`] and interns the frames (only those in front of the outer part
 /// shared with the thread's previous stack are looked up in the depot).
+#[inline]
 pub(super) fn capture_interned(start: StartFrame, out: &mut [MaybeUninit<usize>]) -> StackId {
-    walk(start, out, true).1
+    match walk(start, out, true) {
+        (0, _) => walk_foreign(start, out, true).1,
+        (_, id) => id,
+    }
 }
 
 /// Convenience over [`unwind_into`] for callers holding an initialised buffer.
@@ -260,6 +288,34 @@ fn walk(start: StartFrame, out: &mut [MaybeUninit<usize>], intern: bool) -> (usi
         .unwrap_or((0, StackId(0)))
 }
 
+/// [`walk`] again where it found no frame because `start` lies outside the thread's stack: on a
+/// fiber's, or a signal handler's alternate stack (slow path). No take-over (the last walk's
+/// frames may lie on a stack since unmapped), every page asked for.
+#[cold]
+#[inline(never)]
+fn walk_foreign(
+    start: StartFrame,
+    out: &mut [MaybeUninit<usize>],
+    intern: bool,
+) -> (usize, StackId) {
+    THREAD
+        .try_with(|t| {
+            let own = stack_bounds(t).is_some_and(|(lo, hi)| (lo..hi).contains(&start.sp));
+            if own || t.busy.replace(true) {
+                return (0, StackId(0));
+            }
+            let stack = ForeignStack::from(start.sp);
+            let n = unwind_as(super::unwind_mode(), start, stack, &t.hint, None, out);
+            // SAFETY: the walk initialised `out[..n]`.
+            let frames = unsafe { core::slice::from_raw_parts(out.as_ptr().cast::<usize>(), n) };
+            // SAFETY: `busy` is set, so nothing else on this thread uses the last stack.
+            let id = intern.then(|| unsafe { &mut *t.interned.get() }.intern(frames));
+            t.busy.set(false);
+            (n, id.unwrap_or(StackId(0)))
+        })
+        .unwrap_or((0, StackId(0)))
+}
+
 /// The frames of one walk from `start`: DWARF through a cache slot, or the rbp walk when
 /// frame pointers were asked for, the modules cannot be read or every slot is busy.
 fn unwind_checked(
@@ -273,11 +329,12 @@ fn unwind_checked(
 }
 
 /// [`unwind_checked`] with the unwinder `mode`. A cache slot is taken only for a DWARF walk,
-/// and given back right after it.
+/// and given back right after it. Inlined, like [`dwarf_walk`], so that the walk of the
+/// thread's own stack is compiled for its last walk and the foreign one without it.
 fn unwind_as(
     mode: UnwindMode,
     start: StartFrame,
-    stack: Stack,
+    stack: impl StackWords,
     hint: &Cell<usize>,
     last: Option<&mut LastWalk>,
     out: &mut [MaybeUninit<usize>],
@@ -436,6 +493,16 @@ pub(super) fn warm_up_caches() {
     }
 }
 
+/// How a walk reads the stack: [`Stack`] on the thread's own, [`ForeignStack`] elsewhere.
+pub(super) trait StackWords: Copy {
+    /// One aligned word the walk may read, or `Err`.
+    fn read(self, addr: u64) -> Result<u64, ()>;
+    /// The walk goes on from `sp`, on the stack a signal frame's interrupted code ran on.
+    fn restart_at(self, sp: u64);
+    /// What the thread's last walk may check again of this stack (its own stack only).
+    fn own(self) -> Stack;
+}
+
 /// The part of the current thread's stack a walk may read: `[lo, hi)`, from the start frame's
 /// sp (caller frames all lie above it) to the top.
 #[derive(Clone, Copy)]
@@ -453,20 +520,6 @@ impl Stack {
         }
     }
 
-    /// One aligned word of the stack inside the range, or `Err` (also for an empty range).
-    #[inline(always)]
-    pub(super) fn read(self, addr: u64) -> Result<u64, ()> {
-        let a = addr as usize;
-        if a.is_multiple_of(8) && a.wrapping_sub(self.lo) <= self.last && self.last != 0 {
-            // SAFETY: `[a, a+8)` is aligned and inside this thread's mapped stack, above the
-            // start sp, so it is readable (contents are whatever is there; unwinding only
-            // interprets them).
-            Ok(unsafe { ptr::read_volatile(a as *const u64) })
-        } else {
-            Err(())
-        }
-    }
-
     /// Whether every aligned word from `low` up that an earlier walk of this thread read lies
     /// inside the range (so [`Stack::read_again`] may read it).
     #[inline(always)]
@@ -478,13 +531,103 @@ impl Stack {
     /// [`Stack::holds_from`] accepted: aligned and inside the range, so no check is left.
     ///
     /// # Safety
-    /// As said: `addr` was read by [`Stack::read`] of a walk of this thread (same stack top),
-    /// and `holds_from(low)` holds for some `low <= addr`.
+    /// As said: `addr` was read by [`StackWords::read`] of a walk of this thread (same stack
+    /// top), and `holds_from(low)` holds for some `low <= addr`.
     #[inline(always)]
     pub(super) unsafe fn read_again(self, addr: u64) -> u64 {
         // SAFETY: aligned and below the top (it read before, on this thread's stack), and at or
         // above this walk's start sp: mapped and readable, as for `read`.
         unsafe { ptr::read_volatile(addr as *const u64) }
+    }
+}
+
+impl StackWords for Stack {
+    /// A word inside the range, or `Err` (also for an empty range).
+    #[inline(always)]
+    fn read(self, addr: u64) -> Result<u64, ()> {
+        let a = addr as usize;
+        if a.is_multiple_of(8) && a.wrapping_sub(self.lo) <= self.last && self.last != 0 {
+            // SAFETY: `[a, a+8)` is aligned and inside this thread's mapped stack, above the
+            // start sp, so it is readable (contents are whatever is there; unwinding only
+            // interprets them).
+            Ok(unsafe { ptr::read_volatile(a as *const u64) })
+        } else {
+            Err(())
+        }
+    }
+
+    /// Interrupted code on another stack is out of the range: the walk ends there.
+    fn restart_at(self, _sp: u64) {}
+
+    fn own(self) -> Stack {
+        self
+    }
+}
+
+/// A stack the thread is not known to own: a fiber's (`swapcontext`, `boost.context`, an
+/// engine's job system) or a signal handler's alternate one. Its bounds are nowhere to be had
+/// (the program mapped it), so a walk reads only the run of pages from its start up that the
+/// kernel says can be read, asked a few pages at a time as it climbs (two syscalls each time;
+/// a walk of a fiber usually asks once or twice). The run starts afresh with each walk: a page
+/// read during an earlier one may have been unmapped since. A word below the run, or beyond a
+/// page that cannot be read, is not read: a walk that would jump there (a stale frame pointer
+/// into another stack) ends instead.
+#[derive(Clone, Copy)]
+pub(super) struct ForeignStack;
+
+/// How far above the pages read so far a walk of a foreign stack may read: a frame of up to
+/// 256 KiB (a step further is garbage, or a stack switch the walk cannot follow).
+const FOREIGN_REACH: usize = 64 * sys::PAGE_SIZE;
+
+impl ForeignStack {
+    /// The walk from `sp`.
+    fn from(sp: usize) -> ForeignStack {
+        ForeignStack.restart_at(sp as u64);
+        ForeignStack
+    }
+}
+
+impl StackWords for ForeignStack {
+    fn read(self, addr: u64) -> Result<u64, ()> {
+        let a = addr as usize;
+        if !a.is_multiple_of(8) {
+            return Err(());
+        }
+        let page = a & !(sys::PAGE_SIZE - 1);
+        let readable = THREAD.try_with(|t| {
+            let (lo, mut hi) = t.foreign_pages.get();
+            if a < lo || page >= hi + FOREIGN_REACH {
+                return false;
+            }
+            while hi <= page {
+                let pages = sys::readable_pages(hi, sys::MAX_PROBED_PAGES).unwrap_or(0);
+                if pages == 0 {
+                    return false;
+                }
+                hi += pages * sys::PAGE_SIZE;
+                t.foreign_pages.set((lo, hi));
+            }
+            true
+        });
+        if readable == Ok(true) {
+            // SAFETY: `[a, a+8)` is aligned, so it lies in one page, which the kernel said this
+            // process can read during this walk (the program unmapping the stack it runs on
+            // meanwhile would be its own crash).
+            Ok(unsafe { ptr::read_volatile(a as *const u64) })
+        } else {
+            Err(())
+        }
+    }
+
+    /// Reads leave the run of pages so far for a run from `sp` up.
+    fn restart_at(self, sp: u64) {
+        let page = sp as usize & !(sys::PAGE_SIZE - 1);
+        let _ = THREAD.try_with(|t| t.foreign_pages.set((page, page)));
+    }
+
+    /// None: the last walk never meets a foreign walk's frames.
+    fn own(self) -> Stack {
+        Stack { lo: 0, last: 0 }
     }
 }
 
@@ -518,14 +661,21 @@ fn slow_step(
     steps: Steps,
     regs: Regs,
     caches: &mut impl CacheSource,
-    stack: Stack,
+    stack: impl StackWords,
 ) -> (bool, Option<Regs>) {
-    if snap.module_of(regs.pc).is_none() {
+    let code = match snap.module_of(regs.pc) {
+        Some(code) => code,
         // Not in any known module: maybe a library loaded since the scan.
-        match modules::refresh().filter(|s| s.module_of(regs.pc).is_some()) {
-            Some(s) => *snap = s,
+        None => match modules::refresh().and_then(|s| Some((s, s.module_of(regs.pc)?))) {
+            Some((s, code)) => {
+                *snap = s;
+                code
+            }
             None => return (false, None), // JIT code or garbage: stop rather than guess
-        }
+        },
+    };
+    if returns_from_signal(regs.pc, code) {
+        return (true, interrupted_by_signal(regs, stack));
     }
     let Some(cache) = caches.cache() else {
         return (true, None);
@@ -554,6 +704,38 @@ fn slow_step(
     (true, caller)
 }
 
+/// `rt_sigreturn`'s code, `mov $15, %rax; syscall`: where a signal handler returns to (glibc's
+/// `__restore_rt`). gdb and libunwind tell signal frames by the same bytes.
+const SIGRETURN_CODE: [u8; 9] = [0x48, 0xc7, 0xc0, 0x0f, 0x00, 0x00, 0x00, 0x0f, 0x05];
+
+/// Whether `pc`, in the module code `code`, is a signal handler's return into `rt_sigreturn`.
+fn returns_from_signal(pc: usize, code: core::ops::Range<usize>) -> bool {
+    pc.checked_add(SIGRETURN_CODE.len())
+        .is_some_and(|end| end <= code.end)
+        // SAFETY: `[pc, end)` lies in the code of a loaded module, which is mapped readable.
+        && unsafe { core::slice::from_raw_parts(pc as *const u8, SIGRETURN_CODE.len()) }
+            == SIGRETURN_CODE
+}
+
+/// The frame a signal interrupted, from the handler's return into `rt_sigreturn` at `regs`:
+/// the kernel's `ucontext_t` lies at its sp, with the interrupted registers in `uc_mcontext`.
+/// Its pc is where the signal struck, not a return address, so one is added: the walk and
+/// the symbolizer look up a frame's address minus one.
+fn interrupted_by_signal(regs: Regs, stack: impl StackWords) -> Option<Regs> {
+    /// `offsetof(ucontext_t, uc_mcontext.gregs[REG_RBP / REG_RSP / REG_RIP])` (x86_64 Linux).
+    const RBP: u64 = 120;
+    const RSP: u64 = 160;
+    const RIP: u64 = 168;
+    let pc = stack.read(regs.sp + RIP).ok()?;
+    let interrupted = Regs {
+        pc: (pc as usize).checked_add(1)?,
+        sp: stack.read(regs.sp + RSP).ok()?,
+        bp: stack.read(regs.sp + RBP).ok()?,
+    };
+    stack.restart_at(interrupted.sp);
+    Some(interrupted)
+}
+
 /// The caller of the frame `regs` by a compiled rule, reading the stack through `read`.
 #[inline(always)]
 fn caller_by_rule(
@@ -573,7 +755,7 @@ fn caller_by_rule(
 /// reaches a caller further up the stack.
 fn dwarf_walk(
     start: StartFrame,
-    stack: Stack,
+    stack: impl StackWords,
     mut snap: &'static Snapshot,
     caches: &mut impl CacheSource,
     steps: Steps,
@@ -591,7 +773,7 @@ fn dwarf_walk(
     let mut n = 0;
     loop {
         if let Some(l) = last.as_deref_mut() {
-            if let Some(total) = l.take_over(n, (regs.pc, regs.sp, regs.bp), stack, out) {
+            if let Some(total) = l.take_over(n, (regs.pc, regs.sp, regs.bp), stack.own(), out) {
                 #[cfg(test)]
                 REPEATED.with(|r| r.set(r.get() + 1));
                 #[cfg(test)]
@@ -659,11 +841,11 @@ fn snap_id(snap: &'static Snapshot) -> usize {
 }
 
 /// The opt-in walk along saved rbp values; loses frames in code without frame pointers.
-fn fp_walk(start: StartFrame, stack: Stack, out: &mut [MaybeUninit<usize>]) -> usize {
+fn fp_walk(start: StartFrame, stack: impl StackWords, out: &mut [MaybeUninit<usize>]) -> usize {
     out[0].write(start.pc);
     let mut n = 1;
     let mut fp = start.fp;
-    let mut floor = stack.lo;
+    let mut floor = start.sp;
     while n < out.len() {
         // Each saved frame must be inside the stack and above the previous one.
         if fp < floor {

@@ -21,7 +21,7 @@
 
 use core::mem::MaybeUninit;
 
-use super::capture::Stack;
+use super::capture::{Stack, StackWords};
 use super::depot::{self, Interned};
 use super::rules::Rule;
 use super::{StackId, MAX_DEPTH};

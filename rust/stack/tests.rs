@@ -152,8 +152,14 @@ fn garbage_start_frames_give_empty_or_safe_stacks() {
             fp: 0xdead_beef,
         },
     ];
+    // An sp outside the thread's stack is walked as a foreign one (a fiber's): nothing there
+    // can be read, so the stack is the start pc alone, if that lies in a module.
     for s in bad {
-        assert_eq!(capture(s, 32), StackId(0), "{s:x?}");
+        let frames = frames(capture(s, 32));
+        assert!(
+            frames.is_empty() || frames == &[s.pc],
+            "{s:x?}: {frames:x?}"
+        );
     }
     // A valid sp but a wild fp: the walk must stay inside the stack and end.
     let mut here = StartFrame::here();

@@ -1,0 +1,183 @@
+//! Stacks the thread does not own: allocations on a fiber (`swapcontext`, as a job system runs
+//! its jobs), in signal handlers (on the alternate stack and on the thread's own), and on a
+//! stack of garbage get their call stacks, through the signal frame into the interrupted code,
+//! as valgrind gives them; a walk never reads past the guard pages around such a stack.
+
+mod support;
+use serde_json::Value;
+
+const SOURCE: &str = "tests/cpp/foreign_stacks.cpp";
+
+/// The functions of a leak's stack that lie in the test program's own source.
+fn program_functions(leak: &Value) -> Vec<String> {
+    leak["stack"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| {
+            f["file"]
+                .as_str()
+                .is_some_and(|file| file.ends_with(SOURCE))
+        })
+        .map(|f| f["function"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The same of valgrind's loss record for `bytes` bytes in 1 block.
+fn valgrind_program_functions(valgrind: &str, bytes: u64) -> Vec<String> {
+    let head = format!("{bytes} bytes in 1 blocks are");
+    let lines: Vec<&str> = valgrind
+        .lines()
+        .map(|l| l.split_once("== ").map_or(l, |x| x.1))
+        .collect();
+    let start = lines
+        .iter()
+        .position(|l| l.starts_with(&head))
+        .unwrap_or_else(|| panic!("no record of {bytes} bytes:\n{valgrind}"));
+    lines[start + 1..]
+        .iter()
+        .take_while(|l| l.trim_start().starts_with("at ") || l.trim_start().starts_with("by "))
+        .filter(|l| l.contains("(foreign_stacks.cpp:"))
+        .map(|l| {
+            let named = l.split_once(": ").unwrap().1;
+            named.rsplit_once(" (").unwrap().0.to_owned()
+        })
+        .collect()
+}
+
+fn leak_of(run: &support::Run, bytes: u64) -> &Value {
+    run.leaks()
+        .iter()
+        .find(|l| l["size"] == bytes)
+        .unwrap_or_else(|| panic!("no leak of {bytes} bytes:\n{}", run.text))
+}
+
+#[test]
+fn a_leak_on_a_fiber_has_the_stack_valgrind_gives_it() {
+    let dir = support::scratch("foreign_stacks_fiber");
+    let plain = support::build(&dir, "fiber_plain", &[SOURCE], &["-DK15_MEMORY_DISABLED"]);
+    let valgrind = support::valgrind_leak_check(&plain, &dir, &["fiber"]);
+    let expected = valgrind_program_functions(&valgrind, 100);
+    assert_eq!(
+        expected,
+        [
+            "(anonymous namespace)::leak_in_job()",
+            "(anonymous namespace)::job_body()",
+            "(anonymous namespace)::fiber_entry()"
+        ],
+        "{valgrind}"
+    );
+    for (name, flags) in [("fiber", &[][..]), ("fiber_o2", &["-O2"][..])] {
+        let exe = support::build(&dir, name, &[SOURCE], flags);
+        for options in ["", "unwinder=frame_pointer"] {
+            let run = support::run_with(&exe, name, options, &[], &["fiber"]);
+            assert!(
+                run.output.status.success(),
+                "{name} {options}: {}",
+                run.stderr()
+            );
+            assert_eq!(run.leaks().len(), 1, "{}", run.text);
+            let leak = leak_of(&run, 100);
+            assert_eq!(
+                leak["stack"][0]["line"],
+                support::line_of(SOURCE, "// LEAK on a fiber"),
+                "{}",
+                run.text
+            );
+            let ours = program_functions(leak);
+            match (options, name) {
+                ("", _) => assert_eq!(ours, expected, "{name}: {}", run.text),
+                // Frame pointers past the fiber's entry follow the rbp `getcontext` saved (the
+                // frame that started the fiber), so only the fiber's own part is compared.
+                (_, "fiber") => assert!(ours.starts_with(&expected), "{}", run.text),
+                // `-O2` code keeps no frame pointers: only the first frame is sure.
+                _ => assert_eq!(ours[0], expected[0], "{name} {options}: {}", run.text),
+            }
+        }
+    }
+}
+
+#[test]
+fn a_leak_in_a_signal_handler_has_the_interrupted_code_in_its_stack() {
+    let dir = support::scratch("foreign_stacks_signal");
+    let exe = support::build(&dir, "signal", &[SOURCE], &[]);
+    let plain = support::build(&dir, "signal_plain", &[SOURCE], &["-DK15_MEMORY_DISABLED"]);
+    let valgrind = support::valgrind_leak_check(&plain, &dir, &["signal"]);
+    let run = support::run_with(&exe, "signal", "", &[], &["signal"]);
+    assert!(run.output.status.success(), "{}", run.stderr());
+    assert_eq!(run.leaks().len(), 2, "{}", run.text);
+    let in_handler = |raised_by: &str| {
+        vec![
+            "(anonymous namespace)::leak_in_handler(unsigned long)".to_owned(),
+            format!("on_{raised_by}_stack"),
+            format!("(anonymous namespace)::raise_on_{raised_by}_stack()"),
+            "(anonymous namespace)::run_signals()".to_owned(),
+            "main".to_owned(),
+        ]
+    };
+    // On the thread's own stack: the same frames as valgrind's, from the handler to `main`.
+    let own = program_functions(leak_of(&run, 66));
+    assert_eq!(own, in_handler("own"), "{}", run.text);
+    assert_eq!(own, valgrind_program_functions(&valgrind, 66), "{valgrind}");
+    // On the alternate stack valgrind stops at the signal frame; the tracker goes on.
+    let alternate = program_functions(leak_of(&run, 77));
+    assert_eq!(alternate, in_handler("alternate"), "{}", run.text);
+    let valgrind_alternate = valgrind_program_functions(&valgrind, 77);
+    assert!(
+        alternate.starts_with(&valgrind_alternate),
+        "{alternate:?} {valgrind_alternate:?}"
+    );
+}
+
+/// A function run on a stack of garbage (values that look like return addresses and frame
+/// pointers, some into the guard pages) by a stack switch without CFI: the leak's stack starts
+/// where it should and the walk, DWARF or frame pointers, never faults on the guard pages.
+#[test]
+fn a_walk_over_garbage_between_guard_pages_never_faults() {
+    let dir = support::scratch("foreign_stacks_garbage");
+    for (name, flags) in [("garbage", &[][..]), ("garbage_o2", &["-O2"][..])] {
+        let exe = support::build(&dir, name, &[SOURCE], flags);
+        for options in ["", "unwinder=frame_pointer", "stack_depth=64"] {
+            for _ in 0..5 {
+                let run = support::run_with(&exe, name, options, &[], &["garbage"]);
+                assert!(
+                    run.output.status.success(),
+                    "{name} {options}: {}",
+                    run.stderr()
+                );
+                assert_eq!(run.leaks().len(), 2, "{}", run.text);
+                for leak in run.leaks() {
+                    assert_eq!(
+                        leak["stack"][0]["function"], "(anonymous namespace)::leak_on_garbage()",
+                        "{name} {options}: {}",
+                        run.text
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Threads each running hundreds of fibers one after another, every fiber stack mapped
+/// for it (sizes vary) and unmapped after: a page one walk was allowed to read may be gone by
+/// the next one. Counts stay exact and each fiber's leak has its function.
+#[test]
+fn fibers_mapped_and_unmapped_on_many_threads_keep_counts_and_stacks() {
+    let dir = support::scratch("foreign_stacks_churn");
+    let exe = support::build(&dir, "churn", &[SOURCE], &["-O2"]);
+    for options in ["", "unwinder=frame_pointer"] {
+        let run = support::run_with(&exe, "churn", options, &[], &["churn", "6", "300"]);
+        assert!(run.output.status.success(), "{options}: {}", run.stderr());
+        let leaks = run.leaks();
+        assert_eq!(run.json["summary"]["leaked_blocks"], 1800, "{}", run.text);
+        assert_eq!(run.json["summary"]["errors"], 0, "{}", run.text);
+        let line = support::line_of(SOURCE, "// LEAK once per fiber");
+        assert!(
+            leaks.iter().all(|l| l["size"] == 33
+                && l["stack"][0]["line"] == line
+                && l["stack"][0]["function"] == "(anonymous namespace)::churn_job()"),
+            "{options}: {}",
+            run.text
+        );
+    }
+}
