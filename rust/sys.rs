@@ -243,54 +243,26 @@ pub fn bytes_of<T: ?Sized>(value: &T) -> core::ops::Range<usize> {
 
 /// Whether the page holding `addr` is mapped and readable: a `PROT_NONE` reservation (glibc's
 /// arenas keep one after each heap, the tracker's own heap too) is mapped, but reading it
-/// faults. Syscalls: only for rare paths (page-aligned frees, damaged headers).
+/// faults. One syscall, asked of the kernel without reading the page here: `rt_sigprocmask`
+/// copies its new signal set from user memory before it looks at `how`, so with an invalid
+/// `how` it fails with EFAULT where the 8 bytes cannot be read and with EINVAL where they can,
+/// and changes nothing (about 0.2 us here; `process_vm_readv` pins the page and takes 1.6 us).
 pub fn page_is_mapped(addr: usize) -> bool {
-    match readable_pages(addr, 1) {
-        Some(n) => n == 1,
-        // Refused by a sandbox: whether the page is mapped at all is all that can be told.
-        // SAFETY: msync with MS_ASYNC on one page only reports ENOMEM for unmapped memory; it
-        // never touches the memory itself.
-        None => unsafe {
-            libc::msync(
-                (addr & !(PAGE_SIZE - 1)) as *mut libc::c_void,
-                PAGE_SIZE,
-                libc::MS_ASYNC,
-            ) == 0
-        },
-    }
-}
-
-/// The most pages one [`readable_pages`] asks about.
-pub const MAX_PROBED_PAGES: usize = 8;
-
-/// How many consecutive pages from the one holding `addr` up (at most `max`, at most
-/// [`MAX_PROBED_PAGES`]) this process can read now: the kernel copies one byte of each
-/// (`process_vm_readv`, two syscalls with `getpid`), and the first page it cannot read, unmapped
-/// or `PROT_NONE`, ends the count where reading it would have faulted. `None` where a sandbox
-/// (seccomp) refuses the call.
-pub fn readable_pages(addr: usize, max: usize) -> Option<usize> {
-    let max = max.clamp(1, MAX_PROBED_PAGES);
+    const INVALID_HOW: libc::c_long = -1;
+    const KERNEL_SIGSET_BYTES: libc::c_long = 8;
     let page = addr & !(PAGE_SIZE - 1);
-    let mut bytes = [0u8; MAX_PROBED_PAGES];
-    let local = libc::iovec {
-        iov_base: bytes.as_mut_ptr().cast(),
-        iov_len: max,
+    // SAFETY: the kernel only copies 8 bytes from `page` (failing cleanly where it cannot) and,
+    // `how` being invalid, changes no signal mask; the old mask is not asked for.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            INVALID_HOW,
+            page,
+            core::ptr::null_mut::<libc::c_void>(),
+            KERNEL_SIGSET_BYTES,
+        )
     };
-    let remote: [libc::iovec; MAX_PROBED_PAGES] = core::array::from_fn(|i| libc::iovec {
-        iov_base: page.wrapping_add(i * PAGE_SIZE) as *mut libc::c_void,
-        iov_len: 1,
-    });
-    // SAFETY: the kernel copies one byte of each remote page into `bytes`, stopping at the
-    // first it cannot read (then the count so far, or EFAULT for none); this process may
-    // always read itself. The pid is asked each time: a cached one would be the parent's in a
-    // forked child.
-    let copied =
-        unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, remote.as_ptr(), max as _, 0) };
-    match copied {
-        n if n >= 0 => Some(n as usize),
-        _ if std::io::Error::last_os_error().raw_os_error() == Some(libc::EFAULT) => Some(0),
-        _ => None,
-    }
+    rc == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL)
 }
 
 /// Writes all of `bytes` to the file descriptor, retrying on short writes and EINTR.
@@ -409,8 +381,7 @@ mod tests {
         // SAFETY: pages of the reservation above, which nothing else uses.
         unsafe { unmap_pages(page(2) as *mut u8, PAGE_SIZE) };
         assert!(!page_is_mapped(page(2)), "an unmapped page");
-        assert_eq!(readable_pages(page(0) + 8, 3), Some(1), "up to the reserve");
-        assert_eq!(readable_pages(page(1), 2), Some(0));
+        assert!(page_is_mapped(bytes_of(&reserved).start), "a stack page");
         // SAFETY: as above.
         unsafe { unmap_pages(reserved, 2 * PAGE_SIZE) };
     }

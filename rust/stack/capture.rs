@@ -567,8 +567,8 @@ impl StackWords for Stack {
 /// A stack the thread is not known to own: a fiber's (`swapcontext`, `boost.context`, an
 /// engine's job system) or a signal handler's alternate one. Its bounds are nowhere to be had
 /// (the program mapped it), so a walk reads only the run of pages from its start up that the
-/// kernel says can be read, asked a few pages at a time as it climbs (two syscalls each time;
-/// a walk of a fiber usually asks once or twice). The run starts afresh with each walk: a page
+/// kernel says can be read, asked a page at a time as it climbs (one syscall each; a walk of a
+/// fiber usually asks once or twice). The run starts afresh with each walk: a page
 /// read during an earlier one may have been unmapped since. A word below the run, or beyond a
 /// page that cannot be read, is not read: a walk that would jump there (a stale frame pointer
 /// into another stack) ends instead.
@@ -600,11 +600,10 @@ impl StackWords for ForeignStack {
                 return false;
             }
             while hi <= page {
-                let pages = sys::readable_pages(hi, sys::MAX_PROBED_PAGES).unwrap_or(0);
-                if pages == 0 {
+                if !sys::page_is_mapped(hi) {
                     return false;
                 }
-                hi += pages * sys::PAGE_SIZE;
+                hi += sys::PAGE_SIZE;
                 t.foreign_pages.set((lo, hi));
             }
             true
