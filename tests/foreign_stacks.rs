@@ -119,6 +119,21 @@ fn a_leak_in_a_signal_handler_has_the_interrupted_code_in_its_stack() {
     let own = program_functions(leak_of(&run, 66));
     assert_eq!(own, in_handler("own"), "{}", run.text);
     assert_eq!(own, valgrind_program_functions(&valgrind, 66), "{valgrind}");
+    // Between the handler and the interrupted code, the frame gdb calls the same.
+    for bytes in [66, 77] {
+        let names: Vec<&str> = leak_of(&run, bytes)["stack"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["function"].as_str().unwrap_or("??"))
+            .collect();
+        let signal = names.iter().position(|&n| n == "<signal handler called>");
+        let handler = names.iter().position(|n| n.starts_with("on_"));
+        assert!(
+            signal.is_some() && signal.map(|s| s - 1) == handler,
+            "{names:?}"
+        );
+    }
     // On the alternate stack valgrind stops at the signal frame; the tracker goes on.
     let alternate = program_functions(leak_of(&run, 77));
     assert_eq!(alternate, in_handler("alternate"), "{}", run.text);

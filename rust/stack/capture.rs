@@ -712,8 +712,23 @@ fn returns_from_signal(pc: usize, code: core::ops::Range<usize>) -> bool {
     pc.checked_add(SIGRETURN_CODE.len())
         .is_some_and(|end| end <= code.end)
         // SAFETY: `[pc, end)` lies in the code of a loaded module, which is mapped readable.
-        && unsafe { core::slice::from_raw_parts(pc as *const u8, SIGRETURN_CODE.len()) }
-            == SIGRETURN_CODE
+        && unsafe { is_sigreturn_code(pc) }
+}
+
+/// Whether a captured frame's address is a signal handler's return into `rt_sigreturn`, asked
+/// at report time (the module it lay in may be gone: its pages are asked for first).
+pub(crate) fn is_signal_return(address: usize) -> bool {
+    let last = address.saturating_add(SIGRETURN_CODE.len() - 1);
+    sys::page_is_mapped(address) && sys::page_is_mapped(last)
+        // SAFETY: both pages of `[address, last]` can be read.
+        && unsafe { is_sigreturn_code(address) }
+}
+
+/// # Safety
+/// The bytes `[pc, pc + 9)` can be read.
+unsafe fn is_sigreturn_code(pc: usize) -> bool {
+    // SAFETY: as the caller guarantees.
+    unsafe { core::slice::from_raw_parts(pc as *const u8, SIGRETURN_CODE.len()) == SIGRETURN_CODE }
 }
 
 /// The frame a signal interrupted, from the handler's return into `rt_sigreturn` at `regs`:

@@ -152,7 +152,7 @@ pub fn stack_above(sp: usize) -> Option<core::ops::Range<usize>> {
     (lo..hi).contains(&sp).then_some(sp..hi)
 }
 
-pub(crate) use capture::lock_caches_for_fork;
+pub(crate) use capture::{is_signal_return, lock_caches_for_fork};
 pub(crate) use modules::lock_for_fork as lock_modules_for_fork;
 
 /// In a forked child, after the threads that were growing a rule table are gone.

@@ -294,6 +294,9 @@ fn resolve_uncached(
     frames_at(module, address, locations)
 }
 
+/// The name of the frame where a signal handler returns into `rt_sigreturn`.
+const SIGNAL_FRAME: &str = "<signal handler called>";
+
 /// The address to look up for a return address at `module_offset`: minus one, the call
 /// instruction, not the statement after it (which can be the next line or even the next
 /// function; backtrace-rs `adjust_ip`).
@@ -302,9 +305,16 @@ fn probe(module_offset: usize) -> u64 {
 }
 
 /// The frames of a return address in `module` from its source locations (one unnamed frame
-/// when there are none).
+/// when there are none, but for a signal handler's return).
 fn frames_at(module: &Module, address: usize, mut locations: Vec<Location>) -> Box<[Frame]> {
     let module_offset = address.wrapping_sub(module.bias);
+    if !locations.iter().any(|l| l.function.is_some()) && crate::stack::is_signal_return(address) {
+        // glibc's `__restore_rt` has no symbol a stripped libc keeps: named as gdb names it.
+        locations = vec![Location {
+            function: Some(SIGNAL_FRAME.to_owned()),
+            ..Location::default()
+        }];
+    }
     if locations.is_empty() {
         locations.push(Location::default());
     }
