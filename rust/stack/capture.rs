@@ -13,6 +13,10 @@
 //! read the same again, a load and a compare per frame where a step is a probe and a chain of
 //! dependent loads.
 //!
+//! A walk that starts outside the thread's stack (a fiber's, a signal handler's alternate one)
+//! reads only pages the kernel says can be read ([`ForeignStack`]), and a return into
+//! `rt_sigreturn` steps to the registers the signal interrupted.
+//!
 //! Unwinder caches (a framehop rule cache plus gimli's fixed-size CFI evaluation context, tens of KiB each)
 //! live in a static pool of [`POOL`] slots, each behind a try-lock. Only slow steps need one: a
 //! walk takes its slot at its first slow step (most walks have none, and taking a slot is a
@@ -308,7 +312,7 @@ fn walk_foreign(
             let n = unwind_as(super::unwind_mode(), start, stack, &t.hint, None, out);
             // SAFETY: the walk initialised `out[..n]`.
             let frames = unsafe { core::slice::from_raw_parts(out.as_ptr().cast::<usize>(), n) };
-            // SAFETY: `busy` is set, so nothing else on this thread uses the last stack.
+            // SAFETY: `busy` is set, so nothing else on this thread uses its interned stack.
             let id = intern.then(|| unsafe { &mut *t.interned.get() }.intern(frames));
             t.busy.set(false);
             (n, id.unwrap_or(StackId(0)))
@@ -329,8 +333,7 @@ fn unwind_checked(
 }
 
 /// [`unwind_checked`] with the unwinder `mode`. A cache slot is taken only for a DWARF walk,
-/// and given back right after it. Inlined, like [`dwarf_walk`], so that the walk of the
-/// thread's own stack is compiled for its last walk and the foreign one without it.
+/// and given back right after it.
 fn unwind_as(
     mode: UnwindMode,
     start: StartFrame,

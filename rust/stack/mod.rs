@@ -5,7 +5,9 @@
 //! no formatting, and no crash on any stack contents. Slow paths (first capture of a thread,
 //! a return address in a library loaded after the last module scan, more simultaneous
 //! captures than unwinder caches so far) are `#[cold]` and may lock, call the loader and
-//! allocate through the Rust global allocator (see [`warm_up`]).
+//! allocate through the Rust global allocator (see [`warm_up`]). A capture on a stack the
+//! thread does not own (a fiber's) asks the kernel which of its pages can be read: a syscall
+//! a page.
 //!
 //! Default unwinding is DWARF CFI from `.eh_frame` (the `framehop` crate, one rule cache per
 //! slot of a small static pool), so stacks stay complete through code without frame
