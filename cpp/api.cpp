@@ -37,6 +37,10 @@ void ignore_leak(const void* ptr) noexcept {
     detail::ignore_leak(static_cast<std::uint8_t*>(const_cast<void*>(ptr)));
 }
 
+void running_on_stack(const void* lowest, std::size_t size) noexcept {
+    detail::running_on_stack(reinterpret_cast<std::size_t>(lowest), size);
+}
+
 ScopedLeakIgnore::ScopedLeakIgnore() noexcept : token_(detail::begin_leak_ignore()) {}
 
 ScopedLeakIgnore::~ScopedLeakIgnore() { detail::end_leak_ignore(token_); }

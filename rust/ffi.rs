@@ -152,6 +152,8 @@ pub mod bridge {
         fn report_at_exit();
         /// `ignore_leak(ptr)`: any pointer; only a live block's is recorded.
         unsafe fn ignore_leak(ptr: *mut u8);
+        /// `running_on_stack(lowest, size)`: the stack the calling thread runs on now.
+        fn running_on_stack(lowest: usize, size: usize);
         /// `ScopedLeakIgnore`: the token `begin` returns is given to `end`.
         fn begin_leak_ignore() -> usize;
         fn end_leak_ignore(token: usize);
@@ -355,6 +357,10 @@ fn report_at_exit() {
 /// None beyond cxx's: `ptr` may be anything; it is only looked up, never dereferenced blindly.
 unsafe fn ignore_leak(ptr: *mut u8) {
     crate::report::ignore::ignore_leak(ptr);
+}
+
+fn running_on_stack(lowest: usize, size: usize) {
+    crate::stack::running_on_stack(lowest, size);
 }
 
 fn modules_changed() {

@@ -1,7 +1,8 @@
 //! Stacks the thread does not own: allocations on a fiber (`swapcontext`, as a job system runs
-//! its jobs), in signal handlers (on the alternate stack and on the thread's own), and on a
-//! stack of garbage get their call stacks, through the signal frame into the interrupted code,
-//! as valgrind gives them; a walk never reads past the guard pages around such a stack.
+//! its jobs; its stack named to the tracker with `running_on_stack` or not), in signal handlers
+//! (on the alternate stack and on the thread's own), and on a stack of garbage get their call
+//! stacks, through the signal frame into the interrupted code, as valgrind gives them; a walk
+//! never reads past the guard pages around such a stack.
 
 mod support;
 use serde_json::Value;
@@ -69,8 +70,13 @@ fn a_leak_on_a_fiber_has_the_stack_valgrind_gives_it() {
     );
     for (name, flags) in [("fiber", &[][..]), ("fiber_o2", &["-O2"][..])] {
         let exe = support::build(&dir, name, &[SOURCE], flags);
-        for options in ["", "unwinder=frame_pointer"] {
-            let run = support::run_with(&exe, name, options, &[], &["fiber"]);
+        // Also with the fiber's stack named to the tracker, as a job system would name it.
+        for (options, args) in [
+            ("", &["fiber"][..]),
+            ("", &["named", "fiber"][..]),
+            ("unwinder=frame_pointer", &["fiber"][..]),
+        ] {
+            let run = support::run_with(&exe, name, options, &[], args);
             assert!(
                 run.output.status.success(),
                 "{name} {options}: {}",
@@ -180,8 +186,9 @@ fn a_walk_over_garbage_between_guard_pages_never_faults() {
 fn fibers_mapped_and_unmapped_on_many_threads_keep_counts_and_stacks() {
     let dir = support::scratch("foreign_stacks_churn");
     let exe = support::build(&dir, "churn", &[SOURCE], &["-O2"]);
-    for options in ["", "unwinder=frame_pointer"] {
-        let run = support::run_with(&exe, "churn", options, &[], &["churn", "6", "300"]);
+    for (options, named) in [("", false), ("", true), ("unwinder=frame_pointer", false)] {
+        let args = [&["named"][..named as usize], &["churn", "6", "300"]].concat();
+        let run = support::run_with(&exe, "churn", options, &[], &args);
         assert!(run.output.status.success(), "{options}: {}", run.stderr());
         let leaks = run.leaks();
         assert_eq!(run.json["summary"]["leaked_blocks"], 1800, "{}", run.text);
@@ -194,5 +201,29 @@ fn fibers_mapped_and_unmapped_on_many_threads_keep_counts_and_stacks() {
             "{options}: {}",
             run.text
         );
+    }
+}
+
+/// A report written from a fiber scans the fiber's stack when the program named it: a block
+/// only a local of the job points to is reachable. Unnamed, the tracker cannot know where the
+/// fiber's stack ends and does not scan it: the block shows as a direct leak.
+#[test]
+fn a_report_written_on_a_named_fiber_scans_its_stack() {
+    let dir = support::scratch("foreign_stacks_report");
+    let exe = support::build(&dir, "report", &[SOURCE], &[]);
+    let mid = dir.join("mid.log");
+    let mid = mid.to_str().unwrap();
+    for (named, kind) in [(true, "reachable"), (false, "direct")] {
+        let args = [&["named"][..named as usize], &["report", mid]].concat();
+        let run = support::run_with(&exe, "report", "", &[], &args);
+        assert!(run.output.status.success(), "{}", run.stderr());
+        let report = support::inflate(&support::read_json(&dir.join("mid.log.json")));
+        let held = report["leaks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["size"] == 44)
+            .unwrap_or_else(|| panic!("named {named}: no 44-byte block in {report}"));
+        assert_eq!(held["leak_kind"], kind, "named {named}: {held}");
     }
 }

@@ -52,6 +52,7 @@ inline Stats stats() noexcept { return {}; }
 inline bool write_leak_report(const char* = nullptr) noexcept { return false; }
 inline std::size_t check_heap() noexcept { return 0; }
 inline void ignore_leak(const void*) noexcept {}
+inline void running_on_stack(const void*, std::size_t) noexcept {}
 class ScopedLeakIgnore {
 public:
     ScopedLeakIgnore() noexcept {}
@@ -108,6 +109,14 @@ std::size_t check_heap() noexcept;
 // "ignore_leak()"), and the blocks it points to count as reachable. Null and pointers that are
 // no live block are ignored.
 void ignore_leak(const void* ptr) noexcept;
+
+// For a job system that runs jobs on stacks of its own (fibers: swapcontext, boost.context):
+// right after each switch, the stack the calling thread now runs on (its lowest address and
+// size; nullptr, 0 when back on the thread's own). Stacks of allocations there are then
+// captured as on the thread's own stack. Without it they are captured all the same, asking the
+// kernel which pages can be read: a syscall or two more per allocation. The range must be the
+// whole mapped stack (like ASan's __sanitizer_finish_switch_fiber).
+void running_on_stack(const void* lowest, std::size_t size) noexcept;
 
 // Every block this thread allocates while the scope is open lives on purpose, as with
 // ignore_leak (counted under "ScopedLeakIgnore"). Costs nothing per allocation.

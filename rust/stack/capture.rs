@@ -101,6 +101,10 @@ struct ThreadState {
     interned: UnsafeCell<Interned>,
     /// The thread's last DWARF walk; only touched while `busy` is set.
     last: UnsafeCell<LastWalk>,
+    /// The stack the program said the thread runs on now ([`running_on_stack`]): `[lo, hi)`,
+    /// empty for none; and the top of the one its last walk ran on.
+    named: Cell<(usize, usize)>,
+    last_top: Cell<usize>,
     /// During a walk of a stack the thread is not known to own ([`ForeignStack`]): the run of
     /// pages `[lo, hi)` from the walk's start up that the kernel said this thread can read.
     foreign_pages: Cell<(usize, usize)>,
@@ -117,6 +121,8 @@ thread_local! {
             busy: Cell::new(false),
             interned: UnsafeCell::new(Interned::EMPTY),
             last: UnsafeCell::new(LastWalk::EMPTY),
+            named: Cell::new((0, 0)),
+            last_top: Cell::new(0),
             foreign_pages: Cell::new((0, 0)),
         }
     };
@@ -194,9 +200,12 @@ fn stack_bounds(t: &ThreadState) -> Option<(usize, usize)> {
     (t.bounds.get() == BOUNDS_OK).then(|| (t.lo.get(), t.hi.get()))
 }
 
-/// The calling thread's stack bounds (lowest, highest address), if they could be read.
-pub(super) fn this_thread_stack_bounds() -> Option<(usize, usize)> {
-    THREAD.try_with(stack_bounds).ok().flatten()
+/// The calling thread's stack bounds (lowest, highest address), if they could be read, and the
+/// stack the program said it runs on now ([`running_on_stack`]; empty for none).
+pub(super) fn this_thread_stack_bounds() -> (Option<(usize, usize)>, (usize, usize)) {
+    THREAD
+        .try_with(|t| (stack_bounds(t), t.named.get()))
+        .unwrap_or((None, (0, 0)))
 }
 
 /// [`StartFrame::caller_of`] with both reads checked against the current thread's stack, or
@@ -217,6 +226,12 @@ pub(super) fn caller_of_checked(fp: usize) -> StartFrame {
 #[cold]
 #[inline(never)]
 fn caller_of_foreign(fp: usize) -> StartFrame {
+    let named = THREAD.try_with(|t| t.named.get()).unwrap_or((0, 0));
+    if fp.is_multiple_of(8) && fp >= named.0 && fp.saturating_add(16) <= named.1 {
+        // SAFETY: `fp` is aligned and `[fp, fp+16)` is inside the stack the program said the
+        // thread runs on.
+        return unsafe { StartFrame::caller_of(fp) };
+    }
     let stack = ForeignStack::from(fp);
     match (stack.read(fp as u64), stack.read(fp as u64 + 8)) {
         (Ok(saved_fp), Ok(ret)) => StartFrame {
@@ -276,6 +291,8 @@ fn walk(start: StartFrame, out: &mut [MaybeUninit<usize>], intern: bool) -> (usi
                     let last = unsafe { &mut *t.last.get() };
                     last.forget_outcome();
                     let n = unwind_checked(start, Stack::new(start.sp, hi), &t.hint, last, out);
+                    // `LastWalk::finish` written out: a call to it keeps `walk` from being
+                    // inlined into the allocation path (yaml-cpp: +8 M instructions).
                     match interned {
                         Some(interned) => (n, last.intern(interned, out, n)),
                         None => {
@@ -293,8 +310,10 @@ fn walk(start: StartFrame, out: &mut [MaybeUninit<usize>], intern: bool) -> (usi
 }
 
 /// [`walk`] again where it found no frame because `start` lies outside the thread's stack: on a
-/// fiber's, or a signal handler's alternate stack (slow path). No take-over (the last walk's
-/// frames may lie on a stack since unmapped), every page asked for.
+/// fiber's, or a signal handler's alternate stack (slow path). On the stack the program named
+/// ([`running_on_stack`]) the walk is the thread's own kind, bounded by it; on any other, no
+/// take-over (the last walk's frames may lie on a stack since unmapped) and every page asked
+/// for.
 #[cold]
 #[inline(never)]
 fn walk_foreign(
@@ -305,19 +324,52 @@ fn walk_foreign(
     THREAD
         .try_with(|t| {
             let own = stack_bounds(t).is_some_and(|(lo, hi)| (lo..hi).contains(&start.sp));
-            if own || t.busy.replace(true) {
+            if own || start.pc == 0 || t.busy.replace(true) {
                 return (0, StackId(0));
             }
-            let stack = ForeignStack::from(start.sp);
-            let n = unwind_as(super::unwind_mode(), start, stack, &t.hint, None, out);
-            // SAFETY: the walk initialised `out[..n]`.
-            let frames = unsafe { core::slice::from_raw_parts(out.as_ptr().cast::<usize>(), n) };
-            // SAFETY: `busy` is set, so nothing else on this thread uses its interned stack.
-            let id = intern.then(|| unsafe { &mut *t.interned.get() }.intern(frames));
+            // SAFETY: `busy` is set, so nothing else on this thread uses its interned stack or
+            // its last walk until it is cleared below.
+            let (interned, last) = unsafe { (&mut *t.interned.get(), &mut *t.last.get()) };
+            let (lo, hi) = t.named.get();
+            let r = if (lo..hi).contains(&start.sp) {
+                if t.last_top.replace(hi) != hi {
+                    last.forget_frames();
+                }
+                last.forget_outcome();
+                let stack = NamedStack(Stack::new(start.sp, hi));
+                let n = unwind_as(super::unwind_mode(), start, stack, &t.hint, Some(last), out);
+                (n, last.finish(intern.then_some(interned), out, n))
+            } else {
+                let stack = ForeignStack::from(start.sp);
+                let n = unwind_as(super::unwind_mode(), start, stack, &t.hint, None, out);
+                // SAFETY: the walk initialised `out[..n]`.
+                let frames =
+                    unsafe { core::slice::from_raw_parts(out.as_ptr().cast::<usize>(), n) };
+                let id = if intern {
+                    interned.intern(frames)
+                } else {
+                    StackId(0)
+                };
+                (n, id)
+            };
             t.busy.set(false);
-            (n, id.unwrap_or(StackId(0)))
+            r
         })
         .unwrap_or((0, StackId(0)))
+}
+
+/// The program says the calling thread now runs on `[lowest, lowest + size)` (a fiber's stack
+/// of its job system), or, with `size == 0`, on its own: captures there are walked as on the
+/// thread's own stack, bounded by it, instead of asking the kernel page by page.
+///
+/// The range must be the mapped stack the thread runs on (the walk reads anywhere in it above
+/// the capture's frame), as ASan's `__sanitizer_finish_switch_fiber` expects.
+pub fn running_on_stack(lowest: usize, size: usize) {
+    let named = match lowest.checked_add(size) {
+        Some(top) if size != 0 => (lowest, top),
+        _ => (0, 0),
+    };
+    let _ = THREAD.try_with(|t| t.named.set(named));
 }
 
 /// The frames of one walk from `start`: DWARF through a cache slot, or the rbp walk when
@@ -504,6 +556,11 @@ pub(super) trait StackWords: Copy {
     fn restart_at(self, sp: u64);
     /// What the thread's last walk may check again of this stack (its own stack only).
     fn own(self) -> Stack;
+    /// The rule a step by `rule` takes on this stack.
+    #[inline(always)]
+    fn rule(self, rule: Rule) -> Rule {
+        rule
+    }
 }
 
 /// The part of the current thread's stack a walk may read: `[lo, hi)`, from the start frame's
@@ -564,6 +621,34 @@ impl StackWords for Stack {
 
     fn own(self) -> Stack {
         self
+    }
+}
+
+/// The stack the program said the thread runs on ([`running_on_stack`]): read as the thread's
+/// own, within its bounds, but a walk ends at code no FDE covers, which is the fiber's entry
+/// trampoline (`__start_context`, `boost.context`'s): its frame-pointer guess would read the
+/// rbp the trampoline was left with and make every walk's take-over hang on that register.
+#[derive(Clone, Copy)]
+struct NamedStack(Stack);
+
+impl StackWords for NamedStack {
+    #[inline(always)]
+    fn read(self, addr: u64) -> Result<u64, ()> {
+        self.0.read(addr)
+    }
+
+    fn restart_at(self, _sp: u64) {}
+
+    fn own(self) -> Stack {
+        self.0
+    }
+
+    #[inline(always)]
+    fn rule(self, rule: Rule) -> Rule {
+        match rule {
+            Rule::FRAME_POINTER => Rule::END_OF_STACK,
+            rule => rule,
+        }
     }
 }
 
@@ -685,7 +770,7 @@ fn slow_step(
     let mut read = |a: u64| stack.read(a);
     if steps == Steps::Rules {
         let s = *snap;
-        let rule = RULES.get(regs.pc, || s.sections_of(regs.pc), &mut cache.cfi);
+        let rule = stack.rule(RULES.get(regs.pc, || s.sections_of(regs.pc), &mut cache.cfi));
         if rule != Rule::FRAMEHOP_STEP {
             return (true, caller_by_rule(rule, regs, &mut read));
         }
@@ -801,7 +886,7 @@ fn dwarf_walk(
         // A pc with a compiled rule was found in a module of this snapshot when the rule was
         // made: the common step checks nothing else.
         let rule = match steps {
-            Steps::Rules => RULES.cached(regs.pc),
+            Steps::Rules => RULES.cached(regs.pc).map(|rule| stack.rule(rule)),
             #[cfg(test)]
             Steps::FramehopOnly => None,
         };

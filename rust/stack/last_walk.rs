@@ -336,9 +336,33 @@ impl LastWalk {
         self.outcome = Outcome::Recorded;
     }
 
+    /// The walks to come run on another stack than the kept frames (a fiber's the program
+    /// named): none of them may be taken over, as their words may lie beyond that stack.
+    pub(super) fn forget_frames(&mut self) {
+        self.len = 0;
+        self.reusable = 0;
+    }
+
     /// A walk that may not reach [`LastWalk::end`] or a take-over (the rbp walk) is starting.
     pub(super) fn forget_outcome(&mut self) {
         self.outcome = Outcome::Unrelated;
+    }
+
+    /// After a walk of `n` frames into `out`: their depot id through [`LastWalk::intern`] if
+    /// `interned` is given, else `out` completed with the frames taken over and no id.
+    pub(super) fn finish(
+        &mut self,
+        interned: Option<&mut Interned>,
+        out: &mut [MaybeUninit<usize>],
+        n: usize,
+    ) -> StackId {
+        match interned {
+            Some(interned) => self.intern(interned, out, n),
+            None => {
+                self.write_taken_over(out);
+                StackId(0)
+            }
+        }
     }
 
     /// The depot id of the `n` frames in `out` that the walk which just ended gave. A walk

@@ -148,11 +148,17 @@ pub fn tracker_thread_state() -> core::ops::Range<usize> {
 }
 
 /// The calling thread's stack from `sp` (an address in the current frame) to its top, if its
-/// bounds are known.
+/// bounds are known: its own, or the one the program said it runs on ([`running_on_stack`]).
 pub fn stack_above(sp: usize) -> Option<core::ops::Range<usize>> {
-    let (lo, hi) = capture::this_thread_stack_bounds()?;
-    (lo..hi).contains(&sp).then_some(sp..hi)
+    let (own, named) = capture::this_thread_stack_bounds();
+    [own, Some(named)]
+        .into_iter()
+        .flatten()
+        .find(|&(lo, hi)| (lo..hi).contains(&sp))
+        .map(|(_, hi)| sp..hi)
 }
+
+pub use capture::running_on_stack;
 
 pub(crate) use capture::{is_signal_return, lock_caches_for_fork};
 pub(crate) use modules::lock_for_fork as lock_modules_for_fork;

@@ -58,7 +58,7 @@ impl gimli::UnwindContextStorage<usize> for CompactCfi {
 }
 
 /// A packed rule (0 = none yet): bit 0 set; bit 1: step with framehop instead; bit 4: no caller
-/// (the end of the stack); bit 2: the CFA
+/// (the end of the stack); bit 5: a guess for code no FDE covers; bit 2: the CFA
 /// is rbp-based (else rsp-based); bit 3: the caller's rbp is saved at `cfa + bp_off` (else rbp
 /// is unchanged); bits 8..16 `ra_off / 8` and 16..24 `bp_off / 8` as `i8`; bits 32..64 the CFA
 /// offset as `i32`.
@@ -72,11 +72,27 @@ impl Rule {
     const BP_SAVED: u64 = 8;
 
     const END: u64 = 16;
+    const NO_CFI: u64 = 32;
 
     /// Step this address with framehop (its own DWARF evaluation and frame-pointer guesses).
     pub(crate) const FRAMEHOP_STEP: Rule = Rule(Self::PRESENT | Self::FRAMEHOP);
     /// The outermost frame (`_start`, `clone`): its CFI leaves the return address undefined.
     pub(crate) const END_OF_STACK: Rule = Rule(Self::PRESENT | Self::END);
+    /// Code no FDE covers (hand-written assembly: `makecontext`'s `__start_context`, a fiber
+    /// library's trampoline): the frame-pointer guess framehop makes there, CFA `rbp + 16`,
+    /// the return address at `CFA - 8`, the caller's rbp at `CFA - 16`; marked apart from the
+    /// same rule stated by CFI (every `-O0` function's body). Compiled, so that such
+    /// a frame (the outermost of every fiber) neither takes the slow path nor keeps the walks
+    /// through it from being taken over.
+    pub(crate) const FRAME_POINTER: Rule = Rule(
+        Self::PRESENT
+            | Self::NO_CFI
+            | Self::CFA_RBP
+            | Self::BP_SAVED
+            | ((-1i8 as u8 as u64) << 8)
+            | ((-2i8 as u8 as u64) << 16)
+            | (16 << 32),
+    );
 
     pub(crate) fn new(
         cfa_rbp: bool,
@@ -334,8 +350,11 @@ impl Rules {
             }
         };
         let i = rows.partition_point(|r| r[0] <= probe).checked_sub(1)?;
-        // The last row marks the FDE's end: an address past it has no rule here.
-        (rows[i][1] != 0).then_some(Rule(rows[i][1]))
+        // The last row marks the FDE's end: an address past it lies in no FDE.
+        Some(match rows[i][1] {
+            0 => Rule::FRAME_POINTER,
+            rule => Rule(rule),
+        })
     }
 
     /// Compiles every row of `fde` into the arena, then a row with no rule at its end, and
@@ -767,6 +786,19 @@ mod tests {
     /// reachable for the threads that use it.
     fn leaked_map(first_bits: u32, last_bits: u32) -> &'static WordMap {
         Box::leak(Box::new(WordMap::new(first_bits, last_bits)))
+    }
+
+    #[test]
+    fn the_frame_pointer_guess_steps_as_the_rule_cfi_states_but_is_told_apart() {
+        let stated = Rule::new(true, 16, -8, Some(-16)).unwrap();
+        assert_ne!(stated, Rule::FRAME_POINTER);
+        assert_eq!(stated.0, Rule::FRAME_POINTER.0 & !Rule::NO_CFI);
+        let stack = [0x7000u64, 0x401234]; // saved rbp, return address at rbp 0x1000
+        let read = &mut |a: u64| Ok(stack[(a as usize - 0x1000) / 8]);
+        assert_eq!(
+            Rule::FRAME_POINTER.step(0x0f00, 0x1000, read),
+            Some((0x401234, 0x1010, 0x7000))
+        );
     }
 
     #[test]

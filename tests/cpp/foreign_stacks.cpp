@@ -11,6 +11,11 @@
 //   foreign_stacks churn THREADS N  every thread maps N fibers one after the other (sizes vary,
 //                                   each unmapped when done), each running new/delete; every
 //                                   fiber leaks one 33-byte block
+//   foreign_stacks report PATH      a job holds a 44-byte block in a local only and writes the
+//                                   leak report to PATH from its fiber
+//   foreign_stacks named MODE ...   MODE fiber, report or churn, each fiber's stack named to the
+//                                   tracker (k15::memory::running_on_stack) as a job system would
+#include <k15/memory.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <ucontext.h>
@@ -47,12 +52,21 @@ void unmap_guarded(char* usable_start, std::size_t usable) {
 
 thread_local ucontext_t scheduler;
 thread_local ucontext_t job_context;
+bool name_stacks = false;
+thread_local char* job_stack;
+thread_local std::size_t job_stack_size;
+
+// The first thing a job does on its fiber (and a job system after every switch).
+void entered_job() {
+    if (name_stacks) k15::memory::running_on_stack(job_stack, job_stack_size);
+}
 
 __attribute__((noinline)) void leak_in_job() {
     keep(new char[100]);  // LEAK on a fiber
 }
 
 __attribute__((noinline)) void job_body() {
+    entered_job();
     leak_in_job();
     asm volatile("");
 }
@@ -65,13 +79,26 @@ void fiber_entry() {
 // Runs `entry` on a fresh guarded fiber stack of `usable` bytes until it returns.
 void run_fiber(void (*entry)(), std::size_t usable) {
     char* stack = map_guarded(usable);
+    job_stack = stack;
+    job_stack_size = usable;
     getcontext(&job_context);
     job_context.uc_stack.ss_sp = stack;
     job_context.uc_stack.ss_size = usable;
     job_context.uc_link = &scheduler;
     makecontext(&job_context, entry, 0);
     swapcontext(&scheduler, &job_context);
+    if (name_stacks) k15::memory::running_on_stack(nullptr, 0);
     unmap_guarded(stack, usable);
+}
+
+const char* report_path;
+
+__attribute__((noinline)) void report_from_job() {
+    entered_job();
+    char* volatile held = new char[44];  // only this local points to it
+    held[0] = 1;
+    k15::memory::write_leak_report(report_path);
+    delete[] held;
 }
 
 // --- signal --------------------------------------------------------------------------------
@@ -166,6 +193,7 @@ void run_on_garbage() {
 thread_local unsigned long churn_seed;
 
 __attribute__((noinline)) void churn_job() {
+    entered_job();
     for (int i = 0; i < 200; ++i) {
         churn_seed = churn_seed * 6364136223846793005UL + 1442695040888963407UL;
         char* block = new char[1 + (churn_seed >> 40) % 300];
@@ -193,6 +221,11 @@ void run_churn(int threads, int fibers) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    if (argc > 1 && std::strcmp(argv[1], "named") == 0) {
+        name_stacks = true;
+        ++argv;
+        --argc;
+    }
     const char* mode = argc > 1 ? argv[1] : "";
     if (std::strcmp(mode, "fiber") == 0) {
         run_fiber(fiber_entry, 64 * 1024);
@@ -200,10 +233,13 @@ int main(int argc, char** argv) {
         run_signals();
     } else if (std::strcmp(mode, "garbage") == 0) {
         run_on_garbage();
+    } else if (std::strcmp(mode, "report") == 0 && argc > 2) {
+        report_path = argv[2];
+        run_fiber(report_from_job, 64 * 1024);
     } else if (std::strcmp(mode, "churn") == 0 && argc > 3) {
         run_churn(std::atoi(argv[2]), std::atoi(argv[3]));
     } else {
-        std::fprintf(stderr, "usage: foreign_stacks fiber|signal|garbage|churn THREADS N\n");
+        std::fprintf(stderr, "usage: foreign_stacks [named] fiber|signal|garbage|report PATH|churn THREADS N\n");
         return 2;
     }
     std::puts("done");
