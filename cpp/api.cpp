@@ -67,4 +67,8 @@ k15_memory_stats k15_memory_get_stats(void) {
 
 int k15_memory_write_leak_report(const char* path) { return k15::memory::write_leak_report(path) ? 1 : 0; }
 
+void k15_memory_running_on_stack(const void* lowest, size_t size) {
+    k15::memory::running_on_stack(lowest, size);
+}
+
 }  // extern "C"

@@ -44,6 +44,10 @@ static inline int k15_memory_write_leak_report(const char* path) {
     (void)path;
     return 0;
 }
+static inline void k15_memory_running_on_stack(const void* lowest, size_t size) {
+    (void)lowest;
+    (void)size;
+}
 
 #else
 
@@ -61,6 +65,10 @@ k15_memory_stats k15_memory_get_stats(void);
 /* The text report to `path` and the JSON one to `path`.json now (NULL: the configured
  * log_path); 0 if a file could not be written. */
 int k15_memory_write_leak_report(const char* path);
+
+/* For a job system that runs jobs on fibers of its own: right after each switch, the whole
+ * mapped stack the calling thread now runs on (NULL, 0: back on its own). See memory.h. */
+void k15_memory_running_on_stack(const void* lowest, size_t size);
 
 /* Links this header's users to the library (see memory.h): a link line with the library before
  * the sources fails with this name. */

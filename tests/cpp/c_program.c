@@ -39,6 +39,7 @@ int main(void) {
     const int is_aligned = ((size_t)aligned % 64) == 0 && bad_alignment == NULL;
     k15_memory_free(aligned);
     char* name = load_level_name("level-1");
+    k15_memory_running_on_stack(NULL, 0); /* a job system back on the thread's own stack */
     k15_memory_stats after = k15_memory_get_stats();
     /* stderr: unbuffered, so stdio keeps no buffer of its own live at exit */
     fprintf(stderr, "aligned: %s\n", is_aligned ? "yes" : "no");
