@@ -9,8 +9,8 @@ use serde_json::Value;
 
 const SOURCE: &str = "tests/cpp/foreign_stacks.cpp";
 
-/// The functions of a leak's stack that lie in the test program's own source.
-fn program_functions(leak: &Value) -> Vec<String> {
+/// The functions of a leak's stack that lie in the test program's own `source`.
+fn program_functions(leak: &Value, source: &str) -> Vec<String> {
     leak["stack"]
         .as_array()
         .unwrap()
@@ -18,14 +18,15 @@ fn program_functions(leak: &Value) -> Vec<String> {
         .filter(|f| {
             f["file"]
                 .as_str()
-                .is_some_and(|file| file.ends_with(SOURCE))
+                .is_some_and(|file| file.ends_with(source))
         })
         .map(|f| f["function"].as_str().unwrap().to_owned())
         .collect()
 }
 
 /// The same of valgrind's loss record for `bytes` bytes in 1 block.
-fn valgrind_program_functions(valgrind: &str, bytes: u64) -> Vec<String> {
+fn valgrind_program_functions(valgrind: &str, bytes: u64, source: &str) -> Vec<String> {
+    let file = format!("({}:", source.rsplit('/').next().unwrap());
     let head = format!("{bytes} bytes in 1 blocks are");
     let lines: Vec<&str> = valgrind
         .lines()
@@ -38,7 +39,7 @@ fn valgrind_program_functions(valgrind: &str, bytes: u64) -> Vec<String> {
     lines[start + 1..]
         .iter()
         .take_while(|l| l.trim_start().starts_with("at ") || l.trim_start().starts_with("by "))
-        .filter(|l| l.contains("(foreign_stacks.cpp:"))
+        .filter(|l| l.contains(&file))
         .map(|l| {
             let named = l.split_once(": ").unwrap().1;
             named.rsplit_once(" (").unwrap().0.to_owned()
@@ -58,7 +59,7 @@ fn a_leak_on_a_fiber_has_the_stack_valgrind_gives_it() {
     let dir = support::scratch("foreign_stacks_fiber");
     let plain = support::build(&dir, "fiber_plain", &[SOURCE], &["-DK15_MEMORY_DISABLED"]);
     let valgrind = support::valgrind_leak_check(&plain, &dir, &["fiber"]);
-    let expected = valgrind_program_functions(&valgrind, 100);
+    let expected = valgrind_program_functions(&valgrind, 100, SOURCE);
     assert_eq!(
         expected,
         [
@@ -90,7 +91,7 @@ fn a_leak_on_a_fiber_has_the_stack_valgrind_gives_it() {
                 "{}",
                 run.text
             );
-            let ours = program_functions(leak);
+            let ours = program_functions(leak, SOURCE);
             match (options, name) {
                 ("", _) => assert_eq!(ours, expected, "{name}: {}", run.text),
                 // Frame pointers past the fiber's entry follow the rbp `getcontext` saved (the
@@ -122,9 +123,13 @@ fn a_leak_in_a_signal_handler_has_the_interrupted_code_in_its_stack() {
         ]
     };
     // On the thread's own stack: the same frames as valgrind's, from the handler to `main`.
-    let own = program_functions(leak_of(&run, 66));
+    let own = program_functions(leak_of(&run, 66), SOURCE);
     assert_eq!(own, in_handler("own"), "{}", run.text);
-    assert_eq!(own, valgrind_program_functions(&valgrind, 66), "{valgrind}");
+    assert_eq!(
+        own,
+        valgrind_program_functions(&valgrind, 66, SOURCE),
+        "{valgrind}"
+    );
     // Between the handler and the interrupted code, the frame gdb calls the same.
     for bytes in [66, 77] {
         let names: Vec<&str> = leak_of(&run, bytes)["stack"]
@@ -141,9 +146,9 @@ fn a_leak_in_a_signal_handler_has_the_interrupted_code_in_its_stack() {
         );
     }
     // On the alternate stack valgrind stops at the signal frame; the tracker goes on.
-    let alternate = program_functions(leak_of(&run, 77));
+    let alternate = program_functions(leak_of(&run, 77), SOURCE);
     assert_eq!(alternate, in_handler("alternate"), "{}", run.text);
-    let valgrind_alternate = valgrind_program_functions(&valgrind, 77);
+    let valgrind_alternate = valgrind_program_functions(&valgrind, 77, SOURCE);
     assert!(
         alternate.starts_with(&valgrind_alternate),
         "{alternate:?} {valgrind_alternate:?}"
@@ -226,4 +231,45 @@ fn a_report_written_on_a_named_fiber_scans_its_stack() {
             .unwrap_or_else(|| panic!("named {named}: no 44-byte block in {report}"));
         assert_eq!(held["leak_kind"], kind, "named {named}: {held}");
     }
+}
+
+/// Boost.Context, the fiber library engines build on (Debian's `libboost-context-dev`): a job's
+/// leak has valgrind's frames down to `make_fcontext`, and fibers on 4 threads, each stack
+/// mapped with a guard page and unmapped when its fiber ends, keep counts and stacks exact.
+/// Nothing tells the tracker about the fibers.
+#[test]
+fn boost_context_fibers_have_their_stacks_unannounced() {
+    const BOOST: &str = "tests/cpp/boost_fibers.cpp";
+    let dir = support::scratch("foreign_stacks_boost");
+    let sources = [BOOST, "-lboost_context"];
+    let exe = support::build(&dir, "boost", &sources, &["-O2", "-I", "tests/cpp"]);
+    let plain_flags = ["-O2", "-I", "tests/cpp", "-DK15_MEMORY_DISABLED"];
+    let plain = support::build(&dir, "boost_plain", &sources, &plain_flags);
+    let valgrind = support::valgrind_leak_check(&plain, &dir, &["one"]);
+    let expected = valgrind_program_functions(&valgrind, 91, BOOST);
+    assert_eq!(
+        expected[..2],
+        [
+            "(anonymous namespace)::leak_in_boost_job()",
+            "(anonymous namespace)::boost_job_body()"
+        ],
+        "{valgrind}"
+    );
+    let run = support::run_with(&exe, "boost", "", &[], &["one"]);
+    assert!(run.output.status.success(), "{}", run.stderr());
+    let leak = leak_of(&run, 91);
+    assert_eq!(program_functions(leak, BOOST), expected, "{}", run.text);
+    let last = leak["stack"].as_array().unwrap().last().unwrap();
+    assert_eq!(last["function"], "make_fcontext", "{}", run.text);
+
+    let run = support::run_with(&exe, "boost", "", &[], &["churn", "4", "250"]);
+    assert!(run.output.status.success(), "{}", run.stderr());
+    assert_eq!(run.json["summary"]["leaked_blocks"], 1000, "{}", run.text);
+    assert_eq!(run.json["summary"]["errors"], 0, "{}", run.text);
+    assert!(
+        run.leaks().iter().all(|l| l["size"] == 29
+            && l["stack"][0]["function"] == "(anonymous namespace)::churn_job(unsigned long&)"),
+        "{}",
+        run.text
+    );
 }
