@@ -128,6 +128,58 @@ fn same_site_same_id_and_different_sites_differ() {
     assert_ne!(other, ids[0]);
 }
 
+/// The stack captured by [`on_fiber`], and the fiber's stack: `(lowest, size)`.
+static FIBER_CAPTURE: AtomicU32 = AtomicU32::new(0);
+static FIBER_STACK: OnceLock<(usize, usize)> = OnceLock::new();
+static NAME_THE_FIBER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_fiber() {
+    let (lowest, size) = *FIBER_STACK.get().unwrap();
+    if NAME_THE_FIBER.load(Ordering::SeqCst) {
+        running_on_stack(lowest, size);
+    }
+    // `StartFrame::here` from Rust on a stack that is not the thread's: its two words are
+    // read through the kernel's answer, or from the named stack.
+    FIBER_CAPTURE.store(level_a(32).0, Ordering::SeqCst);
+    running_on_stack(0, 0);
+}
+
+/// Runs [`on_fiber`] on a fiber (`makecontext`) over a stack of its own, and returns its
+/// capture's frames.
+fn capture_on_a_fiber(named: bool) -> depot::Frames {
+    const SIZE: usize = 256 * 1024;
+    let (lowest, _) = *FIBER_STACK.get_or_init(|| (crate::sys::map_pages(SIZE) as usize, SIZE));
+    NAME_THE_FIBER.store(named, Ordering::SeqCst);
+    FIBER_CAPTURE.store(0, Ordering::SeqCst);
+    let mut back = core::mem::MaybeUninit::<libc::ucontext_t>::zeroed();
+    let mut fiber = core::mem::MaybeUninit::<libc::ucontext_t>::zeroed();
+    // SAFETY: the ucontext protocol on two contexts of this frame: the fiber gets a mapped
+    // stack nothing else uses and comes back here through `uc_link` when `on_fiber` returns.
+    unsafe {
+        assert_eq!(libc::getcontext(fiber.as_mut_ptr()), 0);
+        let f = &mut *fiber.as_mut_ptr();
+        f.uc_stack.ss_sp = lowest as *mut c_void;
+        f.uc_stack.ss_size = SIZE;
+        f.uc_link = back.as_mut_ptr();
+        libc::makecontext(f, on_fiber, 0);
+        assert_eq!(libc::swapcontext(back.as_mut_ptr(), f), 0);
+    }
+    frames(StackId(FIBER_CAPTURE.load(Ordering::SeqCst)))
+}
+
+#[test]
+fn a_capture_on_a_fiber_has_the_fibers_frames_named_or_not() {
+    for named in [false, true] {
+        let f = capture_on_a_fiber(named);
+        let at = |name| position(&f, name).unwrap_or_else(|| panic!("no {name} in {f:x?}"));
+        // `level_c` captures from its caller on.
+        assert!(
+            at("level_b") < at("level_a") && at("level_a") < at("on_fiber"),
+            "named {named}: {f:x?}"
+        );
+    }
+}
+
 #[test]
 fn garbage_start_frames_give_empty_or_safe_stacks() {
     let bad = [
