@@ -102,7 +102,8 @@ struct ThreadState {
     /// The thread's last DWARF walk; only touched while `busy` is set.
     last: UnsafeCell<LastWalk>,
     /// The stack the program said the thread runs on now ([`running_on_stack`]): `[lo, hi)`,
-    /// empty for none; and the top of the one its last walk ran on.
+    /// empty for none; and the top of the named stack its last walk on one ran on (the last
+    /// walk's frames are forgotten when the next named walk runs on another).
     named: Cell<(usize, usize)>,
     last_top: Cell<usize>,
     /// During a walk of a stack the thread is not known to own ([`ForeignStack`]): the run of
