@@ -112,7 +112,7 @@ fn a_leak_in_a_signal_handler_has_the_interrupted_code_in_its_stack() {
     let valgrind = support::valgrind_leak_check(&plain, &dir, &["signal"]);
     let run = support::run_with(&exe, "signal", "", &[], &["signal"]);
     assert!(run.output.status.success(), "{}", run.stderr());
-    assert_eq!(run.leaks().len(), 2, "{}", run.text);
+    assert_eq!(run.leaks().len(), 3, "{}", run.text);
     let in_handler = |raised_by: &str| {
         vec![
             "(anonymous namespace)::leak_in_handler(unsigned long)".to_owned(),
@@ -131,7 +131,7 @@ fn a_leak_in_a_signal_handler_has_the_interrupted_code_in_its_stack() {
         "{valgrind}"
     );
     // Between the handler and the interrupted code, the frame gdb calls the same.
-    for bytes in [66, 77] {
+    for bytes in [66, 77, 88] {
         let names: Vec<&str> = leak_of(&run, bytes)["stack"]
             .as_array()
             .unwrap()
@@ -152,6 +152,18 @@ fn a_leak_in_a_signal_handler_has_the_interrupted_code_in_its_stack() {
     assert!(
         alternate.starts_with(&valgrind_alternate),
         "{alternate:?} {valgrind_alternate:?}"
+    );
+    // An alternate stack above the interrupted one: the walk goes down to it.
+    assert_eq!(
+        program_functions(leak_of(&run, 88), SOURCE),
+        [
+            "(anonymous namespace)::leak_in_handler(unsigned long)",
+            "on_stack_above",
+            "(anonymous namespace)::raise_below_the_alternate_stack()",
+            "(anonymous namespace)::thread_below_its_alternate_stack(void*)",
+        ],
+        "{}",
+        run.text
     );
 }
 

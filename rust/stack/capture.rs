@@ -737,11 +737,20 @@ struct Regs {
     bp: u64,
 }
 
+/// What a [`slow_step`] found.
+enum SlowStep {
+    /// The frame's pc lies in no known module: the frame is not recorded and the walk ends.
+    NoModule,
+    /// The caller (`None`: the walk ends).
+    Caller(Option<Regs>),
+    /// The code a signal interrupted, which may have run on another stack, below this frame.
+    Interrupted(Option<Regs>),
+}
+
 /// The slow step from `regs` (its pc not in the rule table yet, or a rule left to framehop):
 /// checks that the pc lies in a known module (rescanning for one loaded since the snapshot,
-/// which then replaces `snap`), compiles its rule and steps. `None` where the walk ends (also
-/// when no unwinder cache can be had); with `pc_known == false` the frame itself is not in any
-/// module and must not be recorded.
+/// which then replaces `snap`), compiles its rule and steps. The walk ends where it gives no
+/// caller (also when no unwinder cache can be had).
 #[cold]
 #[inline(never)]
 fn slow_step(
@@ -750,7 +759,7 @@ fn slow_step(
     regs: Regs,
     caches: &mut impl CacheSource,
     stack: impl StackWords,
-) -> (bool, Option<Regs>) {
+) -> SlowStep {
     let code = match snap.module_of(regs.pc) {
         Some(code) => code,
         // Not in any known module: maybe a library loaded since the scan.
@@ -759,21 +768,21 @@ fn slow_step(
                 *snap = s;
                 code
             }
-            None => return (false, None), // JIT code or garbage: stop rather than guess
+            None => return SlowStep::NoModule, // JIT code or garbage: stop rather than guess
         },
     };
     if returns_from_signal(regs.pc, code) {
-        return (true, interrupted_by_signal(regs, stack));
+        return SlowStep::Interrupted(interrupted_by_signal(regs, stack));
     }
     let Some(cache) = caches.cache() else {
-        return (true, None);
+        return SlowStep::Caller(None);
     };
     let mut read = |a: u64| stack.read(a);
     if steps == Steps::Rules {
         let s = *snap;
         let rule = stack.rule(RULES.get(regs.pc, || s.sections_of(regs.pc), &mut cache.cfi));
         if rule != Rule::FRAMEHOP_STEP {
-            return (true, caller_by_rule(rule, regs, &mut read));
+            return SlowStep::Caller(caller_by_rule(rule, regs, &mut read));
         }
     }
     let mut fh = UnwindRegsX86_64::new(regs.pc as u64, regs.sp, regs.bp);
@@ -789,7 +798,7 @@ fn slow_step(
             sp: fh.sp(),
             bp: fh.bp(),
         });
-    (true, caller)
+    SlowStep::Caller(caller)
 }
 
 /// `rt_sigreturn`'s code, `mov $15, %rax; syscall`: where a signal handler returns to (glibc's
@@ -911,11 +920,11 @@ fn dwarf_walk(
                 }
             }
             _ => {
-                let (pc_known, caller) = slow_step(&mut snap, steps, regs, caches, stack);
+                let step = slow_step(&mut snap, steps, regs, caches, stack);
                 if let Some(l) = last.as_deref_mut() {
                     l.note_slow_step(n, snap_id(snap));
                 }
-                if !pc_known {
+                if let SlowStep::NoModule = step {
                     break;
                 }
                 out[n].write(regs.pc);
@@ -923,7 +932,17 @@ fn dwarf_walk(
                 if n == out.len() {
                     break;
                 }
-                caller
+                match step {
+                    // The interrupted code's sp need not lie above the handler's (an alternate
+                    // stack mapped above the thread's): the walk goes on wherever it is, and
+                    // still ends, at `out.len()` frames at most.
+                    SlowStep::Interrupted(Some(interrupted)) => {
+                        regs = interrupted;
+                        continue;
+                    }
+                    SlowStep::Interrupted(caller) | SlowStep::Caller(caller) => caller,
+                    SlowStep::NoModule => None, // ended above
+                }
             }
         };
         match caller {

@@ -5,7 +5,9 @@
 //
 //   foreign_stacks fiber            leaks 100 bytes from a job on a fiber
 //   foreign_stacks signal           leaks 77 bytes from a handler on the alternate stack, 66 from
-//                                   one on the thread's own stack
+//                                   one on the thread's own stack, and 88 from a handler whose
+//                                   alternate stack lies above the stack of the thread it
+//                                   interrupted
 //   foreign_stacks garbage          leaks 55 bytes from a function run on a stack of garbage:
 //                                   words that look like return addresses and frame pointers
 //   foreign_stacks churn THREADS N  every thread maps N fibers one after the other (sizes vary,
@@ -16,6 +18,7 @@
 //   foreign_stacks named MODE ...   MODE fiber, report or churn, each fiber's stack named to the
 //                                   tracker (k15::memory::running_on_stack) as a job system would
 #include <k15/memory.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <ucontext.h>
@@ -109,6 +112,7 @@ __attribute__((noinline)) void leak_in_handler(std::size_t size) {
 
 extern "C" void on_alternate_stack(int) { leak_in_handler(77); }
 extern "C" void on_own_stack(int) { leak_in_handler(66); }
+extern "C" void on_stack_above(int) { leak_in_handler(88); }
 
 __attribute__((noinline)) void raise_on_alternate_stack() {
     raise(SIGUSR1);
@@ -118,6 +122,39 @@ __attribute__((noinline)) void raise_on_alternate_stack() {
 __attribute__((noinline)) void raise_on_own_stack() {
     raise(SIGUSR2);
     asm volatile("");
+}
+
+__attribute__((noinline)) void raise_below_the_alternate_stack() {
+    raise(SIGPROF);
+    asm volatile("");
+}
+
+// One mapping: a thread's stack in its lower part, that thread's alternate signal stack at its
+// top, so that the handler's frames lie above the frames the signal interrupted.
+void* thread_below_its_alternate_stack(void* alternate) {
+    stack_t above{};
+    above.ss_sp = alternate;
+    above.ss_size = 64 * 1024;
+    if (sigaltstack(&above, nullptr) != 0) std::abort();
+    struct sigaction action {};
+    action.sa_handler = on_stack_above;
+    action.sa_flags = SA_ONSTACK;
+    sigaction(SIGPROF, &action, nullptr);
+    raise_below_the_alternate_stack();
+    return nullptr;
+}
+
+void run_signal_above_the_thread() {
+    const std::size_t thread_stack = 1 << 20;
+    char* both = map_guarded(thread_stack + 64 * 1024);
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstack(&attr, both, thread_stack);
+    pthread_t thread;
+    if (pthread_create(&thread, &attr, thread_below_its_alternate_stack, both + thread_stack) != 0)
+        std::abort();
+    pthread_join(thread, nullptr);
+    pthread_attr_destroy(&attr);
 }
 
 void run_signals() {
@@ -134,6 +171,7 @@ void run_signals() {
     sigaction(SIGUSR2, &action, nullptr);
     raise_on_alternate_stack();
     raise_on_own_stack();
+    run_signal_above_the_thread();
 }
 
 // --- garbage -------------------------------------------------------------------------------
