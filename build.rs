@@ -10,6 +10,7 @@ fn main() {
         "cpp/engine.cpp",
         "cpp/take_over.cpp",
         "cpp/modules.cpp",
+        "cpp/mappings.cpp",
         "cpp/malloc.cpp",
     ];
     cxx_build::bridge("rust/ffi.rs")

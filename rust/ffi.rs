@@ -163,6 +163,11 @@ pub mod bridge {
         /// `fork` waits for (see `tracker::fork`).
         fn loader_call_begins();
         fn loader_call_ends();
+        /// After the program's successful `mmap`, `munmap` and `mremap` (`cpp/mappings.cpp`):
+        /// its anonymous mappings are leak roots.
+        fn mapped(start: usize, len: usize, anonymous: bool);
+        fn unmapped(start: usize, len: usize);
+        fn remapped(old_start: usize, old_len: usize, new_start: usize, new_len: usize);
     }
 }
 
@@ -374,6 +379,18 @@ fn loader_call_begins() {
 
 fn loader_call_ends() {
     tracker::fork::loader_call_ends();
+}
+
+fn mapped(start: usize, len: usize, anonymous: bool) {
+    crate::report::mappings::mapped(start, len, anonymous);
+}
+
+fn unmapped(start: usize, len: usize) {
+    crate::report::mappings::unmapped(start, len);
+}
+
+fn remapped(old_start: usize, old_len: usize, new_start: usize, new_len: usize) {
+    crate::report::mappings::remapped(old_start, old_len, new_start, new_len);
 }
 
 fn begin_leak_ignore() -> usize {

@@ -103,23 +103,26 @@ pub fn map_unreserved(len: usize) -> *mut u8 {
 
 /// Fresh anonymous readable and writable pages mapped with `flags` besides, or null.
 fn map_with(len: usize, flags: libc::c_int) -> *mut u8 {
-    // SAFETY: an anonymous private mapping touches no existing memory.
-    let p = unsafe {
-        libc::mmap(
-            null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | flags,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
+    map_anonymous(
+        len,
+        libc::PROT_READ | libc::PROT_WRITE,
+        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | flags,
+    )
+}
+
+/// The tracker's own anonymous mapping, made with the system call rather than `mmap`, which the
+/// program's calls reach (`cpp/mappings.cpp`): the tracker's memory must never be recorded as
+/// the program's, whose mappings the leak scan reads as roots. Null on failure.
+fn map_anonymous(len: usize, prot: libc::c_int, flags: libc::c_int) -> *mut u8 {
+    // SAFETY: a new anonymous mapping (no MAP_FIXED) touches no existing memory.
+    let p = unsafe { libc::syscall(libc::SYS_mmap, null_mut::<u8>(), len, prot, flags, -1, 0) };
+    if p < 0 {
         null_mut()
     } else {
         p as *mut u8
     }
 }
+
 
 /// Maps `bytes` of zeroed `MAP_NORESERVE` memory into `slot` once (slow path; only touched
 /// pages cost memory): the mapping already there if another thread won the race, null if
@@ -145,7 +148,7 @@ pub fn publish_once<T>(slot: &AtomicPtr<T>, mine: *mut T, bytes: usize) -> *mut 
         Ok(_) => mine,
         Err(theirs) => {
             // SAFETY: the caller's own mapping of `bytes` bytes, never shared.
-            unsafe { libc::munmap(mine.cast(), bytes) };
+            unsafe { unmap_pages(mine.cast(), bytes) };
             theirs
         }
     }
@@ -154,22 +157,11 @@ pub fn publish_once<T>(slot: &AtomicPtr<T>, mine: *mut T, bytes: usize) -> *mut 
 /// Address space for `len` bytes that nothing may touch yet (no memory is committed to it), or
 /// null; parts of it are made usable with [`commit_pages`].
 pub fn reserve_pages(len: usize) -> *mut u8 {
-    // SAFETY: an inaccessible anonymous private mapping touches no existing memory.
-    let p = unsafe {
-        libc::mmap(
-            null_mut(),
-            len,
-            libc::PROT_NONE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        null_mut()
-    } else {
-        p as *mut u8
-    }
+    map_anonymous(
+        len,
+        libc::PROT_NONE,
+        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+    )
 }
 
 /// Makes `len` bytes at `ptr` of a reservation from [`reserve_pages`] readable and writable;
@@ -196,13 +188,13 @@ pub unsafe fn return_pages(ptr: *mut u8, len: usize) {
     unsafe { libc::madvise(ptr as *mut libc::c_void, len, libc::MADV_DONTNEED) };
 }
 
-/// Returns pages from [`map_pages`].
+/// Returns pages of the tracker's own mappings, with the system call (see [`map_anonymous`]).
 ///
 /// # Safety
-/// `ptr..ptr+len` is a mapping from [`map_pages`] that nothing uses any more.
+/// `ptr..ptr+len` is (part of) a mapping of the tracker's that nothing uses any more.
 pub unsafe fn unmap_pages(ptr: *mut u8, len: usize) {
     // SAFETY: guaranteed by the caller.
-    unsafe { libc::munmap(ptr as *mut libc::c_void, len) };
+    unsafe { libc::syscall(libc::SYS_munmap, ptr, len) };
 }
 
 /// `membarrier(2)` commands (linux/membarrier.h).
@@ -263,6 +255,86 @@ pub fn page_is_mapped(addr: usize) -> bool {
         )
     };
     rc == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL)
+}
+
+/// Which pages of `[start, start + PAGE_SIZE * residency.len())` (page-aligned) hold memory now:
+/// `residency[i]` is true for page `i`. False (and nothing written) where part of the range is
+/// not mapped. A page never touched reads as zeros and need not be read.
+pub fn resident_pages(start: usize, residency: &mut [u8]) -> bool {
+    // SAFETY: mincore writes one byte per page of the range into `residency`, which has them.
+    let rc = unsafe {
+        libc::mincore(
+            start as *mut libc::c_void,
+            residency.len() * PAGE_SIZE,
+            residency.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return false;
+    }
+    for page in residency.iter_mut() {
+        *page &= 1;
+    }
+    true
+}
+
+/// Copies the words at `addr` (aligned) into `words` as far as they can be read, 64 KiB at most:
+/// the number of words copied, stopping at the first page that cannot be read (unmapped,
+/// `PROT_NONE`), even if another thread unmaps it meanwhile. `process_vm_readv` on our own
+/// process; where a seccomp filter refuses it, page by page after [`page_is_mapped`].
+pub fn read_words(addr: usize, words: &mut [usize]) -> usize {
+    /// Pages read in one call, each its own remote piece: a transfer stops between pieces.
+    const PIECES: usize = 16;
+    let word = core::mem::size_of::<usize>();
+    let bytes = (words.len() * word).min(PIECES * PAGE_SIZE - addr % PAGE_SIZE);
+    let local = libc::iovec {
+        iov_base: words.as_mut_ptr().cast(),
+        iov_len: bytes,
+    };
+    let mut remote = [libc::iovec {
+        iov_base: null_mut(),
+        iov_len: 0,
+    }; PIECES];
+    let (mut at, end, mut pieces) = (addr, addr + bytes, 0);
+    while at < end {
+        let next = ((at | (PAGE_SIZE - 1)) + 1).min(end);
+        remote[pieces] = libc::iovec {
+            iov_base: at as *mut libc::c_void,
+            iov_len: next - at,
+        };
+        (at, pieces) = (next, pieces + 1);
+    }
+    // SAFETY: the kernel writes at most `bytes` into `words` and reads the remote pieces itself,
+    // failing cleanly where it cannot.
+    let got = unsafe {
+        libc::process_vm_readv(libc::getpid(), &local, 1, remote.as_ptr(), pieces as _, 0)
+    };
+    if got >= 0 {
+        return got as usize / word;
+    }
+    match std::io::Error::last_os_error().raw_os_error() {
+        Some(libc::EPERM | libc::ENOSYS) => {}
+        _ => return 0, // EFAULT: the first page cannot be read
+    }
+    let mut copied = 0;
+    while copied < words.len() {
+        let at = addr + copied * core::mem::size_of::<usize>();
+        if !page_is_mapped(at) {
+            break;
+        }
+        let page_end = (at | (PAGE_SIZE - 1)) + 1;
+        let count = ((page_end - at) / core::mem::size_of::<usize>()).min(words.len() - copied);
+        for (i, word) in words[copied..copied + count].iter_mut().enumerate() {
+            // SAFETY: the page was readable just now; a conservative scan reads words another
+            // thread may be writing (the range is the program's, which may unmap it at once:
+            // the window process_vm_readv closes).
+            *word = unsafe {
+                core::ptr::read_volatile((at + i * core::mem::size_of::<usize>()) as *const usize)
+            };
+        }
+        copied += count;
+    }
+    copied
 }
 
 /// Writes all of `bytes` to the file descriptor, retrying on short writes and EINTR.

@@ -5,6 +5,7 @@
 pub mod at_exit;
 pub mod ignore;
 pub mod json;
+pub mod mappings;
 pub mod scan;
 pub mod suppress;
 pub mod text;

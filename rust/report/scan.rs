@@ -20,6 +20,8 @@
 
 use core::ffi::{c_int, c_void};
 
+use crate::sys::{self, PAGE_SIZE};
+
 /// What the scan found a block to be.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum LeakKind {
@@ -85,27 +87,35 @@ pub fn classify(nodes: &[Node], stack: Option<core::ops::Range<usize>>) -> Vec<V
         crate::tracker::thread_heap_range(),
         crate::tracker::live_list::shards_range(),
     ];
-    classify_from(nodes, &roots, &excluded)
+    classify_from(nodes, &roots, &super::mappings::ranges(), &excluded)
 }
 
-/// [`classify`] from the given root ranges, skipping the words of the `excluded` ranges (the
-/// tracker's own state).
+/// [`classify`] from the given root ranges and the program's `mapped` ones (read only where
+/// they hold memory, and as far as they can be read), skipping the words of the `excluded`
+/// ranges (the tracker's own state).
 pub fn classify_from(
     nodes: &[Node],
     roots: &[core::ops::Range<usize>],
+    mapped: &[core::ops::Range<usize>],
     excluded: &[core::ops::Range<usize>],
 ) -> Vec<Verdict> {
     let graph = Graph::new(nodes);
     let mut reached = vec![false; nodes.len()];
     let mut work = Vec::new();
+    let mut reach = |i: usize| {
+        if !reached[i] {
+            reached[i] = true;
+            work.push(i);
+        }
+    };
     for range in roots {
         for (lo, hi) in uncovered(range.clone(), excluded) {
-            graph.scan(lo, hi, &mut |i| {
-                if !reached[i] {
-                    reached[i] = true;
-                    work.push(i);
-                }
-            });
+            graph.scan(lo, hi, &mut reach);
+        }
+    }
+    for range in mapped {
+        for (lo, hi) in uncovered(range.clone(), excluded) {
+            graph.scan_mapped(lo, hi, &mut reach);
         }
     }
     for (i, node) in nodes.iter().enumerate() {
@@ -205,12 +215,27 @@ impl<'a> Graph<'a> {
         (value - node.address < node.size.max(1)).then_some(i)
     }
 
+    /// The addresses any block covers lie in `[first, limit)`; `None` without blocks.
+    fn span(&self) -> Option<(usize, usize)> {
+        let (&first, &last) = (self.starts.first()?, self.starts.last()?);
+        Some((first, last + self.nodes[*self.by_address.last()?].size.max(1)))
+    }
+
+    /// Calls `found` for the block `value` points into, if any (`span`: [`Graph::span`]).
+    #[inline]
+    fn visit(&self, value: usize, (first, limit): (usize, usize), found: &mut impl FnMut(usize)) {
+        if value >= first && value < limit {
+            if let Some(i) = self.find(value) {
+                found(i);
+            }
+        }
+    }
+
     /// Calls `found` for each block that an aligned word of `[lo, hi)` points into.
     fn scan(&self, lo: usize, hi: usize, found: &mut impl FnMut(usize)) {
-        let (Some(&first), Some(&last)) = (self.starts.first(), self.starts.last()) else {
+        let Some((first, limit)) = self.span() else {
             return;
         };
-        let limit = last + self.nodes[*self.by_address.last().unwrap()].size.max(1);
         let word = core::mem::size_of::<usize>();
         let mut at = lo.next_multiple_of(word);
         while at + word <= hi {
@@ -218,12 +243,52 @@ impl<'a> Graph<'a> {
             // or a live block); a volatile read of a word another thread may be writing is
             // what a conservative scan does.
             let value = unsafe { core::ptr::read_volatile(at as *const usize) };
-            if value >= first && value < limit {
-                if let Some(i) = self.find(value) {
-                    found(i);
-                }
-            }
+            self.visit(value, (first, limit), found);
             at += word;
+        }
+    }
+
+    /// [`Graph::scan`] of a page-aligned range the program mapped: pages never touched (most of
+    /// a large reservation) are skipped, and the others are read through a copy that stops at
+    /// pages which cannot be read (`PROT_NONE`, or unmapped meanwhile by another thread).
+    fn scan_mapped(&self, lo: usize, hi: usize, found: &mut impl FnMut(usize)) {
+        /// Pages asked about in one `mincore` call (16 MiB).
+        const CHUNK_PAGES: usize = 4096;
+        let Some((first, limit)) = self.span() else {
+            return;
+        };
+        let mut residency = vec![0u8; CHUNK_PAGES];
+        let mut copy = vec![0usize; 16 * PAGE_SIZE / core::mem::size_of::<usize>()];
+        let mut chunk = lo;
+        while chunk < hi {
+            let pages = ((hi - chunk) / PAGE_SIZE).min(CHUNK_PAGES);
+            let residency = &mut residency[..pages];
+            if !sys::resident_pages(chunk, residency) {
+                residency.fill(1); // part of it is gone: each page is tried, and reads stop there
+            }
+            let mut page = 0;
+            while page < pages {
+                if residency[page] == 0 {
+                    page += 1;
+                    continue;
+                }
+                let run = residency[page..].iter().take_while(|&&r| r != 0).count();
+                let mut at = chunk + page * PAGE_SIZE;
+                let end = at + run * PAGE_SIZE;
+                while at < end {
+                    let wanted = ((end - at) / core::mem::size_of::<usize>()).min(copy.len());
+                    let got = sys::read_words(at, &mut copy[..wanted]);
+                    for &value in &copy[..got] {
+                        self.visit(value, (first, limit), found);
+                    }
+                    at += got * core::mem::size_of::<usize>();
+                    if got < wanted {
+                        at += PAGE_SIZE; // the page at `at` cannot be read
+                    }
+                }
+                page += run;
+            }
+            chunk += pages * PAGE_SIZE;
         }
     }
 
@@ -313,7 +378,7 @@ mod tests {
         }
         let root_words: Vec<usize> = roots.iter().map(|&r| nodes[r].address).collect();
         let root = root_words.as_ptr() as usize..root_words.as_ptr() as usize + 8 * roots.len();
-        classify_from(&nodes, &[root], &[])
+        classify_from(&nodes, &[root], &[], &[])
     }
 
     fn kinds(v: &[Verdict]) -> Vec<(LeakKind, Option<usize>)> {
@@ -374,7 +439,7 @@ mod tests {
         ];
         let mut memory = memory;
         memory[0][1] = nodes[1].address;
-        let v = classify_from(&nodes, &[], &[]);
+        let v = classify_from(&nodes, &[], &[], &[]);
         assert!(v.iter().all(|v| v.kind == LeakKind::Reachable), "{v:?}");
     }
 

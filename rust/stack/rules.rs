@@ -649,7 +649,7 @@ impl WordMap {
             Ok(_) => Some(Table { word }),
             Err(theirs) => {
                 // SAFETY: our own mapping of `bytes` bytes, never published.
-                unsafe { libc::munmap(mine.cast(), bytes) };
+                unsafe { crate::sys::unmap_pages(mine.cast(), bytes) };
                 Some(Table { word: theirs })
             }
         }

@@ -9,9 +9,9 @@
 //! the error log and the error symbolizer, then every shard (the world stopped, queued frees
 //! settled), then the module rescan and the module history, then the quarantine, the
 //! unmapped-block record, the small-block heap (settling frees blocks into them) and the
-//! record of damaged headers (found with shards held), and last the growth of the unwinder's
-//! caches (a thread holding any of the others may be capturing a stack); let go of in the
-//! reverse order. Not covered: a stack allocator's lock (a stack allocator belongs to one
+//! record of damaged headers (found with shards held), the growth of the unwinder's
+//! caches (a thread holding any of the others may be capturing a stack), and last the record of
+//! the program's mappings (its holder takes no other lock); let go of in the reverse order. Not covered: a stack allocator's lock (a stack allocator belongs to one
 //! thread).
 
 use super::guard::Inside;
@@ -115,6 +115,7 @@ extern "C" fn prepare() {
     guards.push(Box::new(heap::lock_for_fork()));
     guards.push(Box::new(integrity::lock_for_fork()));
     guards.push(Box::new(crate::stack::lock_caches_for_fork()));
+    guards.push(Box::new(crate::report::mappings::lock_for_fork()));
     HELD.with(|held| held.set(Box::into_raw(Box::new((world, guards)))));
 }
 

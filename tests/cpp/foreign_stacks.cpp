@@ -17,10 +17,14 @@
 //                                   leak report to PATH from its fiber
 //   foreign_stacks named MODE ...   MODE fiber, report or churn, each fiber's stack named to the
 //                                   tracker (k15::memory::running_on_stack) as a job system would
+//   foreign_stacks hidden ...       the stacks mapped with the system call, as a library whose
+//                                   mmap calls the tracker does not see maps them (not recorded
+//                                   as the program's mappings, which the leak scan reads)
 #include <k15/memory.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <ucontext.h>
 #include <unistd.h>
 
@@ -39,9 +43,15 @@ namespace {
 const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
 
 // `usable` bytes of stack between two PROT_NONE pages; its lowest usable address.
+bool hide_stacks = false;
+
 char* map_guarded(std::size_t usable) {
-    char* all = static_cast<char*>(mmap(nullptr, usable + 2 * page, PROT_NONE,
-                                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    const int flags = MAP_PRIVATE | MAP_ANONYMOUS;
+    void* mapped = hide_stacks
+                       ? reinterpret_cast<void*>(syscall(SYS_mmap, nullptr, usable + 2 * page,
+                                                         PROT_NONE, flags, -1, 0))
+                       : mmap(nullptr, usable + 2 * page, PROT_NONE, flags, -1, 0);
+    char* all = static_cast<char*>(mapped);
     if (all == MAP_FAILED) std::abort();
     if (mprotect(all + page, usable, PROT_READ | PROT_WRITE) != 0) std::abort();
     return all + page;
@@ -259,10 +269,12 @@ void run_churn(int threads, int fibers) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    if (argc > 1 && std::strcmp(argv[1], "named") == 0) {
-        name_stacks = true;
-        ++argv;
-        --argc;
+    for (bool* flag : {&hide_stacks, &name_stacks}) {
+        if (argc > 1 && std::strcmp(argv[1], flag == &name_stacks ? "named" : "hidden") == 0) {
+            *flag = true;
+            ++argv;
+            --argc;
+        }
     }
     const char* mode = argc > 1 ? argv[1] : "";
     if (std::strcmp(mode, "fiber") == 0) {
@@ -277,7 +289,7 @@ int main(int argc, char** argv) {
     } else if (std::strcmp(mode, "churn") == 0 && argc > 3) {
         run_churn(std::atoi(argv[2]), std::atoi(argv[3]));
     } else {
-        std::fprintf(stderr, "usage: foreign_stacks [named] fiber|signal|garbage|report PATH|churn THREADS N\n");
+        std::fprintf(stderr, "usage: foreign_stacks [hidden] [named] fiber|signal|garbage|report PATH|churn THREADS N\n");
         return 2;
     }
     std::puts("done");

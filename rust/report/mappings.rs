@@ -1,0 +1,278 @@
+//! The program's own anonymous mappings, recorded as its `mmap`, `mremap` and `munmap` calls
+//! return (`cpp/mappings.cpp`), so that the leak scan reads them as roots, as valgrind does: an
+//! engine's arenas, pools and fiber stacks hold pointers to blocks.
+//!
+//! Only calls that reach the library's definitions are seen: the program's own and, where the
+//! executable exports them (or under `LD_PRELOAD`), its libraries'. glibc maps its own memory
+//! (thread stacks, `malloc`'s arenas) and the tracker maps its own with the system call, so
+//! neither is recorded: their words are not the program's.
+
+use core::ops::Range;
+use core::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+
+use crate::sys::{self, PAGE_SIZE};
+
+/// More ranges than a process can have mappings (`vm.max_map_count` is 65,530 by default), so
+/// every mapping fits, however the program splits them.
+const CAPACITY: usize = 1 << 16;
+
+/// The recorded ranges: sorted, apart (neither overlapping nor touching) and page-aligned.
+#[repr(C)]
+struct Registry {
+    len: usize,
+    ranges: [(usize, usize); CAPACITY],
+}
+
+static REGISTRY: AtomicPtr<Registry> = AtomicPtr::new(core::ptr::null_mut());
+/// The lock: the holder's token (0: free), so that a thread finding its own there knows its
+/// signal handler interrupted its own update, and must not wait for itself.
+static HOLDER: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// Its address is the thread's token.
+    static TOKEN: u8 = const { 0 };
+}
+
+/// Holds the record's lock; `None` when the calling thread holds it already (its signal handler
+/// interrupted an update: that call's change goes unrecorded, and the mapping it made is not
+/// read as a root).
+struct Held;
+
+impl Held {
+    fn take() -> Option<Held> {
+        let mine = TOKEN.with(|token| core::ptr::from_ref(token) as usize);
+        while let Err(holder) =
+            HOLDER.compare_exchange_weak(0, mine, Ordering::Acquire, Ordering::Relaxed)
+        {
+            if holder == mine {
+                return None;
+            }
+            std::thread::yield_now();
+        }
+        Some(Held)
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        HOLDER.store(0, Ordering::Release);
+    }
+}
+
+/// The lock, held across `fork` (see `tracker::fork`): the child must not find it taken by a
+/// thread it does not have.
+pub fn lock_for_fork() -> impl Sized {
+    Held::take()
+}
+
+/// Runs `change` on the record under its lock; nothing if the record cannot be mapped or the
+/// thread holds the lock already.
+fn change(change: impl FnOnce(&mut Registry)) {
+    let Some(_held) = Held::take() else {
+        return;
+    };
+    let registry = sys::map_once(&REGISTRY, core::mem::size_of::<Registry>());
+    // SAFETY: the record is mapped for the process lifetime, zeroed (an empty record) when new,
+    // and only touched under the lock held here.
+    if let Some(registry) = unsafe { registry.as_mut() } {
+        change(registry);
+    }
+}
+
+/// Whole pages from `start` for `len` bytes, as the kernel counts them.
+fn pages(start: usize, len: usize) -> (usize, usize) {
+    let start = start & !(PAGE_SIZE - 1);
+    (start, start.saturating_add(len.next_multiple_of(PAGE_SIZE)))
+}
+
+/// After a successful `mmap` at `start` of `len` bytes: an anonymous mapping is recorded; any
+/// other one (a file mapped with `MAP_FIXED` over part of an arena) is taken out of the record.
+pub fn mapped(start: usize, len: usize, anonymous: bool) {
+    let (start, end) = pages(start, len);
+    change(|registry| {
+        if anonymous {
+            registry.add(start, end);
+        } else {
+            registry.remove(start, end);
+        }
+    });
+}
+
+/// After a successful `munmap` of `len` bytes at `start`.
+pub fn unmapped(start: usize, len: usize) {
+    let (start, end) = pages(start, len);
+    change(|registry| registry.remove(start, end));
+}
+
+/// After a successful `mremap` of `old_len` bytes at `old` to `new_len` at `new`: the new range is
+/// recorded if the old one was (wholly or in part).
+pub fn remapped(old: usize, old_len: usize, new: usize, new_len: usize) {
+    let (old_start, old_end) = pages(old, old_len);
+    let (new_start, new_end) = pages(new, new_len);
+    change(|registry| {
+        if !registry.overlaps(old_start, old_end.max(old_start + PAGE_SIZE)) {
+            return;
+        }
+        if old_len != 0 {
+            // 0: a shared mapping duplicated, the old one staying.
+            registry.remove(old_start, old_end);
+        }
+        registry.add(new_start, new_end);
+    });
+}
+
+/// The ranges recorded now.
+pub fn ranges() -> Vec<Range<usize>> {
+    let mut copied = Vec::new();
+    loop {
+        let wanted = {
+            let Some(_held) = Held::take() else {
+                return copied;
+            };
+            // SAFETY: as in `change`: mapped for good once published, read under the lock.
+            let Some(registry) = (unsafe { REGISTRY.load(Ordering::Acquire).as_ref() }) else {
+                return copied;
+            };
+            if registry.len <= copied.capacity() {
+                let recorded = &registry.ranges[..registry.len];
+                copied.extend(recorded.iter().map(|&(start, end)| start..end));
+                return copied;
+            }
+            registry.len
+        };
+        // Not under the lock: reserving may map memory, and a hook may be waiting.
+        copied.reserve(wanted);
+    }
+}
+
+impl Registry {
+    /// The index of the first range that ends after `start` (`touching`: at or after it).
+    fn first_after(&self, start: usize, touching: bool) -> usize {
+        self.ranges[..self.len].partition_point(|&(_, end)| end < start || !touching && end == start)
+    }
+
+    /// The index past the last range that starts before `end` (`touching`: at or before it).
+    fn last_before(&self, end: usize, touching: bool) -> usize {
+        self.ranges[..self.len]
+            .partition_point(|&(start, _)| start < end || touching && start == end)
+    }
+
+    fn overlaps(&self, start: usize, end: usize) -> bool {
+        self.first_after(start, false) < self.last_before(end, false)
+    }
+
+    /// Replaces `ranges[from..to]` with `pieces`; false (nothing changed) where they do not fit.
+    fn splice(&mut self, from: usize, to: usize, pieces: &[(usize, usize)]) -> bool {
+        let len = self.len - (to - from) + pieces.len();
+        if len > CAPACITY {
+            return false;
+        }
+        self.ranges.copy_within(to..self.len, from + pieces.len());
+        self.ranges[from..from + pieces.len()].copy_from_slice(pieces);
+        self.len = len;
+        true
+    }
+
+    /// Records `[start, end)`, merged with the ranges it overlaps or touches.
+    fn add(&mut self, start: usize, end: usize) {
+        if start >= end {
+            return;
+        }
+        let (from, to) = (self.first_after(start, true), self.last_before(end, true));
+        let merged = if from < to {
+            (start.min(self.ranges[from].0), end.max(self.ranges[to - 1].1))
+        } else {
+            (start, end)
+        };
+        self.splice(from, to, &[merged]);
+    }
+
+    /// Takes `[start, end)` out of the record. Splitting a range when the record is full keeps
+    /// only its part below the hole: a range no longer mapped must never be read as a root (the
+    /// tracker may map its own memory there), while a part left out only loses roots.
+    fn remove(&mut self, start: usize, end: usize) {
+        let (from, to) = (self.first_after(start, false), self.last_before(end, false));
+        if from >= to {
+            return;
+        }
+        let (first, last) = (self.ranges[from].0, self.ranges[to - 1].1);
+        // No allocation here: this runs inside the program's `munmap`, under the lock.
+        let mut pieces = [(0, 0); 2];
+        let mut count = 0;
+        for (piece_start, piece_end) in [(first, start), (end, last)] {
+            if piece_start < piece_end {
+                pieces[count] = (piece_start, piece_end);
+                count += 1;
+            }
+        }
+        if !self.splice(from, to, &pieces[..count]) {
+            self.splice(from, to, &pieces[..count.min(1)]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(changes: &[(bool, usize, usize)]) -> Vec<(usize, usize)> {
+        let mut registry: Box<Registry> = Box::new(Registry {
+            len: 0,
+            ranges: [(0, 0); CAPACITY],
+        });
+        for &(add, start, end) in changes {
+            if add {
+                registry.add(start, end);
+            } else {
+                registry.remove(start, end);
+            }
+        }
+        registry.ranges[..registry.len].to_vec()
+    }
+
+    #[test]
+    fn touching_and_overlapping_ranges_merge() {
+        let got = record(&[(true, 0x3000, 0x4000), (true, 0x1000, 0x2000), (true, 0x2000, 0x3000)]);
+        assert_eq!(got, [(0x1000, 0x4000)]);
+        let got = record(&[(true, 0x1000, 0x2000), (true, 0x5000, 0x6000), (true, 0x1800, 0x5800)]);
+        assert_eq!(got, [(0x1000, 0x6000)]);
+        let got = record(&[(true, 0x5000, 0x6000), (true, 0x1000, 0x2000), (true, 0x3000, 0x4000)]);
+        assert_eq!(got, [(0x1000, 0x2000), (0x3000, 0x4000), (0x5000, 0x6000)]);
+    }
+
+    #[test]
+    fn unmapping_cuts_holes_and_leaves_the_rest() {
+        let base = [(true, 0x1000, 0x9000), (true, 0xa000, 0xc000)];
+        let cut = |start, end| {
+            let mut changes = base.to_vec();
+            changes.push((false, start, end));
+            record(&changes)
+        };
+        assert_eq!(cut(0x3000, 0x4000), [(0x1000, 0x3000), (0x4000, 0x9000), (0xa000, 0xc000)]);
+        assert_eq!(cut(0x8000, 0xb000), [(0x1000, 0x8000), (0xb000, 0xc000)]);
+        assert_eq!(cut(0x0, 0xd000), []);
+        assert_eq!(cut(0x9000, 0xa000), base.map(|(_, s, e)| (s, e)));
+        assert_eq!(cut(0x1000, 0x9000), [(0xa000, 0xc000)]);
+    }
+
+    #[test]
+    fn a_full_record_splits_by_keeping_only_the_part_below_the_hole() {
+        let mut registry: Box<Registry> = Box::new(Registry {
+            len: 0,
+            ranges: [(0, 0); CAPACITY],
+        });
+        for i in 0..CAPACITY {
+            registry.add(0x10000 + i * 0x2000, 0x11000 + i * 0x2000);
+        }
+        registry.add(0x1000, 0x1000); // empty: nothing
+        registry.add(0x2000_0000, 0x2000_1000); // no room, touches nothing: not recorded
+        assert_eq!(registry.len, CAPACITY);
+        assert!(!registry.overlaps(0x2000_0000, 0x2000_1000));
+        registry.add(0x11000, 0x12000); // fills the gap between the first two: they merge
+        assert_eq!(registry.ranges[0], (0x10000, 0x13000));
+        registry.add(0x2000_0000, 0x2000_1000); // room now
+        registry.remove(0x11000, 0x12000); // a split that does not fit
+        assert_eq!(registry.ranges[0], (0x10000, 0x11000));
+        assert_eq!(registry.ranges[1], (0x14000, 0x15000));
+    }
+}
