@@ -1,11 +1,9 @@
 // mmap, mmap64, munmap and mremap, interposed (this object is linked in when the program calls
-// them): the tracker records the program's anonymous mappings, which the leak scan reads as
-// roots, as valgrind does (an engine's arenas and fiber stacks hold pointers to blocks). Each
-// makes the system call itself, as glibc's wrappers do, so that nothing here allocates or looks
-// a symbol up: a mapping may be made before anything else of the process is ready.
+// them): the tracker makes each system call itself, as glibc's wrappers do, and records the
+// program's anonymous mappings, which the leak scan reads as roots, as valgrind does (an
+// engine's arenas and fiber stacks hold pointers to blocks). Nothing here allocates or looks a
+// symbol up: a mapping may be made before anything else of the process is ready.
 #include <sys/mman.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <cstdarg>
 #include <cstdint>
@@ -16,17 +14,15 @@ namespace {
 
 std::size_t address_of(void* pointer) { return reinterpret_cast<std::uintptr_t>(pointer); }
 
+// A system call's result as a pointer: -1 (errno set) is MAP_FAILED, as from glibc.
+void* pointer_of(std::intptr_t result) { return reinterpret_cast<void*>(result); }
+
 }  // namespace
 
 extern "C" void* mmap(void* address, std::size_t length, int protection, int flags, int fd,
                       off_t offset) noexcept {
-    // syscall() returns -1 with errno set on failure: MAP_FAILED, as from glibc's mmap.
-    void* mapped = reinterpret_cast<void*>(
-        syscall(SYS_mmap, address, length, protection, flags, fd, offset));
-    if (mapped != MAP_FAILED) {
-        k15::memory::detail::mapped(address_of(mapped), length, (flags & MAP_ANONYMOUS) != 0);
-    }
-    return mapped;
+    return pointer_of(k15::memory::detail::program_mmap(address_of(address), length, protection,
+                                                        flags, fd, offset));
 }
 
 // On x86_64 glibc's mmap64 is the same function under a second name.
@@ -36,11 +32,7 @@ extern "C" void* mmap64(void* address, std::size_t length, int protection, int f
 }
 
 extern "C" int munmap(void* address, std::size_t length) noexcept {
-    const int result = static_cast<int>(syscall(SYS_munmap, address, length));
-    if (result == 0) {
-        k15::memory::detail::unmapped(address_of(address), length);
-    }
-    return result;
+    return static_cast<int>(k15::memory::detail::program_munmap(address_of(address), length));
 }
 
 extern "C" void* mremap(void* old_address, std::size_t old_length, std::size_t new_length,
@@ -52,11 +44,6 @@ extern "C" void* mremap(void* old_address, std::size_t old_length, std::size_t n
         new_address = va_arg(rest, void*);
         va_end(rest);
     }
-    void* moved = reinterpret_cast<void*>(
-        syscall(SYS_mremap, old_address, old_length, new_length, flags, new_address));
-    if (moved != MAP_FAILED) {
-        k15::memory::detail::remapped(address_of(old_address), old_length, address_of(moved),
-                                      new_length);
-    }
-    return moved;
+    return pointer_of(k15::memory::detail::program_mremap(
+        address_of(old_address), old_length, new_length, flags, address_of(new_address)));
 }

@@ -163,11 +163,24 @@ pub mod bridge {
         /// `fork` waits for (see `tracker::fork`).
         fn loader_call_begins();
         fn loader_call_ends();
-        /// After the program's successful `mmap`, `munmap` and `mremap` (`cpp/mappings.cpp`):
-        /// its anonymous mappings are leak roots.
-        fn mapped(start: usize, len: usize, anonymous: bool);
-        fn unmapped(start: usize, len: usize);
-        fn remapped(old_start: usize, old_len: usize, new_start: usize, new_len: usize);
+        /// The program's `mmap`, `munmap` and `mremap` (`cpp/mappings.cpp`), made and recorded:
+        /// its anonymous mappings are leak roots. The system call's result, errno as it left it.
+        fn program_mmap(
+            address: usize,
+            len: usize,
+            protection: i32,
+            flags: i32,
+            fd: i32,
+            offset: i64,
+        ) -> isize;
+        fn program_munmap(address: usize, len: usize) -> isize;
+        fn program_mremap(
+            old_address: usize,
+            old_len: usize,
+            new_len: usize,
+            flags: i32,
+            new_address: usize,
+        ) -> isize;
     }
 }
 
@@ -381,16 +394,29 @@ fn loader_call_ends() {
     tracker::fork::loader_call_ends();
 }
 
-fn mapped(start: usize, len: usize, anonymous: bool) {
-    crate::report::mappings::mapped(start, len, anonymous);
+fn program_mmap(
+    address: usize,
+    len: usize,
+    protection: i32,
+    flags: i32,
+    fd: i32,
+    offset: i64,
+) -> isize {
+    crate::report::mappings::map(address, len, protection, flags, fd, offset)
 }
 
-fn unmapped(start: usize, len: usize) {
-    crate::report::mappings::unmapped(start, len);
+fn program_munmap(address: usize, len: usize) -> isize {
+    crate::report::mappings::unmap(address, len)
 }
 
-fn remapped(old_start: usize, old_len: usize, new_start: usize, new_len: usize) {
-    crate::report::mappings::remapped(old_start, old_len, new_start, new_len);
+fn program_mremap(
+    old_address: usize,
+    old_len: usize,
+    new_len: usize,
+    flags: i32,
+    new_address: usize,
+) -> isize {
+    crate::report::mappings::remap(old_address, old_len, new_len, flags, new_address)
 }
 
 fn begin_leak_ignore() -> usize {

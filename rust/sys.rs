@@ -123,7 +123,6 @@ fn map_anonymous(len: usize, prot: libc::c_int, flags: libc::c_int) -> *mut u8 {
     }
 }
 
-
 /// Maps `bytes` of zeroed `MAP_NORESERVE` memory into `slot` once (slow path; only touched
 /// pages cost memory): the mapping already there if another thread won the race, null if
 /// mapping failed.
@@ -286,7 +285,7 @@ pub fn read_words(addr: usize, words: &mut [usize]) -> usize {
     /// Pages read in one call, each its own remote piece: a transfer stops between pieces.
     const PIECES: usize = 16;
     let word = core::mem::size_of::<usize>();
-    let bytes = (words.len() * word).min(PIECES * PAGE_SIZE - addr % PAGE_SIZE);
+    let bytes = core::mem::size_of_val(words).min(PIECES * PAGE_SIZE - addr % PAGE_SIZE);
     let local = libc::iovec {
         iov_base: words.as_mut_ptr().cast(),
         iov_len: bytes,

@@ -1,6 +1,6 @@
 //! The program's own anonymous mappings, recorded as its `mmap`, `mremap` and `munmap` calls
-//! return (`cpp/mappings.cpp`), so that the leak scan reads them as roots, as valgrind does: an
-//! engine's arenas, pools and fiber stacks hold pointers to blocks.
+//! (`cpp/mappings.cpp`) make them, so that the leak scan reads them as roots, as valgrind does:
+//! an engine's arenas, pools and fiber stacks hold pointers to blocks.
 //!
 //! Only calls that reach the library's definitions are seen: the program's own and, where the
 //! executable exports them (or under `LD_PRELOAD`), its libraries'. glibc maps its own memory
@@ -65,18 +65,28 @@ pub fn lock_for_fork() -> impl Sized {
     Held::take()
 }
 
-/// Runs `change` on the record under its lock; nothing if the record cannot be mapped or the
-/// thread holds the lock already.
-fn change(change: impl FnOnce(&mut Registry)) {
-    let Some(_held) = Held::take() else {
-        return;
+/// Makes the program's system call `call` and records what it did with `update`, both under
+/// the record's lock: another thread's call must not come between (a range one thread unmaps
+/// and another maps at once would otherwise be recorded in the wrong order, and lost). The
+/// call's result, errno as the call left it. Unrecorded where the thread holds the lock already
+/// (a signal handler), or the record cannot be mapped.
+fn call_and_record(
+    call: impl FnOnce() -> isize,
+    update: impl FnOnce(&mut Registry, usize),
+) -> isize {
+    let held = Held::take();
+    let registry = match held {
+        Some(_) => sys::map_once(&REGISTRY, core::mem::size_of::<Registry>()),
+        None => core::ptr::null_mut(),
     };
-    let registry = sys::map_once(&REGISTRY, core::mem::size_of::<Registry>());
+    let result = call();
     // SAFETY: the record is mapped for the process lifetime, zeroed (an empty record) when new,
-    // and only touched under the lock held here.
-    if let Some(registry) = unsafe { registry.as_mut() } {
-        change(registry);
+    // and only touched under the lock, held here when `registry` is not null.
+    if let (true, Some(registry)) = (result != -1, unsafe { registry.as_mut() }) {
+        update(registry, result as usize);
     }
+    drop(held);
+    result
 }
 
 /// Whole pages from `start` for `len` bytes, as the kernel counts them.
@@ -85,31 +95,46 @@ fn pages(start: usize, len: usize) -> (usize, usize) {
     (start, start.saturating_add(len.next_multiple_of(PAGE_SIZE)))
 }
 
-/// After a successful `mmap` at `start` of `len` bytes: an anonymous mapping is recorded; any
-/// other one (a file mapped with `MAP_FIXED` over part of an arena) is taken out of the record.
-pub fn mapped(start: usize, len: usize, anonymous: bool) {
-    let (start, end) = pages(start, len);
-    change(|registry| {
-        if anonymous {
+/// The program's `mmap`: an anonymous mapping is recorded; any other one (a file mapped with
+/// `MAP_FIXED` over part of an arena) is taken out of the record.
+pub fn map(address: usize, len: usize, protection: i32, flags: i32, fd: i32, offset: i64) -> isize {
+    let call = || {
+        // SAFETY: the program's own call, passed on as it made it.
+        unsafe {
+            libc::syscall(libc::SYS_mmap, address, len, protection, flags, fd, offset) as isize
+        }
+    };
+    call_and_record(call, |registry, start| {
+        let (start, end) = pages(start, len);
+        if flags & libc::MAP_ANONYMOUS != 0 {
             registry.add(start, end);
         } else {
             registry.remove(start, end);
         }
-    });
+    })
 }
 
-/// After a successful `munmap` of `len` bytes at `start`.
-pub fn unmapped(start: usize, len: usize) {
-    let (start, end) = pages(start, len);
-    change(|registry| registry.remove(start, end));
+/// The program's `munmap`.
+pub fn unmap(address: usize, len: usize) -> isize {
+    // SAFETY: the program's own call, passed on as it made it.
+    let call = || unsafe { libc::syscall(libc::SYS_munmap, address, len) as isize };
+    call_and_record(call, |registry, _| {
+        let (start, end) = pages(address, len);
+        registry.remove(start, end);
+    })
 }
 
-/// After a successful `mremap` of `old_len` bytes at `old` to `new_len` at `new`: the new range is
-/// recorded if the old one was (wholly or in part).
-pub fn remapped(old: usize, old_len: usize, new: usize, new_len: usize) {
-    let (old_start, old_end) = pages(old, old_len);
-    let (new_start, new_end) = pages(new, new_len);
-    change(|registry| {
+/// The program's `mremap`: the new range is recorded if the old one was (wholly or in part).
+pub fn remap(old: usize, old_len: usize, new_len: usize, flags: i32, new_address: usize) -> isize {
+    let call = || {
+        // SAFETY: the program's own call, passed on as it made it.
+        unsafe {
+            libc::syscall(libc::SYS_mremap, old, old_len, new_len, flags, new_address) as isize
+        }
+    };
+    call_and_record(call, |registry, new| {
+        let (old_start, old_end) = pages(old, old_len);
+        let (new_start, new_end) = pages(new, new_len);
         if !registry.overlaps(old_start, old_end.max(old_start + PAGE_SIZE)) {
             return;
         }
@@ -118,7 +143,7 @@ pub fn remapped(old: usize, old_len: usize, new: usize, new_len: usize) {
             registry.remove(old_start, old_end);
         }
         registry.add(new_start, new_end);
-    });
+    })
 }
 
 /// The ranges recorded now.
@@ -148,7 +173,8 @@ pub fn ranges() -> Vec<Range<usize>> {
 impl Registry {
     /// The index of the first range that ends after `start` (`touching`: at or after it).
     fn first_after(&self, start: usize, touching: bool) -> usize {
-        self.ranges[..self.len].partition_point(|&(_, end)| end < start || !touching && end == start)
+        self.ranges[..self.len]
+            .partition_point(|&(_, end)| end < start || !touching && end == start)
     }
 
     /// The index past the last range that starts before `end` (`touching`: at or before it).
@@ -180,7 +206,10 @@ impl Registry {
         }
         let (from, to) = (self.first_after(start, true), self.last_before(end, true));
         let merged = if from < to {
-            (start.min(self.ranges[from].0), end.max(self.ranges[to - 1].1))
+            (
+                start.min(self.ranges[from].0),
+                end.max(self.ranges[to - 1].1),
+            )
         } else {
             (start, end)
         };
@@ -232,11 +261,23 @@ mod tests {
 
     #[test]
     fn touching_and_overlapping_ranges_merge() {
-        let got = record(&[(true, 0x3000, 0x4000), (true, 0x1000, 0x2000), (true, 0x2000, 0x3000)]);
+        let got = record(&[
+            (true, 0x3000, 0x4000),
+            (true, 0x1000, 0x2000),
+            (true, 0x2000, 0x3000),
+        ]);
         assert_eq!(got, [(0x1000, 0x4000)]);
-        let got = record(&[(true, 0x1000, 0x2000), (true, 0x5000, 0x6000), (true, 0x1800, 0x5800)]);
+        let got = record(&[
+            (true, 0x1000, 0x2000),
+            (true, 0x5000, 0x6000),
+            (true, 0x1800, 0x5800),
+        ]);
         assert_eq!(got, [(0x1000, 0x6000)]);
-        let got = record(&[(true, 0x5000, 0x6000), (true, 0x1000, 0x2000), (true, 0x3000, 0x4000)]);
+        let got = record(&[
+            (true, 0x5000, 0x6000),
+            (true, 0x1000, 0x2000),
+            (true, 0x3000, 0x4000),
+        ]);
         assert_eq!(got, [(0x1000, 0x2000), (0x3000, 0x4000), (0x5000, 0x6000)]);
     }
 
@@ -248,7 +289,10 @@ mod tests {
             changes.push((false, start, end));
             record(&changes)
         };
-        assert_eq!(cut(0x3000, 0x4000), [(0x1000, 0x3000), (0x4000, 0x9000), (0xa000, 0xc000)]);
+        assert_eq!(
+            cut(0x3000, 0x4000),
+            [(0x1000, 0x3000), (0x4000, 0x9000), (0xa000, 0xc000)]
+        );
         assert_eq!(cut(0x8000, 0xb000), [(0x1000, 0x8000), (0xb000, 0xc000)]);
         assert_eq!(cut(0x0, 0xd000), []);
         assert_eq!(cut(0x9000, 0xa000), base.map(|(_, s, e)| (s, e)));
@@ -265,12 +309,12 @@ mod tests {
             registry.add(0x10000 + i * 0x2000, 0x11000 + i * 0x2000);
         }
         registry.add(0x1000, 0x1000); // empty: nothing
-        registry.add(0x2000_0000, 0x2000_1000); // no room, touches nothing: not recorded
+        registry.add(0x4000_0000, 0x4000_1000); // no room, touches nothing: not recorded
         assert_eq!(registry.len, CAPACITY);
-        assert!(!registry.overlaps(0x2000_0000, 0x2000_1000));
+        assert!(!registry.overlaps(0x4000_0000, 0x4000_1000));
         registry.add(0x11000, 0x12000); // fills the gap between the first two: they merge
         assert_eq!(registry.ranges[0], (0x10000, 0x13000));
-        registry.add(0x2000_0000, 0x2000_1000); // room now
+        registry.add(0x4000_0000, 0x4000_1000); // room now
         registry.remove(0x11000, 0x12000); // a split that does not fit
         assert_eq!(registry.ranges[0], (0x10000, 0x11000));
         assert_eq!(registry.ranges[1], (0x14000, 0x15000));

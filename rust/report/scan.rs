@@ -218,7 +218,10 @@ impl<'a> Graph<'a> {
     /// The addresses any block covers lie in `[first, limit)`; `None` without blocks.
     fn span(&self) -> Option<(usize, usize)> {
         let (&first, &last) = (self.starts.first()?, self.starts.last()?);
-        Some((first, last + self.nodes[*self.by_address.last()?].size.max(1)))
+        Some((
+            first,
+            last + self.nodes[*self.by_address.last()?].size.max(1),
+        ))
     }
 
     /// Calls `found` for the block `value` points into, if any (`span`: [`Graph::span`]).
