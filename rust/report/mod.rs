@@ -235,7 +235,7 @@ impl Report {
                     .and_then(|rule| IGNORE_RULES.iter().position(|r| *r == rule));
             }
         }
-        classify(&mut leaks, stack);
+        classify(&mut leaks, stack, &stacks);
         suppress_leaks(&mut leaks, &stacks);
         for leak in &leaks {
             if let Some(rule) = leak.suppressed {
@@ -453,14 +453,25 @@ fn live_blocks(symbolizer: &Symbolizer) -> (Vec<Leak>, Vec<u32>, Vec<&'static st
     (leaks, unsettled_threads, unlisted)
 }
 
-/// Sets every block's kind from a scan of the roots (ignored blocks count as roots).
-fn classify(leaks: &mut [Leak], stack: Option<core::ops::Range<usize>>) {
+/// Sets every block's kind from a scan of the roots. Ignored blocks count as roots, and so do
+/// the blocks the dynamic linker allocated (as LeakSanitizer counts them): it keeps a loaded
+/// library's records and `thread_local` blocks in memory it maps itself, which no scan sees.
+fn classify(
+    leaks: &mut [Leak],
+    stack: Option<core::ops::Range<usize>>,
+    stacks: &HashMap<StackId, Vec<Frame>>,
+) {
+    let linker = scan::dynamic_linker();
+    let by_linker = |l: &Leak| {
+        let innermost = stacks.get(&l.stack).and_then(|frames| frames.first());
+        innermost.is_some_and(|f| linker.contains(&f.address))
+    };
     let nodes: Vec<Node> = leaks
         .iter()
         .map(|l| Node {
             address: l.address,
             size: l.size,
-            root: l.suppressed.is_some(),
+            root: l.suppressed.is_some() || by_linker(l),
             readable: l.allocator.is_none()
                 || crate::engine::allocator_of(l.address as *const u8).is_some(),
         })

@@ -327,6 +327,44 @@ fn uncovered(
     parts
 }
 
+/// The addresses of the dynamic linker's loaded segments (empty in a static program).
+pub fn dynamic_linker() -> core::ops::Range<usize> {
+    // SAFETY: getauxval only reads the auxiliary vector the kernel passed.
+    let base = unsafe { libc::getauxval(libc::AT_BASE) } as usize;
+    let mut span = (base, 0..0);
+    if base != 0 {
+        // SAFETY: the callback matches what dl_iterate_phdr expects and `span` outlives the call.
+        unsafe { libc::dl_iterate_phdr(Some(loaded_span), (&raw mut span).cast::<c_void>()) };
+    }
+    span.1
+}
+
+/// `dl_iterate_phdr` callback: for the module loaded at `data.0`, the span of its `PT_LOAD`
+/// segments into `data.1`.
+unsafe extern "C" fn loaded_span(
+    info: *mut libc::dl_phdr_info,
+    _size: usize,
+    data: *mut c_void,
+) -> c_int {
+    // SAFETY: dl_iterate_phdr passes a valid info for the call; `data` is `dynamic_linker`'s.
+    let (info, span) = unsafe {
+        (
+            &*info,
+            &mut *data.cast::<(usize, core::ops::Range<usize>)>(),
+        )
+    };
+    if info.dlpi_addr as usize != span.0 || info.dlpi_phdr.is_null() {
+        return 0;
+    }
+    // SAFETY: `dlpi_phdr` points to `dlpi_phnum` program headers.
+    let headers = unsafe { core::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum.into()) };
+    let loads = headers.iter().filter(|h| h.p_type == libc::PT_LOAD);
+    let starts = loads.clone().map(|h| span.0 + h.p_vaddr as usize);
+    let ends = loads.map(|h| span.0 + (h.p_vaddr + h.p_memsz) as usize);
+    span.1 = starts.min().unwrap_or(0)..ends.max().unwrap_or(0);
+    1
+}
+
 /// `dl_iterate_phdr` callback: the module's writable `PT_LOAD` segments and the calling
 /// thread's block of its `PT_TLS`.
 unsafe extern "C" fn add_roots(

@@ -8,8 +8,11 @@
 //   mapped_roots threads   4 threads mapping, storing, remapping and unmapping at once
 //   mapped_roots hostile   mappings made and unmapped by a signal handler that interrupts the
 //                          same calls, and by forked children while two threads map and unmap
+//   mapped_roots plugin SO loads SO (tests/cpp/mapped_plugin.cpp) and keeps it loaded: it holds
+//                          one block in a page it mapped and one in a thread_local
 #include "keep.h"
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -188,6 +191,18 @@ void hostile() {
     keep(new char[4003]);
 }
 
+int load_plugin(const char* path) {
+    void* plugin = dlopen(path, RTLD_NOW);
+    auto keep_in_plugin = reinterpret_cast<void (*)(char*, char*)>(plugin ? dlsym(plugin, "keep_in_plugin") : nullptr);
+    if (keep_in_plugin == nullptr) {
+        std::fprintf(stderr, "%s\n", dlerror());
+        return 1;
+    }
+    keep_in_plugin(keep(new char[5001]), keep(new char[5002]));
+    keep(new char[5003]);
+    return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -198,6 +213,8 @@ int main(int argc, char** argv) {
         racing_threads();
     } else if (std::strcmp(mode, "hostile") == 0) {
         hostile();
+    } else if (std::strcmp(mode, "plugin") == 0 && argc > 2) {
+        return load_plugin(argv[2]);
     } else {
         every_shape();
     }
