@@ -9,6 +9,7 @@ pub mod mappings;
 pub mod scan;
 pub mod suppress;
 pub mod text;
+pub mod threads;
 
 use crate::stack::{self, StackId};
 use crate::symbolize::{Frame, Symbolizer};

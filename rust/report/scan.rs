@@ -1,15 +1,16 @@
 //! Leak kinds: a conservative pointer scan over the live blocks at report time, from the roots
 //! that still exist then (writable data and BSS of every loaded module, the calling thread's TLS,
-//! ignored blocks; the tracker's own state in them excepted), as valgrind's memcheck and
-//! LeakSanitizer do.
+//! the program's own mappings (`mappings`), the other threads' stacks (`threads`), ignored
+//! blocks and those of the dynamic linker; the tracker's own state in them excepted), as
+//! valgrind's memcheck and LeakSanitizer do.
 //!
-//! Stacks: at exit the only stack left is the exit handlers' (nothing of the program's), and
-//! stale words there would hide real leaks, so none is scanned. A report written during the run
-//! (`write_leak_report`) scans the calling thread's live stack, above its own frame, so the
-//! caller's locals keep their blocks reachable; other threads' stacks and registers are not
-//! scanned (what only they hold shows as leaked). Any aligned word whose value falls
-//! inside a block (`[start, start + size)`, one byte for a 0-byte block) counts as a pointer to
-//! it, interior pointers included.
+//! Stacks: at exit the calling thread's stack holds only the exit handlers' frames (nothing of
+//! the program's), and stale words there would hide real leaks, so it is not scanned. A report
+//! written during the run (`write_leak_report`) scans the calling thread's live stack, above its
+//! own frame, so the caller's locals keep their blocks reachable. Other threads still alive are
+//! scanned from where they stand, their `thread_local`s with them; their registers are not.
+//! Any aligned word whose value falls inside a block (`[start, start + size)`, one byte for a
+//! 0-byte block) counts as a pointer to it, interior pointers included.
 //!
 //! Cycles follow memcheck's rule, so both tools name the same block: unreached blocks are taken
 //! in address order; each one not yet marked starts a clique (a direct leak) and marks every
@@ -81,18 +82,23 @@ pub fn classify(nodes: &[Node], stack: Option<core::ops::Range<usize>>) -> Vec<V
     // caller's free lists and deferred frees, the shards' queues of settled frees). A compact
     // block's header address is the user address of the block in front, so such a word would
     // keep a leak in front "reachable".
-    let excluded = [
+    let others = super::threads::others();
+    let mut excluded = vec![
         crate::stack::tracker_thread_state(),
         crate::tracker::guard::thread_state_range(),
         crate::tracker::thread_heap_range(),
         crate::tracker::live_list::shards_range(),
+        super::threads::record_range(),
     ];
-    classify_from(nodes, &roots, &super::mappings::ranges(), &excluded)
+    excluded.extend(others.own_state);
+    let mut mapped = super::mappings::ranges();
+    mapped.extend(others.stacks);
+    classify_from(nodes, &roots, &mapped, &excluded)
 }
 
-/// [`classify`] from the given root ranges and the program's `mapped` ones (read only where
-/// they hold memory, and as far as they can be read), skipping the words of the `excluded`
-/// ranges (the tracker's own state).
+/// [`classify`] from the given root ranges and the `mapped` ones (the program's mappings and
+/// the other threads' stacks: read only where they hold memory, and as far as they can be
+/// read), skipping the words of the `excluded` ranges (the tracker's own state).
 pub fn classify_from(
     nodes: &[Node],
     roots: &[core::ops::Range<usize>],
@@ -251,9 +257,10 @@ impl<'a> Graph<'a> {
         }
     }
 
-    /// [`Graph::scan`] of a page-aligned range the program mapped: pages never touched (most of
-    /// a large reservation) are skipped, and the others are read through a copy that stops at
-    /// pages which cannot be read (`PROT_NONE`, or unmapped meanwhile by another thread).
+    /// [`Graph::scan`] of memory that may change or go while it is read (the program's mappings,
+    /// other threads' stacks): pages never touched (most of a large reservation) are skipped,
+    /// and the others are read through a copy that stops at pages which cannot be read
+    /// (`PROT_NONE`, or unmapped meanwhile by another thread).
     fn scan_mapped(&self, lo: usize, hi: usize, found: &mut impl FnMut(usize)) {
         /// Pages asked about in one `mincore` call (16 MiB).
         const CHUNK_PAGES: usize = 4096;
@@ -262,9 +269,11 @@ impl<'a> Graph<'a> {
         };
         let mut residency = vec![0u8; CHUNK_PAGES];
         let mut copy = vec![0usize; 16 * PAGE_SIZE / core::mem::size_of::<usize>()];
-        let mut chunk = lo;
+        let word = core::mem::size_of::<usize>();
+        let (lo, hi) = (lo.next_multiple_of(word), hi & !(word - 1));
+        let mut chunk = lo & !(PAGE_SIZE - 1);
         while chunk < hi {
-            let pages = ((hi - chunk) / PAGE_SIZE).min(CHUNK_PAGES);
+            let pages = (hi - chunk).div_ceil(PAGE_SIZE).min(CHUNK_PAGES);
             let residency = &mut residency[..pages];
             if !sys::resident_pages(chunk, residency) {
                 residency.fill(1); // part of it is gone: each page is tried, and reads stop there
@@ -276,17 +285,17 @@ impl<'a> Graph<'a> {
                     continue;
                 }
                 let run = residency[page..].iter().take_while(|&&r| r != 0).count();
-                let mut at = chunk + page * PAGE_SIZE;
-                let end = at + run * PAGE_SIZE;
+                let mut at = (chunk + page * PAGE_SIZE).max(lo);
+                let end = (chunk + (page + run) * PAGE_SIZE).min(hi);
                 while at < end {
-                    let wanted = ((end - at) / core::mem::size_of::<usize>()).min(copy.len());
+                    let wanted = ((end - at) / word).min(copy.len());
                     let got = sys::read_words(at, &mut copy[..wanted]);
                     for &value in &copy[..got] {
                         self.visit(value, (first, limit), found);
                     }
-                    at += got * core::mem::size_of::<usize>();
+                    at += got * word;
                     if got < wanted {
-                        at += PAGE_SIZE; // the page at `at` cannot be read
+                        at = (at & !(PAGE_SIZE - 1)) + PAGE_SIZE; // that page cannot be read
                     }
                 }
                 page += run;

@@ -143,6 +143,7 @@ extern "C" fn release_in_parent() {
 /// The other threads are gone in the child, and so is their ownership of shards.
 extern "C" fn release_in_child() {
     crate::report::note_forked_child();
+    crate::report::threads::forget_others();
     crate::symbolize::modules::note_forked_child();
     crate::stack::note_forked_child();
     let me = super::guard::thread_number();

@@ -227,6 +227,11 @@ fn join(t: &ThreadState) -> Me {
     let shard = live_list::claim_shard(number);
     t.shard.set(Some(shard));
     arm_thread_exit();
+    crate::report::threads::register([
+        crate::stack::tracker_thread_state(),
+        thread_state_range(),
+        super::thread_heap_range(),
+    ]);
     Me { number, shard }
 }
 
@@ -261,6 +266,7 @@ extern "C" fn at_thread_exit(_: *mut libc::c_void) {
     let number = t.number.get();
     give_back_thread_lists(number, shard);
     live_list::leave_shard(number, shard);
+    crate::report::threads::unregister();
 }
 
 /// The heap's lists that thread `number` keeps on `shard` go back to their classes.

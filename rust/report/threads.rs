@@ -1,0 +1,155 @@
+//! The threads that allocated and may still run, so that a report scans what they hold, as
+//! valgrind and LeakSanitizer do: each one's stack from where it stands now (its `thread_local`s
+//! lie above, at the top of its stack's mapping), leaving out the tracker's own state in it.
+//!
+//! Where a thread stands is asked of the kernel (`/proc/self/task/TID/syscall`: the stack
+//! pointer of a thread blocked in a system call or waiting to run); a thread running on another
+//! core at that moment gives none, and its whole stack mapping is read.
+
+use core::ops::Range;
+use core::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+
+/// Threads alive at once that the record keeps (one more goes unscanned).
+const CAPACITY: usize = 4096;
+/// The tracker's own state in a thread: its stack walk, its guard and its heap lists.
+const OWN_RANGES: usize = 3;
+/// A slot being written.
+const WRITING: u32 = u32::MAX;
+
+struct Slot {
+    /// The thread's id (0: free).
+    tid: AtomicU32,
+    /// An address on the thread's stack: its stack's mapping, where the kernel gives no stack
+    /// pointer.
+    on_stack: AtomicUsize,
+    /// [`OWN_RANGES`] ranges, start and end.
+    own: [AtomicUsize; 2 * OWN_RANGES],
+}
+
+static SLOTS: [Slot; CAPACITY] = [const {
+    Slot {
+        tid: AtomicU32::new(0),
+        on_stack: AtomicUsize::new(0),
+        own: [const { AtomicUsize::new(0) }; 2 * OWN_RANGES],
+    }
+}; CAPACITY];
+
+/// The record's own bytes, which hold stack addresses: not the program's pointers.
+pub fn record_range() -> Range<usize> {
+    crate::sys::bytes_of(&SLOTS)
+}
+
+fn gettid() -> u32 {
+    // SAFETY: gettid takes nothing and cannot fail.
+    unsafe { libc::gettid() as u32 }
+}
+
+/// The calling thread, at its first allocation: `own` is the tracker's state in it.
+pub fn register(own: [Range<usize>; OWN_RANGES]) {
+    let on_stack = core::ptr::from_ref(&own) as usize;
+    let Some(slot) = SLOTS.iter().find(|slot| {
+        slot.tid
+            .compare_exchange(0, WRITING, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    }) else {
+        return;
+    };
+    slot.on_stack.store(on_stack, Ordering::Relaxed);
+    for (i, range) in own.iter().enumerate() {
+        slot.own[2 * i].store(range.start, Ordering::Relaxed);
+        slot.own[2 * i + 1].store(range.end, Ordering::Relaxed);
+    }
+    slot.tid.store(gettid(), Ordering::Release);
+}
+
+/// The calling thread is exiting.
+pub fn unregister() {
+    let me = gettid();
+    if let Some(slot) = SLOTS
+        .iter()
+        .find(|slot| slot.tid.load(Ordering::Relaxed) == me)
+    {
+        slot.tid.store(0, Ordering::Release);
+    }
+}
+
+/// In a forked child: only the forking thread came along.
+pub fn forget_others() {
+    let me = gettid();
+    for slot in &SLOTS {
+        let _ = slot
+            .tid
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |tid| {
+                (tid != me && tid != WRITING).then_some(0)
+            });
+    }
+}
+
+/// What a report reads of the other threads: the live part of each one's stack, and the
+/// tracker's own state in them, to leave out.
+pub struct OtherThreads {
+    pub stacks: Vec<Range<usize>>,
+    pub own_state: Vec<Range<usize>>,
+}
+
+/// The other registered threads that still exist.
+pub fn others() -> OtherThreads {
+    let me = gettid();
+    let maps = Mappings::read();
+    let mut found = OtherThreads {
+        stacks: Vec::new(),
+        own_state: Vec::new(),
+    };
+    for slot in &SLOTS {
+        let tid = slot.tid.load(Ordering::Acquire);
+        if tid == 0 || tid == WRITING || tid == me {
+            continue;
+        }
+        let Some(standing) = stack_pointer_of(tid) else {
+            continue; // gone
+        };
+        let on_stack = slot.on_stack.load(Ordering::Relaxed);
+        let stack = match standing.and_then(|sp| Some((sp, maps.containing(sp)?))) {
+            Some((sp, mapping)) => sp..mapping.end,
+            None => maps.containing(on_stack).unwrap_or(0..0),
+        };
+        found.stacks.push(stack);
+        let own = slot.own.each_ref().map(|word| word.load(Ordering::Relaxed));
+        found
+            .own_state
+            .extend(own.chunks(2).map(|range| range[0]..range[1]));
+    }
+    found
+}
+
+/// Where thread `tid` stands: `None` if it is gone, `Some(None)` if the kernel gives no stack
+/// pointer (it is running now).
+fn stack_pointer_of(tid: u32) -> Option<Option<usize>> {
+    let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/syscall")).ok()?;
+    // "NR ARG1 .. ARG6 SP PC" in a system call, "-1 SP PC" when not, "running" when on a core.
+    let fields: Vec<&str> = text.split_whitespace().collect();
+    let sp = match fields.len() {
+        3.. => fields[fields.len() - 2].strip_prefix("0x"),
+        _ => None,
+    };
+    Some(sp.and_then(|hex| usize::from_str_radix(hex, 16).ok()))
+}
+
+/// The process's mappings, from `/proc/self/maps`.
+struct Mappings(Vec<Range<usize>>);
+
+impl Mappings {
+    fn read() -> Mappings {
+        let text = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+        let range = |line: &str| {
+            let (start, end) = line.split_whitespace().next()?.split_once('-')?;
+            let hex = |s| usize::from_str_radix(s, 16).ok();
+            Some(hex(start)?..hex(end)?)
+        };
+        Mappings(text.lines().filter_map(range).collect())
+    }
+
+    fn containing(&self, address: usize) -> Option<Range<usize>> {
+        self.0.iter().find(|m| m.contains(&address)).cloned()
+    }
+}
