@@ -48,9 +48,11 @@ fn gettid() -> u32 {
 pub fn register(own: [Range<usize>; OWN_RANGES]) {
     let on_stack = core::ptr::from_ref(&own) as usize;
     let Some(slot) = SLOTS.iter().find(|slot| {
-        slot.tid
-            .compare_exchange(0, WRITING, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok()
+        slot.tid.load(Ordering::Relaxed) == 0
+            && slot
+                .tid
+                .compare_exchange(0, WRITING, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
     }) else {
         return;
     };
@@ -95,7 +97,7 @@ pub struct OtherThreads {
 /// The other registered threads that still exist.
 pub fn others() -> OtherThreads {
     let me = gettid();
-    let maps = Mappings::read();
+    let mut maps = None; // read at the first thread found
     let mut found = OtherThreads {
         stacks: Vec::new(),
         own_state: Vec::new(),
@@ -109,6 +111,7 @@ pub fn others() -> OtherThreads {
             continue; // gone
         };
         let on_stack = slot.on_stack.load(Ordering::Relaxed);
+        let maps = maps.get_or_insert_with(Mappings::read);
         let stack = match standing.and_then(|sp| Some((sp, maps.containing(sp)?))) {
             Some((sp, mapping)) => sp..mapping.end,
             None => maps.containing(on_stack).unwrap_or(0..0),
