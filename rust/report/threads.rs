@@ -1,10 +1,11 @@
-//! The threads that allocated and may still run, so that a report scans what they hold, as
-//! valgrind and LeakSanitizer do: each one's stack from where it stands now (its `thread_local`s
-//! lie above, at the top of its stack's mapping), leaving out the tracker's own state in it.
+//! The process's other threads, so that a report scans what they hold, as valgrind and
+//! LeakSanitizer do: each one's stack from where it stands now (its `thread_local`s lie above,
+//! at the top of its stack's mapping), leaving out the tracker's own state in it.
 //!
 //! Where a thread stands is asked of the kernel (`/proc/self/task/TID/syscall`: the stack
 //! pointer of a thread blocked in a system call or waiting to run); a thread running on another
-//! core at that moment gives none, and its whole stack mapping is read.
+//! core at that moment gives none, and its whole stack mapping is read if the record of threads
+//! that allocated (which also holds where the tracker's state lies in each) knows it.
 
 use core::ops::Range;
 use core::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
@@ -94,33 +95,40 @@ pub struct OtherThreads {
     pub own_state: Vec<Range<usize>>,
 }
 
-/// The other registered threads that still exist.
+/// The process's other threads now (`/proc/self/task`): those that allocated through the
+/// tracker with what the record knows of them, and those that did not, which are scanned where
+/// the kernel says they stand (a thread starting or running then, which the record does not
+/// know, is not).
 pub fn others() -> OtherThreads {
     let me = gettid();
-    let mut maps = None; // read at the first thread found
     let mut found = OtherThreads {
         stacks: Vec::new(),
         own_state: Vec::new(),
     };
-    for slot in &SLOTS {
-        let tid = slot.tid.load(Ordering::Acquire);
-        if tid == 0 || tid == WRITING || tid == me {
-            continue;
-        }
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return found;
+    };
+    let tids = tasks.filter_map(|task| task.ok()?.file_name().to_str()?.parse::<u32>().ok());
+    let maps = Mappings::read();
+    for tid in tids.filter(|&tid| tid != me) {
         let Some(standing) = stack_pointer_of(tid) else {
-            continue; // gone
+            continue; // gone meanwhile
         };
-        let on_stack = slot.on_stack.load(Ordering::Relaxed);
-        let maps = maps.get_or_insert_with(Mappings::read);
+        let slot = SLOTS
+            .iter()
+            .find(|slot| slot.tid.load(Ordering::Acquire) == tid);
+        let on_stack = slot.map_or(0, |slot| slot.on_stack.load(Ordering::Relaxed));
         let stack = match standing.and_then(|sp| Some((sp, maps.containing(sp)?))) {
             Some((sp, mapping)) => sp..mapping.end,
             None => maps.containing(on_stack).unwrap_or(0..0),
         };
         found.stacks.push(stack);
-        let own = slot.own.each_ref().map(|word| word.load(Ordering::Relaxed));
-        found
-            .own_state
-            .extend(own.chunks(2).map(|range| range[0]..range[1]));
+        if let Some(slot) = slot {
+            let own = slot.own.each_ref().map(|word| word.load(Ordering::Relaxed));
+            found
+                .own_state
+                .extend(own.chunks(2).map(|range| range[0]..range[1]));
+        }
     }
     found
 }

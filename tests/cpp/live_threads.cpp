@@ -5,6 +5,9 @@
 //
 //   live_threads           the threads are alive at exit
 //   live_threads midway    the report is also written (to midway.log) while they run
+//   live_threads crowd     500 threads alive at exit, each holding a 7000-byte block in a local
+//                          and dropping a 7001-byte one, while 4 threads keep starting short-lived
+//                          threads that allocate and exit, and reports are written midway
 #include "keep.h"
 #include <k15/memory.h>
 #include <unistd.h>
@@ -50,9 +53,40 @@ __attribute__((noinline)) void waiting_on_a_condition() {
     wake->wait(guard, [] { return false; });
 }
 
+__attribute__((noinline)) void hold_one_and_wait() {
+    char* volatile held = new char[7000];
+    keep(new char[7001]);  // LEAK
+    held[0] = 1;
+    ++ready;
+    for (;;) pause();
+}
+
+void crowd() {
+    std::atomic<bool> done{false};
+    std::vector<std::thread> churners;
+    for (int c = 0; c < 4; ++c) {
+        churners.emplace_back([&done] {
+            while (!done) {
+                std::thread([] { delete[] keep(new char[64]); }).join();
+            }
+        });
+    }
+    for (int t = 0; t < 500; ++t) {
+        std::thread(hold_one_and_wait).detach();
+    }
+    while (ready < 500) usleep(1000);
+    for (int i = 0; i < 3; ++i) k15::memory::write_leak_report("crowd_midway.log");
+    done = true;
+    for (auto& churner : churners) churner.join();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+    if (argc > 1 && std::strcmp(argv[1], "crowd") == 0) {
+        crowd();
+        return 0;
+    }
     for (auto body : {blocked_in_a_system_call, running_on_a_core, waiting_on_a_condition}) {
         std::thread(body).detach();
     }
