@@ -456,4 +456,45 @@ mod tests {
         // SAFETY: as above.
         unsafe { unmap_pages(reserved, 2 * PAGE_SIZE) };
     }
+
+    #[test]
+    fn words_are_read_up_to_the_first_page_that_cannot_be_read_and_only_touched_pages_count() {
+        let reserved = reserve_pages(4 * PAGE_SIZE);
+        assert!(commit_pages(reserved, 2 * PAGE_SIZE));
+        let words_per_page = PAGE_SIZE / core::mem::size_of::<usize>();
+        // SAFETY: the first page of the reservation, committed above and ours alone.
+        unsafe {
+            reserved
+                .cast::<usize>()
+                .add(words_per_page - 1)
+                .write(0x1234)
+        };
+        let mut residency = [9u8; 4];
+        assert!(resident_pages(reserved as usize, &mut residency));
+        assert_eq!(
+            residency,
+            [1, 0, 0, 0],
+            "only the page written holds memory"
+        );
+        // From the middle of the first page across the second (readable) into the third (not).
+        let start = reserved as usize + PAGE_SIZE / 2;
+        let mut words = vec![7usize; 2 * words_per_page];
+        let got = read_words(start, &mut words);
+        assert_eq!(
+            got,
+            words_per_page / 2 + words_per_page,
+            "stops at the PROT_NONE page"
+        );
+        assert_eq!(words[words_per_page / 2 - 1], 0x1234);
+        assert!(words[words_per_page / 2..got].iter().all(|&w| w == 0));
+        assert_eq!(read_words(reserved as usize + 2 * PAGE_SIZE, &mut words), 0);
+        // SAFETY: pages of the reservation above, which nothing else uses.
+        unsafe { unmap_pages(reserved.add(3 * PAGE_SIZE), PAGE_SIZE) };
+        assert!(
+            !resident_pages(reserved as usize, &mut residency),
+            "part is unmapped"
+        );
+        // SAFETY: as above.
+        unsafe { unmap_pages(reserved, 3 * PAGE_SIZE) };
+    }
 }
