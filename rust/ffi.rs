@@ -184,6 +184,9 @@ pub mod bridge {
     }
 }
 
+use crate::report::mappings::{
+    map as program_mmap, remap as program_mremap, unmap as program_munmap,
+};
 use bridge::Stats;
 use bridge::{
     EngineClassSpec, EngineIdentity, EngineLeaks, EngineMarker, EngineMemStats, EngineStats,
@@ -392,31 +395,6 @@ fn loader_call_begins() {
 
 fn loader_call_ends() {
     tracker::fork::loader_call_ends();
-}
-
-fn program_mmap(
-    address: usize,
-    len: usize,
-    protection: i32,
-    flags: i32,
-    fd: i32,
-    offset: i64,
-) -> isize {
-    crate::report::mappings::map(address, len, protection, flags, fd, offset)
-}
-
-fn program_munmap(address: usize, len: usize) -> isize {
-    crate::report::mappings::unmap(address, len)
-}
-
-fn program_mremap(
-    old_address: usize,
-    old_len: usize,
-    new_len: usize,
-    flags: i32,
-    new_address: usize,
-) -> isize {
-    crate::report::mappings::remap(old_address, old_len, new_len, flags, new_address)
 }
 
 fn begin_leak_ignore() -> usize {
