@@ -2,10 +2,12 @@
 //! (`cpp/mappings.cpp`) make them, so that the leak scan reads them as roots, as valgrind does:
 //! an engine's arenas, pools and fiber stacks hold pointers to blocks.
 //!
-//! Only calls that reach the library's definitions are seen: the program's own and, where the
-//! executable exports them (or under `LD_PRELOAD`), its libraries'. glibc maps its own memory
-//! (thread stacks, `malloc`'s arenas) and the tracker maps its own with the system call, so
-//! neither is recorded: their words are not the program's.
+//! Only calls that reach the library's definitions are seen: the program's own and its
+//! libraries' (the executable exports the names, which glibc has too, and GNU ld exports such
+//! definitions; under `LD_PRELOAD` likewise). glibc maps its own memory (thread stacks,
+//! `malloc`'s arenas) with its internal calls, and the tracker its own with the system call or,
+//! through a library, from inside itself (its reentrancy guard held), so neither is recorded:
+//! their words are not the program's.
 
 use core::ops::Range;
 use core::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
@@ -74,6 +76,11 @@ fn call_and_record(
     call: impl FnOnce() -> isize,
     update: impl FnOnce(&mut Registry, usize),
 ) -> isize {
+    if crate::tracker::guard::inside() {
+        // The tracker's own call (the symbolizer's buffers through `memmap2`), or a signal
+        // handler's on a thread inside the tracker: not the program's memory, or left out.
+        return call();
+    }
     let held = Held::take();
     let registry = match held {
         Some(_) => sys::map_once(&REGISTRY, core::mem::size_of::<Registry>()),
@@ -257,6 +264,33 @@ mod tests {
             }
         }
         registry.ranges[..registry.len].to_vec()
+    }
+
+    #[test]
+    fn the_programs_mappings_are_recorded_and_the_trackers_own_are_not() {
+        let len = 3 * PAGE_SIZE;
+        let (prot, flags) = (
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+        );
+        let programs = map(0, len, prot, flags, -1, 0) as usize;
+        let inside = crate::tracker::guard::Inside::enter();
+        assert!(inside.is_some());
+        let trackers = map(0, len, prot, flags, -1, 0) as usize;
+        drop(inside);
+        let covered = |address: usize| ranges().iter().any(|r| r.contains(&address));
+        assert!(covered(programs) && covered(programs + len - 1));
+        assert!(!covered(trackers), "mapped inside the tracker");
+        assert_eq!(unmap(programs + PAGE_SIZE, PAGE_SIZE), 0);
+        assert!(covered(programs) && !covered(programs + PAGE_SIZE));
+        assert_eq!(unmap(programs, len), 0);
+        assert!(!covered(programs) && !covered(programs + 2 * PAGE_SIZE));
+        assert_eq!(unmap(trackers, len), 0);
+        assert_eq!(
+            unmap(0x1001, 1),
+            -1,
+            "a misaligned unmap fails as the system call does"
+        );
     }
 
     #[test]
