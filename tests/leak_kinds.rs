@@ -520,3 +520,24 @@ fn five_hundred_threads_alive_at_exit_keep_their_blocks_while_others_come_and_go
         assert_eq!(kind_of(7001), (500, Some("direct")), "round {round}");
     }
 }
+
+/// A program that quits with `std::exit` from deep inside its loop: the frames that called
+/// `exit` are live, and what their locals hold (the game, its level, its assets, a session held
+/// by `main`'s local) is still reachable, block for block as valgrind classifies it; only the
+/// block nothing holds is a leak. Before, the whole game showed as leaked (the exiting thread's
+/// stack was not scanned at exit at all).
+#[test]
+fn state_held_by_the_callers_of_exit_is_reachable_as_valgrind_says() {
+    let dir = support::scratch("leak_kinds_exit_deep");
+    same_classes_as_valgrind(&dir, "exit_deep", &["tests/cpp/exit_deep.cpp"], &[], 1);
+    let run = support::run(&dir.join("exit_deep"), "");
+    let census = k15_census(&run);
+    assert_eq!(blocks(&census, "direct"), [(8101, 1)], "{}", run.text);
+    for held in [(4000, 1), (8000, 1), (8200, 3)] {
+        assert!(
+            blocks(&census, "reachable").contains(&held),
+            "{held:?}\n{}",
+            run.text
+        );
+    }
+}

@@ -38,7 +38,7 @@ pub fn run() {
         return; // nothing was ever tracked (a Rust test binary that links the library, say)
     }
     // Collected even with report=0: the exit code depends on what it finds.
-    let report = super::Report::collect(None);
+    let report = super::Report::collect(stack_of_exits_caller());
     if options.report {
         let (text_path, json_path) = super::paths(options);
         let line = match super::write(&report, &text_path, &json_path) {
@@ -67,6 +67,53 @@ pub fn run() {
     if options.exitcode != 0 && report.counted_for_exit(options.leak_kinds) > 0 {
         crate::sys::exit_now(options.exitcode);
     }
+}
+
+/// Where the program called `exit` itself (a quit path deep in an engine, with the game's state
+/// still in its callers' locals), the stack from the frame of `exit`'s caller up: those frames
+/// are live, and valgrind and LeakSanitizer scan them. `None` when `main` returned (the C
+/// runtime called `exit`: `main`'s frame is gone, and what lies below the runtime's frames is
+/// stale), or when the walk through the exit handlers cannot tell.
+fn stack_of_exits_caller() -> Option<core::ops::Range<usize>> {
+    let mut frames = [0usize; crate::stack::MAX_DEPTH];
+    let walked =
+        crate::stack::capture::unwind_into_slice(crate::stack::StartFrame::here(), &mut frames);
+    let frames = &frames[..walked];
+    let exit = frames
+        .iter()
+        .position(|&pc| symbol_of(pc).1 == Some(c"exit"))?;
+    let caller = *frames.get(exit + 1)?;
+    if symbol_of(caller).0 == symbol_of(frames[exit]).0 {
+        return None; // called by the C library itself: `main` returned
+    }
+    let here = 0u8;
+    let live = crate::stack::stack_above(core::ptr::addr_of!(here) as usize)?;
+    // The slot `exit`'s call pushed its return address into: the caller's frame starts above.
+    let word = core::mem::size_of::<usize>();
+    let first = live.start.next_multiple_of(word);
+    let slot = (first..live.end - word + 1).step_by(word).find(|&at| {
+        // SAFETY: an aligned word of the calling thread's own stack, between its frame and the
+        // stack's top: mapped and readable.
+        unsafe { core::ptr::read(at as *const usize) == caller }
+    })?;
+    Some(slot + word..live.end)
+}
+
+/// The module (its load address) and the name of the exported function holding the code just
+/// before the return address `pc` (`dladdr`).
+fn symbol_of(pc: usize) -> (usize, Option<&'static core::ffi::CStr>) {
+    let mut info = core::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+    // SAFETY: dladdr only writes `info`; a zeroed Dl_info reads as "nothing found".
+    let info = unsafe {
+        libc::dladdr(pc.wrapping_sub(1) as *const libc::c_void, info.as_mut_ptr());
+        info.assume_init()
+    };
+    let name = (!info.dli_sname.is_null()).then(|| {
+        // SAFETY: dladdr's name is a string of the module's dynamic symbol table, which stays
+        // mapped while the module does (through the exit report).
+        unsafe { core::ffi::CStr::from_ptr(info.dli_sname) }
+    });
+    (info.dli_fbase as usize, name)
 }
 
 /// `k15-memory: 3 leaked blocks (1336 bytes), 2 reachable blocks (96 bytes), 0 memory errors`.

@@ -4,8 +4,10 @@
 //! blocks and those of the dynamic linker; the tracker's own state in them excepted), as
 //! valgrind's memcheck and LeakSanitizer do.
 //!
-//! Stacks: at exit the calling thread's stack holds only the exit handlers' frames (nothing of
-//! the program's), and stale words there would hide real leaks, so it is not scanned. A report
+//! Stacks: at exit after `main` returned, the calling thread's stack holds only the runtime's
+//! and the exit handlers' frames, and stale words there would hide real leaks, so it is not
+//! scanned; after the program called `exit` itself, its callers' frames are live and are
+//! scanned (`at_exit`). A report
 //! written during the run (`write_leak_report`) scans the calling thread's live stack, above its
 //! own frame, so the caller's locals keep their blocks reachable. Other threads still alive are
 //! scanned from where they stand, their `thread_local`s with them; their registers are not.
