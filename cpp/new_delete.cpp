@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdio>
+#include <cstdlib>
 #include <new>
 
 extern "C" const char k15_memory_link_error_put_libk15_memory_a_after_your_sources = 0;
@@ -207,9 +208,14 @@ void warn_unless_operator_new_is_ours() {
     }
 }
 
+// quick_exit runs neither static destructors nor atexit handlers, only at_quick_exit's: the
+// report runs there, registered first so that it runs after the program's own handlers.
+void report_at_quick_exit() { k15::memory::detail::report_at_exit(); }
+
 [[gnu::constructor]] void start_up() {
     static_cast<void>(this_module());
     warn_unless_operator_new_is_ours();
+    std::at_quick_exit(report_at_quick_exit);
 }
 
 [[gnu::destructor]] void register_exit_report() { __cxa_atexit(report_at_exit, nullptr, nullptr); }

@@ -69,9 +69,9 @@ pub fn run() {
     }
 }
 
-/// Where the program called `exit` itself (a quit path deep in an engine, with the game's state
-/// still in its callers' locals), the stack from the frame of `exit`'s caller up: those frames
-/// are live, and valgrind and LeakSanitizer scan them. `None` when `main` returned (the C
+/// Where the program called `exit` (or `quick_exit`) itself (a quit path deep in an engine,
+/// with the game's state still in its callers' locals), the stack from the frame of `exit`'s
+/// caller up: those frames are live, and valgrind and LeakSanitizer scan them. `None` when `main` returned (the C
 /// runtime called `exit`: `main`'s frame is gone, and what lies below the runtime's frames is
 /// stale), or when the walk through the exit handlers cannot tell.
 fn stack_of_exits_caller() -> Option<core::ops::Range<usize>> {
@@ -79,9 +79,9 @@ fn stack_of_exits_caller() -> Option<core::ops::Range<usize>> {
     let walked =
         crate::stack::capture::unwind_into_slice(crate::stack::StartFrame::here(), &mut frames);
     let frames = &frames[..walked];
-    let exit = frames
-        .iter()
-        .position(|&pc| symbol_of(pc).1 == Some(c"exit"))?;
+    let exit = frames.iter().position(
+        |&pc| matches!(symbol_of(pc).1, Some(name) if name == c"exit" || name == c"quick_exit"),
+    )?;
     let caller = *frames.get(exit + 1)?;
     if symbol_of(caller).0 == symbol_of(frames[exit]).0 {
         return None; // called by the C library itself: `main` returned
