@@ -290,7 +290,10 @@ impl<'a> Graph<'a> {
                 let mut at = (chunk + page * PAGE_SIZE).max(lo);
                 let end = (chunk + (page + run) * PAGE_SIZE).min(hi);
                 while at < end {
-                    let wanted = ((end - at) / word).min(copy.len());
+                    // No further than the copy's pages from `at`'s page: a short read then
+                    // means a page that cannot be read.
+                    let window = (copy.len() * word - at % PAGE_SIZE) / word;
+                    let wanted = ((end - at) / word).min(window);
                     let got = sys::read_words(at, &mut copy[..wanted]);
                     for &value in &copy[..got] {
                         self.visit(value, (first, limit), found);
@@ -470,6 +473,45 @@ mod tests {
         assert_eq!(v[2].kind, LeakKind::Direct);
         assert_eq!(v[0].held_by, Some(2));
         assert_eq!(v[1].held_by, Some(2));
+    }
+
+    #[test]
+    fn a_mapped_root_is_read_whole_from_an_unaligned_start_but_not_where_it_cannot_be_read() {
+        const PAGES: usize = 40;
+        let mapping = crate::sys::map_pages(PAGES * PAGE_SIZE) as usize;
+        assert_ne!(mapping, 0);
+        let blocks: Vec<Box<[usize; 2]>> = (0..4).map(|_| Box::new([0usize; 2])).collect();
+        let nodes: Vec<Node> = blocks
+            .iter()
+            .map(|b| Node {
+                address: b.as_ptr() as usize,
+                size: 16,
+                root: false,
+                readable: true,
+            })
+            .collect();
+        // Block 0 held just above the start, 1 just past the first 16 pages one read copies (the
+        // start is not page-aligned, as another thread's stack pointer is not), 2 on a page made
+        // unreadable, 3 nowhere.
+        let put = |page: usize, offset: usize, word: usize| {
+            let at = (mapping + page * PAGE_SIZE + offset) as *mut usize;
+            // SAFETY: a word of the mapping above, which this test alone uses.
+            unsafe { at.write(word) };
+        };
+        for page in 0..20 {
+            put(page, 0x100, 0); // written, so resident: the first 20 pages are one run
+        }
+        put(0, 0x810, nodes[0].address);
+        put(16, 0x10, nodes[1].address);
+        put(30, 0, nodes[2].address);
+        // SAFETY: a page of the test's own mapping.
+        unsafe { libc::mprotect((mapping + 30 * PAGE_SIZE) as *mut _, PAGE_SIZE, 0) };
+        let root = mapping + 0x808..mapping + PAGES * PAGE_SIZE;
+        let v = classify_from(&nodes, &[], &[root], &[]);
+        let reached: Vec<bool> = v.iter().map(|v| v.kind == LeakKind::Reachable).collect();
+        assert_eq!(reached, [true, true, false, false]);
+        // SAFETY: the test's own mapping, unused from here on.
+        unsafe { crate::sys::unmap_pages(mapping as *mut u8, PAGES * PAGE_SIZE) };
     }
 
     #[test]
