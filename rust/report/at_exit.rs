@@ -71,9 +71,9 @@ pub fn run() {
 
 /// Where the program called `exit` (or `quick_exit`) itself (a quit path deep in an engine,
 /// with the game's state still in its callers' locals), the stack from the frame of `exit`'s
-/// caller up: those frames are live, and valgrind and LeakSanitizer scan them. `None` when `main` returned (the C
-/// runtime called `exit`: `main`'s frame is gone, and what lies below the runtime's frames is
-/// stale), or when the walk through the exit handlers cannot tell.
+/// caller up: those frames are live, and valgrind and LeakSanitizer scan them. `None` when
+/// `main` returned (the C runtime called `exit`: `main`'s frame is gone, and what lies below
+/// the runtime's frames is stale), or when the walk through the exit handlers cannot tell.
 fn stack_of_exits_caller() -> Option<core::ops::Range<usize>> {
     let mut frames = [0usize; crate::stack::MAX_DEPTH];
     let walked =

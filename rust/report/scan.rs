@@ -7,9 +7,9 @@
 //! Stacks: at exit after `main` returned, the calling thread's stack holds only the runtime's
 //! and the exit handlers' frames, and stale words there would hide real leaks, so it is not
 //! scanned; after the program called `exit` itself, its callers' frames are live and are
-//! scanned (`at_exit`). A report
-//! written during the run (`write_leak_report`) scans the calling thread's live stack, above its
-//! own frame, so the caller's locals keep their blocks reachable. Other threads still alive are
+//! scanned (`at_exit`). A report written during the run (`write_leak_report`) scans the calling
+//! thread's live stack, above its own frame, so the caller's locals keep their blocks
+//! reachable. Other threads still alive are
 //! scanned from where they stand, their `thread_local`s with them; their registers are not.
 //! Any aligned word whose value falls inside a block (`[start, start + size)`, one byte for a
 //! 0-byte block) counts as a pointer to it, interior pointers included.
