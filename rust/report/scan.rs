@@ -412,18 +412,21 @@ unsafe extern "C" fn add_roots(
 mod tests {
     use super::*;
 
+    /// Nodes of plain boxed blocks (readable, not roots).
+    fn nodes_of<const WORDS: usize>(blocks: &[Box<[usize; WORDS]>]) -> Vec<Node> {
+        let node = |b: &[usize; WORDS]| Node {
+            address: b.as_ptr() as usize,
+            size: 8 * WORDS,
+            root: false,
+            readable: true,
+        };
+        blocks.iter().map(|b| node(b)).collect()
+    }
+
     /// Blocks laid out in a plain buffer: `links[i]` lists the blocks block `i` points to.
     fn verdicts(links: &[&[usize]], roots: &[usize]) -> Vec<Verdict> {
         let memory: Vec<Box<[usize; 4]>> = links.iter().map(|_| Box::new([0usize; 4])).collect();
-        let nodes: Vec<Node> = memory
-            .iter()
-            .map(|b| Node {
-                address: b.as_ptr() as usize,
-                size: 32,
-                root: false,
-                readable: true,
-            })
-            .collect();
+        let nodes = nodes_of(&memory);
         let mut memory = memory;
         for (i, targets) in links.iter().enumerate() {
             for (slot, &t) in targets.iter().enumerate() {
@@ -481,15 +484,7 @@ mod tests {
         let mapping = crate::sys::map_pages(PAGES * PAGE_SIZE) as usize;
         assert_ne!(mapping, 0);
         let blocks: Vec<Box<[usize; 2]>> = (0..4).map(|_| Box::new([0usize; 2])).collect();
-        let nodes: Vec<Node> = blocks
-            .iter()
-            .map(|b| Node {
-                address: b.as_ptr() as usize,
-                size: 16,
-                root: false,
-                readable: true,
-            })
-            .collect();
+        let nodes = nodes_of(&blocks);
         // Block 0 held just above the start, 1 just past the first 16 pages one read copies (the
         // start is not page-aligned, as another thread's stack pointer is not), 2 on a page made
         // unreadable, 3 nowhere.
