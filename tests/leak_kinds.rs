@@ -83,8 +83,13 @@ fn tracked_and_plain(
 }
 
 fn k15_census(run: &support::Run) -> Census {
+    census_of(run.leaks())
+}
+
+/// (kind, size) -> blocks of a report's leaks.
+fn census_of(leaks: &[serde_json::Value]) -> Census {
     let mut census = Census::new();
-    for leak in run.leaks() {
+    for leak in leaks {
         let kind = leak["leak_kind"].as_str().unwrap().to_owned();
         *census
             .entry((kind, leak["size"].as_u64().unwrap()))
@@ -450,13 +455,7 @@ fn blocks_only_threads_alive_at_exit_hold_are_reachable_as_valgrind_finds_them()
         assert!(run.output.status.success(), "{}", run.stderr());
         let midway = support::inflate(&support::read_json(&dir.join("midway.log.json")));
         let at_exit = k15_census(&run);
-        let mut during_run = Census::new();
-        for leak in midway["leaks"].as_array().unwrap() {
-            let kind = leak["leak_kind"].as_str().unwrap().to_owned();
-            *during_run
-                .entry((kind, leak["size"].as_u64().unwrap()))
-                .or_default() += 1;
-        }
+        let during_run = census_of(midway["leaks"].as_array().unwrap());
         for (when, census, direct) in [
             ("at exit", &at_exit, &lost[..]),
             ("midway", &during_run, &lost[..3]),
