@@ -896,7 +896,11 @@ fn dwarf_walk(
         // A pc with a compiled rule was found in a module of this snapshot when the rule was
         // made: the common step checks nothing else.
         let rule = match steps {
-            Steps::Rules => RULES.cached(regs.pc).map(|rule| stack.rule(rule)),
+            Steps::Rules => match last.as_deref_mut() {
+                Some(l) => l.cached_rule(regs.pc),
+                None => RULES.cached(regs.pc),
+            }
+            .map(|rule| stack.rule(rule)),
             #[cfg(test)]
             Steps::FramehopOnly => None,
         };

@@ -23,7 +23,7 @@ use core::mem::MaybeUninit;
 
 use super::capture::{Stack, StackWords};
 use super::depot::{self, Interned};
-use super::rules::Rule;
+use super::rules::{Rule, RuleMemo};
 use super::{StackId, MAX_DEPTH};
 
 /// Marks a failed read in a recorded address: reads that succeed are of aligned addresses. A
@@ -115,6 +115,8 @@ pub(super) struct LastWalk {
     step_at: [u64; 2],
     step_val: [u64; 2],
     step_reads: usize,
+    /// The rules the thread's walks stepped by lately.
+    rules: RuleMemo,
 }
 
 impl LastWalk {
@@ -136,6 +138,7 @@ impl LastWalk {
         step_at: [0; 2],
         step_val: [0; 2],
         step_reads: 0,
+        rules: RuleMemo::EMPTY,
     };
 
     /// Starts a walk with the snapshot `snap`.
@@ -144,6 +147,13 @@ impl LastWalk {
         self.cursor = self.len;
         self.limit = if snap == self.snap { self.reusable } else { 0 };
         self.barrier = 0;
+        self.rules.use_snapshot(snap);
+    }
+
+    /// The compiled rule of return address `pc`, if it has one (see [`RuleMemo`]).
+    #[inline(always)]
+    pub(super) fn cached_rule(&mut self, pc: usize) -> Option<Rule> {
+        self.rules.cached(pc)
     }
 
     /// At frame `i` of the walk in progress, with registers `(pc, sp, bp)`: the walk's frame
@@ -318,6 +328,7 @@ impl LastWalk {
         if snap != self.snap {
             self.limit = 0;
         }
+        self.rules.use_snapshot(snap);
     }
 
     /// The walk ended with `n` frames in `out` (the last step's reads are the ones noted last).

@@ -227,6 +227,50 @@ impl RowArena {
     }
 }
 
+/// Slots of a thread's [`RuleMemo`], log2: 4 KiB.
+const MEMO_BITS: u32 = 8;
+
+/// The rules a thread stepped by lately, in front of [`RULES`]: a probe of the shared table
+/// at a random slot of a megabyte or more missed the cache on most fresh frames of yaml-cpp's
+/// suite (two in five of the walk's own time), while the return addresses a thread's walks step
+/// from repeat (the callers of `new` above all). Direct-mapped, keyed by return address; as a
+/// rescan may forget rules, the memo holds those of one snapshot and empties at another.
+pub(crate) struct RuleMemo {
+    /// The snapshot (its address) the memo's rules were looked up under.
+    snap: usize,
+    /// (return address, rule); a return address of 0 marks an empty slot.
+    slots: [[u64; 2]; 1 << MEMO_BITS],
+}
+
+impl RuleMemo {
+    pub(crate) const EMPTY: RuleMemo = RuleMemo {
+        snap: 0,
+        slots: [[0; 2]; 1 << MEMO_BITS],
+    };
+
+    /// The walks from now on use the snapshot `snap`.
+    #[inline]
+    pub(crate) fn use_snapshot(&mut self, snap: usize) {
+        if snap != self.snap {
+            self.slots = [[0; 2]; 1 << MEMO_BITS];
+            self.snap = snap;
+        }
+    }
+
+    /// [`Rules::cached`] through the memo.
+    #[inline(always)]
+    pub(crate) fn cached(&mut self, pc: usize) -> Option<Rule> {
+        let slot = &mut self.slots
+            [(pc as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) as usize >> (64 - MEMO_BITS)];
+        if slot[0] == pc as u64 {
+            return Some(Rule(slot[1]));
+        }
+        let rule = RULES.cached(pc)?;
+        *slot = [pc as u64, rule.0];
+        Some(rule)
+    }
+}
+
 /// The rules of every module loaded: return address -> rule, and FDE start -> its compiled
 /// rows, so that each FDE's CFI is evaluated once in all. One set for the process, kept across
 /// module [`Snapshot`](super::modules::Snapshot)s: a module that stays keeps its rules, and
@@ -798,6 +842,32 @@ mod tests {
         assert_eq!(
             Rule::FRAME_POINTER.step(0x0f00, 0x1000, read),
             Some((0x401234, 0x1010, 0x7000))
+        );
+    }
+
+    #[test]
+    fn the_memo_serves_the_tables_rules_and_drops_them_at_another_snapshot() {
+        // Not code: no walk steps from it, and its rule is forgotten again below.
+        let pc = 0x7eee_0000_0010usize;
+        let rule = Rule::new(false, 16, -8, None).unwrap();
+        RULES.by_pc.insert(pc as u64, rule.0);
+        let mut memo = Box::new(RuleMemo::EMPTY);
+        memo.use_snapshot(1);
+        assert_eq!(memo.cached(pc), Some(rule));
+        assert_eq!(memo.cached(pc + 1), None);
+        // A rescan forgets the rules of a module gone before it publishes a new snapshot.
+        RULES.forget_code(&[pc..pc + 1]);
+        memo.use_snapshot(1);
+        assert_eq!(
+            memo.cached(pc),
+            Some(rule),
+            "one snapshot: the memo holds its rules"
+        );
+        memo.use_snapshot(2);
+        assert_eq!(
+            memo.cached(pc),
+            None,
+            "a forgotten rule outlived its snapshot"
         );
     }
 
