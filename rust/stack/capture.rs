@@ -5,8 +5,8 @@
 //! `thread_local` destructors run `delete` after Rust TLS destructors would have run, so
 //! nothing here may need one.
 //!
-//! A step is one probe of the module's compiled rules ([`super::rules`]) and one or two reads
-//! of the stack; only a return address met for the first time, one outside the modules known
+//! A step is one look in the thread's memo of rules, or on a miss one probe of the compiled
+//! rules ([`super::rules`]), and one or two reads of the stack; only a return address met for the first time, one outside the modules known
 //! so far, or a rule the table leaves to framehop takes the slow path. Before each step the walk
 //! looks for its frame in the thread's last walk ([`super::last_walk`]): once it reaches one
 //! (same pc and sp), it takes over the last walk's outer frames if the words their steps read
