@@ -12,6 +12,7 @@ fn main() {
         "cpp/modules.cpp",
         "cpp/mappings.cpp",
         "cpp/malloc.cpp",
+        "cpp/threads.cpp",
     ];
     cxx_build::bridge("rust/ffi.rs")
         .files(sources)

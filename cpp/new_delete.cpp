@@ -185,6 +185,10 @@ void operator delete[](void* ptr, std::align_val_t align, const char*, int) noex
 // (glibc's exit walk starts over when a handler registers another). A shared library holding the
 // tracker is pinned at start-up (this_module).
 extern "C" int __cxa_atexit(void (*function)(void*), void* argument, void* dso_handle);
+// Defined beside the pthread_create interposer (cpp/threads.cpp): the call also pulls that
+// object into every link, as no program's own objects refer to pthread_create (std::thread's
+// call lies in libstdc++).
+extern "C" void k15_memory_threads_start_up() noexcept;
 
 namespace {
 
@@ -214,6 +218,7 @@ void report_at_quick_exit() { k15::memory::detail::report_at_exit(); }
 
 [[gnu::constructor]] void start_up() {
     static_cast<void>(this_module());
+    k15_memory_threads_start_up();
     warn_unless_operator_new_is_ours();
     std::at_quick_exit(report_at_quick_exit);
 }

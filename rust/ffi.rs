@@ -174,6 +174,10 @@ pub mod bridge {
             offset: i64,
         ) -> isize;
         fn program_munmap(address: usize, len: usize) -> isize;
+        /// A thread the program started (`cpp/threads.cpp`) begins and ends its start routine:
+        /// it is in the record of threads that reports scan meanwhile.
+        fn thread_starts();
+        fn thread_ends();
         fn program_mremap(
             old_address: usize,
             old_len: usize,
@@ -387,6 +391,14 @@ fn running_on_stack(lowest: usize, size: usize) {
 fn modules_changed() {
     let _inside = tracker::guard::Inside::enter(); // the module lists are our own memory
     crate::stack::modules_changed();
+}
+
+fn thread_starts() {
+    tracker::guard::record_thread();
+}
+
+fn thread_ends() {
+    crate::report::threads::unregister();
 }
 
 fn loader_call_begins() {

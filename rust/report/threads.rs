@@ -5,7 +5,8 @@
 //! Where a thread stands is asked of the kernel (`/proc/self/task/TID/syscall`: the stack
 //! pointer of a thread blocked in a system call or waiting to run); a thread running on another
 //! core at that moment gives none, and its whole stack mapping is read if the record of threads
-//! that allocated (which also holds where the tracker's state lies in each) knows it.
+//! knows it: those the program started (recorded as they start, `cpp/threads.cpp`) and those
+//! that allocated, with where the tracker's state lies in each.
 
 use core::ops::Range;
 use core::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
@@ -45,8 +46,17 @@ fn gettid() -> u32 {
     unsafe { libc::gettid() as u32 }
 }
 
-/// The calling thread, at its first allocation: `own` is the tracker's state in it.
+std::thread_local! {
+    /// Whether the calling thread holds a slot.
+    static RECORDED: core::cell::Cell<bool> = const { core::cell::Cell::new(false) };
+}
+
+/// The calling thread, when it starts (the program's `pthread_create`) or at its first
+/// allocation, whichever comes first: `own` is the tracker's state in it.
 pub fn register(own: [Range<usize>; OWN_RANGES]) {
+    if RECORDED.try_with(|recorded| recorded.replace(true)) != Ok(false) {
+        return; // in the record already (or past its thread-locals' end)
+    }
     let on_stack = core::ptr::from_ref(&own) as usize;
     let Some(slot) = SLOTS.iter().find(|slot| {
         slot.tid.load(Ordering::Relaxed) == 0
@@ -67,6 +77,7 @@ pub fn register(own: [Range<usize>; OWN_RANGES]) {
 
 /// The calling thread is exiting.
 pub fn unregister() {
+    let _ = RECORDED.try_with(|recorded| recorded.set(false));
     let me = gettid();
     if let Some(slot) = SLOTS
         .iter()
@@ -95,10 +106,9 @@ pub struct OtherThreads {
     pub own_state: Vec<Range<usize>>,
 }
 
-/// The process's other threads now (`/proc/self/task`): those that allocated through the
-/// tracker with what the record knows of them, and those that did not, which are scanned where
-/// the kernel says they stand (a thread starting or running then, which the record does not
-/// know, is not).
+/// The process's other threads now (`/proc/self/task`): those in the record with what it
+/// knows of them, and the others, which are scanned where the kernel says they stand (one
+/// running then, which the record does not know, is not).
 pub fn others() -> OtherThreads {
     let me = gettid();
     let mut found = OtherThreads {
@@ -162,5 +172,37 @@ impl Mappings {
 
     fn containing(&self, address: usize) -> Option<Range<usize>> {
         self.0.iter().find(|m| m.contains(&address)).cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slots_of(tid: u32) -> usize {
+        SLOTS
+            .iter()
+            .filter(|slot| slot.tid.load(Ordering::Acquire) == tid)
+            .count()
+    }
+
+    #[test]
+    fn a_thread_holds_one_slot_from_its_start_to_its_end() {
+        let counts = std::thread::spawn(|| {
+            let me = gettid();
+            let own = || [0..0, 0..0, 0..0];
+            register(own()); // as it starts
+            register(own()); // at its first allocation
+            let recorded = slots_of(me);
+            unregister();
+            let ended = slots_of(me);
+            register(own()); // an allocation in a thread_local's destructor, after its end
+            let again = slots_of(me);
+            unregister();
+            (recorded, ended, again, slots_of(me))
+        })
+        .join()
+        .unwrap();
+        assert_eq!(counts, (1, 0, 1, 0));
     }
 }

@@ -227,12 +227,18 @@ fn join(t: &ThreadState) -> Me {
     let shard = live_list::claim_shard(number);
     t.shard.set(Some(shard));
     arm_thread_exit();
+    record_thread();
+    Me { number, shard }
+}
+
+/// Puts the calling thread in the record of threads that reports scan (once; again after it
+/// left), with where the tracker's own state lies in it.
+pub fn record_thread() {
     crate::report::threads::register([
         crate::stack::tracker_thread_state(),
         thread_state_range(),
         super::thread_heap_range(),
     ]);
-    Me { number, shard }
 }
 
 /// Makes sure this thread's shard and heap lists are given back when it exits. The pthread key

@@ -8,12 +8,21 @@
 //   live_threads crowd     500 threads alive at exit, each holding a 7000-byte block in a local
 //                          and dropping a 7001-byte one, while 4 threads keep starting short-lived
 //                          threads that allocate and exit, and reports are written midway
+//   live_threads unallocated   a thread that never allocates spins on a core, holding only its
+//                          std::thread state (whose lambda holds a 9001-byte block); the report
+//                          is written midway (unallocated.log) and at exit
+//   live_threads exits     the same, after 6,000 threads ended every way (returning, pthread_exit,
+//                          cancelled, std::thread) while a second thread starts threads and the
+//                          first forks children that do the same (their reports: child_N.log)
 #include "keep.h"
 #include <k15/memory.h>
+#include <pthread.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -61,6 +70,67 @@ __attribute__((noinline)) void hold_one_and_wait() {
     for (;;) pause();
 }
 
+std::atomic<bool> spinning{false};
+
+// Returns before the report, so that nothing of its frame is read as main's.
+__attribute__((noinline)) void start_a_thread_that_never_allocates() {
+    char* block = new char[9001];
+    std::thread([block] {
+        spinning = true;
+        auto* bytes = static_cast<volatile char*>(block);
+        for (;;) bytes[0] = bytes[1];
+    }).detach();
+    keep(new char[9002]);  // LEAK
+}
+
+void* returns(void*) { return nullptr; }
+void* exits(void*) { pthread_exit(nullptr); }
+void* waits_to_be_cancelled(void*) {
+    for (;;) pause();
+}
+
+// Threads ending every way, `count` of them: each must leave the record of threads.
+void end_threads_every_way(int count) {
+    for (int i = 0; i < count; ++i) {
+        pthread_t thread;
+        switch (i % 4) {
+            case 0: pthread_create(&thread, nullptr, returns, nullptr); break;
+            case 1: pthread_create(&thread, nullptr, exits, nullptr); break;
+            case 2:
+                pthread_create(&thread, nullptr, waits_to_be_cancelled, nullptr);
+                pthread_cancel(thread);
+                break;
+            default: std::thread([] {}).join(); continue;
+        }
+        pthread_join(thread, nullptr);
+    }
+}
+
+void end_threads_while_forking() {
+    std::atomic<bool> done{false};
+    std::thread starter([&done] {
+        while (!done) end_threads_every_way(1);
+    });
+    for (int round = 0; round < 3; ++round) {
+        end_threads_every_way(2000);
+        const pid_t child = fork();
+        if (child == 0) {
+            end_threads_every_way(600);
+            start_a_thread_that_never_allocates();
+            while (!spinning) usleep(1000);
+            char log[32];
+            std::snprintf(log, sizeof log, "child_%d.log", round);
+            k15::memory::write_leak_report(log);
+            _exit(0);
+        }
+        int status = 0;
+        waitpid(child, &status, 0);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) std::abort();
+    }
+    done = true;
+    starter.join();
+}
+
 void crowd() {
     std::atomic<bool> done{false};
     std::vector<std::thread> churners;
@@ -85,6 +155,13 @@ void crowd() {
 int main(int argc, char** argv) {
     if (argc > 1 && std::strcmp(argv[1], "crowd") == 0) {
         crowd();
+        return 0;
+    }
+    if (argc > 1 && (std::strcmp(argv[1], "unallocated") == 0 || std::strcmp(argv[1], "exits") == 0)) {
+        if (std::strcmp(argv[1], "exits") == 0) end_threads_while_forking();
+        start_a_thread_that_never_allocates();
+        while (!spinning) usleep(1000);
+        k15::memory::write_leak_report("unallocated.log");
         return 0;
     }
     for (auto body : {blocked_in_a_system_call, running_on_a_core, waiting_on_a_condition}) {
