@@ -856,7 +856,7 @@ mod tests {
         assert_eq!(memo.cached(pc), Some(rule));
         assert_eq!(memo.cached(pc + 1), None);
         // A rescan forgets the rules of a module gone before it publishes a new snapshot.
-        RULES.forget_code(&[pc..pc + 1]);
+        RULES.forget_code(core::slice::from_ref(&(pc..pc + 1)));
         memo.use_snapshot(1);
         assert_eq!(
             memo.cached(pc),
