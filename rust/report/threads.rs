@@ -47,18 +47,18 @@ fn gettid() -> u32 {
 }
 
 std::thread_local! {
-    /// Whether the calling thread holds a slot.
-    static RECORDED: core::cell::Cell<bool> = const { core::cell::Cell::new(false) };
+    /// The calling thread's slot, plus one (0: it holds none).
+    static MINE: core::cell::Cell<usize> = const { core::cell::Cell::new(0) };
 }
 
 /// The calling thread, when it starts (the program's `pthread_create`) or at its first
 /// allocation, whichever comes first: `own` is the tracker's state in it.
 pub fn register(own: [Range<usize>; OWN_RANGES]) {
-    if RECORDED.try_with(|recorded| recorded.replace(true)) != Ok(false) {
-        return; // in the record already (or past its thread-locals' end)
+    if MINE.try_with(core::cell::Cell::get) != Ok(0) {
+        return; // in the record already
     }
     let on_stack = core::ptr::from_ref(&own) as usize;
-    let Some(slot) = SLOTS.iter().find(|slot| {
+    let Some(index) = SLOTS.iter().position(|slot| {
         slot.tid.load(Ordering::Relaxed) == 0
             && slot
                 .tid
@@ -67,35 +67,32 @@ pub fn register(own: [Range<usize>; OWN_RANGES]) {
     }) else {
         return;
     };
+    let slot = &SLOTS[index];
     slot.on_stack.store(on_stack, Ordering::Relaxed);
     for (i, range) in own.iter().enumerate() {
         slot.own[2 * i].store(range.start, Ordering::Relaxed);
         slot.own[2 * i + 1].store(range.end, Ordering::Relaxed);
     }
     slot.tid.store(gettid(), Ordering::Release);
+    let _ = MINE.try_with(|mine| mine.set(index + 1));
 }
 
 /// The calling thread is exiting.
 pub fn unregister() {
-    let _ = RECORDED.try_with(|recorded| recorded.set(false));
-    let me = gettid();
-    if let Some(slot) = SLOTS
-        .iter()
-        .find(|slot| slot.tid.load(Ordering::Relaxed) == me)
-    {
-        slot.tid.store(0, Ordering::Release);
+    if let Ok(Some(index)) = MINE.try_with(|mine| mine.replace(0).checked_sub(1)) {
+        SLOTS[index].tid.store(0, Ordering::Release);
     }
 }
 
-/// In a forked child: only the forking thread came along.
+/// In a forked child: only the forking thread came along, under a new id.
 pub fn forget_others() {
-    let me = gettid();
-    for slot in &SLOTS {
-        let _ = slot
-            .tid
-            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |tid| {
-                (tid != me && tid != WRITING).then_some(0)
-            });
+    let mine = MINE
+        .try_with(core::cell::Cell::get)
+        .unwrap_or(0)
+        .checked_sub(1);
+    for (index, slot) in SLOTS.iter().enumerate() {
+        let tid = if Some(index) == mine { gettid() } else { 0 };
+        slot.tid.store(tid, Ordering::Release);
     }
 }
 
