@@ -98,6 +98,12 @@ fn census_of(leaks: &[serde_json::Value]) -> Census {
     census
 }
 
+/// (kind, size) -> blocks of the JSON report at `path` (one written midway).
+fn census_in(path: &Path) -> Census {
+    let report = support::inflate(&support::read_json(path));
+    census_of(report["leaks"].as_array().unwrap())
+}
+
 fn blocks(census: &Census, kind: &str) -> Vec<(u64, u64)> {
     census
         .iter()
@@ -453,9 +459,8 @@ fn blocks_only_threads_alive_at_exit_hold_are_reachable_as_valgrind_finds_them()
     for round in 0..5 {
         let run = support::run_with(&tracked, "live_threads", "", &[], &["midway"]);
         assert!(run.output.status.success(), "{}", run.stderr());
-        let midway = support::inflate(&support::read_json(&dir.join("midway.log.json")));
         let at_exit = k15_census(&run);
-        let during_run = census_of(midway["leaks"].as_array().unwrap());
+        let during_run = census_in(&dir.join("midway.log.json"));
         for (when, census, direct) in [
             ("at exit", &at_exit, &lost[..]),
             ("midway", &during_run, &lost[..3]),
@@ -478,6 +483,17 @@ fn blocks_only_threads_alive_at_exit_hold_are_reachable_as_valgrind_finds_them()
     }
 }
 
+/// A report of `live_threads unallocated` (or `exits`): the block the spinning thread holds is
+/// reachable, and the one dropped is the only leak.
+fn spinners_block_held(census: &Census, context: &str) {
+    assert_eq!(blocks(census, "direct"), [(9002, 1)], "{context}");
+    assert_eq!(blocks(census, "indirect"), [], "{context}");
+    assert!(
+        blocks(census, "reachable").contains(&(9001, 1)),
+        "{context}"
+    );
+}
+
 /// A thread that never allocates, spinning on a core when the report is written, holds only what
 /// it was handed: its std::thread state, whose lambda holds a block. Both are reachable, at exit
 /// and midway, as valgrind finds; only the block nothing holds is a leak. Before, such a thread
@@ -495,22 +511,10 @@ fn what_a_thread_that_never_allocated_was_handed_is_reachable_while_it_runs() {
     for round in 0..10 {
         let run = support::run_with(&tracked, "live_threads", "", &[], &["unallocated"]);
         assert!(run.output.status.success(), "{}", run.stderr());
-        let midway = support::inflate(&support::read_json(&dir.join("unallocated.log.json")));
         let at_exit = k15_census(&run);
-        let during_run = census_of(midway["leaks"].as_array().unwrap());
+        let during_run = census_in(&dir.join("unallocated.log.json"));
         for (when, census) in [("at exit", &at_exit), ("midway", &during_run)] {
-            assert_eq!(
-                blocks(census, "direct"),
-                [(9002, 1)],
-                "round {round}, {when}: {}",
-                run.text
-            );
-            assert_eq!(blocks(census, "indirect"), [], "round {round}, {when}");
-            assert!(
-                blocks(census, "reachable").contains(&(9001, 1)),
-                "round {round}, {when}: {}",
-                run.text
-            );
+            spinners_block_held(census, &format!("round {round}, {when}: {}", run.text));
         }
     }
 }
@@ -529,10 +533,7 @@ fn threads_ending_every_way_leave_the_record_of_threads_across_forks() {
     for round in 0..2 {
         let run = support::run_with(&exe, "live_threads", "", &[], &["exits"]);
         assert!(run.output.status.success(), "{}", run.stderr());
-        let report = |name: &str| {
-            let json = support::inflate(&support::read_json(&dir.join(name)));
-            census_of(json["leaks"].as_array().unwrap())
-        };
+        let report = |name: &str| census_in(&dir.join(name));
         let reports = [
             ("at exit", k15_census(&run)),
             ("midway", report("unallocated.log.json")),
@@ -540,16 +541,7 @@ fn threads_ending_every_way_leave_the_record_of_threads_across_forks() {
             ("child 2", report("child_2.log.json")),
         ];
         for (when, census) in reports {
-            assert_eq!(
-                blocks(&census, "direct"),
-                [(9002, 1)],
-                "round {round}, {when}"
-            );
-            assert_eq!(blocks(&census, "indirect"), [], "round {round}, {when}");
-            assert!(
-                blocks(&census, "reachable").contains(&(9001, 1)),
-                "round {round}, {when}"
-            );
+            spinners_block_held(&census, &format!("round {round}, {when}"));
         }
     }
 }
