@@ -76,8 +76,10 @@ extern "C" void k15_memory_threads_start_up() noexcept {
     static_cast<void>(pthread_atfork(nullptr, nullptr, forget_handoffs));
 }
 
-extern "C" int pthread_create(pthread_t* thread, const pthread_attr_t* attributes, Start start,
-                              void* argument) noexcept {
+// Weak: a program with a pthread_create of its own (an interposer of its own) links, and its
+// definition is the process's; its threads are then recorded at their first allocation.
+extern "C" [[gnu::weak]] int pthread_create(pthread_t* thread, const pthread_attr_t* attributes,
+                                            Start start, void* argument) noexcept {
     using Create = int (*)(pthread_t*, const pthread_attr_t*, Start, void*);
     static const auto real = reinterpret_cast<Create>(dlsym(RTLD_NEXT, "pthread_create"));
     if (real == nullptr) return EAGAIN;

@@ -53,6 +53,35 @@ fn disabled_build_links_without_the_library_and_reports_nothing() {
     );
 }
 
+/// A program with a `pthread_create` of its own links with the static library (whose
+/// interposer is weak: two strong definitions did not link), its definition serves every thread
+/// start (`std::thread`'s in libstdc++ too), and those threads' leaks are reported.
+#[test]
+fn a_program_with_its_own_pthread_create_links_and_keeps_it() {
+    let dir = support::scratch("link_own_pthread_create");
+    let exe = support::build(
+        &dir,
+        "own_pthread_create",
+        &["tests/cpp/own_pthread_create.cpp"],
+        &[],
+    );
+    let run = support::run(&exe, "");
+    assert!(run.output.status.success(), "{}", run.stderr());
+    assert!(
+        run.stdout()
+            .contains("created by the program's own pthread_create: 3"),
+        "{}",
+        run.stdout()
+    );
+    let sizes: Vec<u64> = run
+        .leaks()
+        .iter()
+        .filter(|leak| leak["leak_kind"] == "direct")
+        .map(|leak| leak["size"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sizes, [5001, 5001, 5001], "{}", run.text);
+}
+
 #[test]
 fn archive_before_sources_of_a_shared_library_fails_at_link_and_at_dlopen() {
     let dir = support::scratch("link_wrong_order_shared");
