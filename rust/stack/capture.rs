@@ -6,12 +6,12 @@
 //! nothing here may need one.
 //!
 //! A step is one look in the thread's memo of rules, or on a miss one probe of the compiled
-//! rules ([`super::rules`]), and one or two reads of the stack; only a return address met for the first time, one outside the modules known
-//! so far, or a rule the table leaves to framehop takes the slow path. Before each step the walk
-//! looks for its frame in the thread's last walk ([`super::last_walk`]): once it reaches one
-//! (same pc and sp), it takes over the last walk's outer frames if the words their steps read
-//! read the same again, a load and a compare per frame where a step is a probe and a chain of
-//! dependent loads.
+//! rules ([`super::rules`]), and one or two reads of the stack; only a return address met for
+//! the first time, one outside the modules known so far, or a rule the table leaves to framehop
+//! takes the slow path. Before each step the walk looks for its frame in the thread's last walk
+//! ([`super::last_walk`]): once it reaches one (same pc and sp), it takes over the last walk's
+//! outer frames if the words their steps read read the same again, a load and a compare per
+//! frame where a step is a probe and a chain of dependent loads.
 //!
 //! A walk that starts outside the thread's stack (a fiber's, a signal handler's alternate one)
 //! reads only pages the kernel says can be read ([`ForeignStack`]), and a return into
