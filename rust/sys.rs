@@ -123,6 +123,16 @@ fn map_anonymous(len: usize, prot: libc::c_int, flags: libc::c_int) -> *mut u8 {
     }
 }
 
+/// Maps `len` bytes of zeroed memory that a child process made by a raw `clone` shares: what it
+/// writes there, this process reads. Null on failure.
+pub fn map_shared(len: usize) -> *mut u8 {
+    map_anonymous(
+        len,
+        libc::PROT_READ | libc::PROT_WRITE,
+        libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+    )
+}
+
 /// Maps `bytes` of zeroed `MAP_NORESERVE` memory into `slot` once (slow path; only touched
 /// pages cost memory): the mapping already there if another thread won the race, null if
 /// mapping failed.

@@ -519,6 +519,37 @@ fn what_a_thread_that_never_allocated_was_handed_is_reachable_while_it_runs() {
     }
 }
 
+/// A thread that holds a block in a register alone (r15; its stack scrubbed below) while it
+/// spins at exit: the block is reachable, as valgrind finds, which reads every thread's
+/// registers. The tracker reads them at exit through ptrace, from a helper process; before, the
+/// block was a direct leak. (Where the system forbids ptrace, Yama's `ptrace_scope` 2 or 3,
+/// there is nothing to check.)
+#[test]
+fn a_block_a_thread_holds_in_a_register_alone_is_reachable_at_exit_as_valgrind_finds() {
+    let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").unwrap_or_default();
+    if matches!(scope.trim(), "2" | "3") {
+        eprintln!("ptrace_scope {scope}: the registers of other threads cannot be read here");
+        return;
+    }
+    let dir = support::scratch("leak_kinds_register");
+    let source = ["tests/cpp/live_threads.cpp"];
+    let (tracked, plain) = tracked_and_plain(&dir, "live_threads", &source, &[]);
+    let (theirs, text) = valgrind_census(&plain, &["register"]);
+    assert_eq!(blocks(&theirs, "direct"), [], "{text}");
+    assert!(blocks(&theirs, "reachable").contains(&(9101, 1)), "{text}");
+    for round in 0..5 {
+        let run = support::run_with(&tracked, "live_threads", "", &[], &["register"]);
+        assert!(run.output.status.success(), "{}", run.stderr());
+        let census = k15_census(&run);
+        assert_eq!(blocks(&census, "direct"), [], "round {round}: {}", run.text);
+        assert!(
+            blocks(&census, "reachable").contains(&(9101, 1)),
+            "round {round}: {}",
+            run.text
+        );
+    }
+}
+
 /// The same thread, started after 6,000 threads ended every way (returned, `pthread_exit`,
 /// cancelled, `std::thread`: the last three unwind through the interposer's frame; more than the
 /// record of threads holds at once) while a second thread kept starting threads and the first

@@ -8,6 +8,12 @@ use core::sync::atomic::{AtomicBool, Ordering};
 
 static DONE: AtomicBool = AtomicBool::new(false);
 
+/// Whether the report at exit has begun: the process is going, what a report does to its other
+/// threads (stopping each for a moment) no longer matters to it.
+pub fn begun() -> bool {
+    DONE.load(Ordering::Acquire)
+}
+
 pub fn run() {
     if DONE.swap(true, Ordering::AcqRel) {
         return;

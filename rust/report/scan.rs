@@ -93,6 +93,7 @@ pub fn classify(nodes: &[Node], stack: Option<core::ops::Range<usize>>) -> Vec<V
         super::threads::record_range(),
     ];
     excluded.extend(others.own_state);
+    roots.push(crate::sys::bytes_of(others.registers.as_slice()));
     let mut mapped = super::mappings::ranges();
     mapped.extend(others.stacks);
     classify_from(nodes, &roots, &mapped, &excluded)

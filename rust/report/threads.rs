@@ -101,6 +101,8 @@ pub fn forget_others() {
 pub struct OtherThreads {
     pub stacks: Vec<Range<usize>>,
     pub own_state: Vec<Range<usize>>,
+    /// At exit, their general registers, as words ([`registers_of`]).
+    pub registers: Vec<usize>,
 }
 
 /// The process's other threads now (`/proc/self/task`): those in the record with what it
@@ -111,13 +113,20 @@ pub fn others() -> OtherThreads {
     let mut found = OtherThreads {
         stacks: Vec::new(),
         own_state: Vec::new(),
+        registers: Vec::new(),
     };
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
         return found;
     };
-    let tids = tasks.filter_map(|task| task.ok()?.file_name().to_str()?.parse::<u32>().ok());
+    let tids: Vec<u32> = tasks
+        .filter_map(|task| task.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&tid| tid != me)
+        .collect();
+    if super::at_exit::begun() {
+        found.registers = registers_of(&tids);
+    }
     let maps = Mappings::read();
-    for tid in tids.filter(|&tid| tid != me) {
+    for tid in tids {
         let Some(standing) = stack_pointer_of(tid) else {
             continue; // gone meanwhile
         };
@@ -138,6 +147,110 @@ pub fn others() -> OtherThreads {
         }
     }
     found
+}
+
+/// Words of x86-64's `user_regs_struct`.
+const REGISTER_WORDS: usize = size_of::<libc::user_regs_struct>() / 8;
+/// A thread's slot in the helper's answer: a mark (1: read), then its registers.
+const ANSWER_WORDS: usize = 1 + REGISTER_WORDS;
+
+/// The general registers of threads `tids`, read through ptrace by a helper process (as
+/// LeakSanitizer reads them), so that a pointer a thread holds only in a register (a
+/// callee-saved one across a call, at `-O2`) is a root, as valgrind finds. Each thread stops
+/// for its read alone; a blocked system call restarts as after any stop. A thread that cannot be
+/// traced (a debugger holds it, the system forbids ptrace) gives none. Only at exit: the
+/// helper must be named the process's tracer (Yama), which replaces whatever the program named.
+fn registers_of(tids: &[u32]) -> Vec<usize> {
+    if tids.is_empty() {
+        return Vec::new();
+    }
+    let bytes = (tids.len() * ANSWER_WORDS * 8).next_multiple_of(crate::sys::PAGE_SIZE);
+    let mut go = [0; 2];
+    // SAFETY: pipe2 fills the two-element array it is given.
+    if unsafe { libc::pipe2(go.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Vec::new();
+    }
+    let shared = crate::sys::map_shared(bytes).cast::<usize>();
+    if shared.is_null() {
+        // SAFETY: the pipe's ends are this function's.
+        unsafe {
+            libc::close(go[0]);
+            libc::close(go[1]);
+        }
+        return Vec::new();
+    }
+    // SAFETY: a fresh zeroed mapping of `bytes`, this function's alone until unmapped below.
+    let answer = unsafe { core::slice::from_raw_parts_mut(shared, bytes / 8) };
+    // A child with no exit signal: the program's SIGCHLD handler and its waits never see it.
+    // SAFETY: a fork without atfork handlers: the child only makes system calls, then exits.
+    let child = unsafe { libc::syscall(libc::SYS_clone, 0usize, 0usize, 0usize, 0usize, 0usize) };
+    if child == 0 {
+        let mut byte = 0u8;
+        // SAFETY: reads one byte into a local; alarm and _exit take plain values.
+        unsafe {
+            libc::read(go[0], (&raw mut byte).cast(), 1);
+            libc::alarm(5); // a thread that never stops cannot hold the report up for long
+        }
+        for (tid, slot) in tids.iter().zip(answer.chunks_mut(ANSWER_WORDS)) {
+            read_registers(*tid as libc::pid_t, slot);
+        }
+        // SAFETY: ends the helper without running anything of the program's.
+        unsafe { libc::_exit(0) };
+    }
+    if child > 0 {
+        // SAFETY: prctl, write and waitpid take plain values and a local.
+        unsafe {
+            libc::prctl(libc::PR_SET_PTRACER, child as libc::c_ulong, 0, 0, 0);
+            libc::write(go[1], b"g".as_ptr().cast(), 1);
+            let mut status = 0;
+            libc::waitpid(child as libc::pid_t, &mut status, libc::__WALL);
+        }
+    }
+    let registers = answer
+        .chunks(ANSWER_WORDS)
+        .take(tids.len())
+        .filter(|slot| slot[0] == 1)
+        .flat_map(|slot| slot[1..].iter().copied())
+        .collect();
+    // SAFETY: the pipe's ends and the mapping are this function's; the helper is gone.
+    unsafe {
+        libc::close(go[0]);
+        libc::close(go[1]);
+        crate::sys::unmap_pages(shared.cast(), bytes);
+    }
+    registers
+}
+
+/// In the helper: stops thread `tid`, copies its registers into `slot` (marked read) and lets it
+/// go on; a signal that stopped it first is delivered as it goes on.
+fn read_registers(tid: libc::pid_t, slot: &mut [usize]) {
+    let mut status = 0;
+    let mut regs = core::mem::MaybeUninit::<libc::user_regs_struct>::zeroed();
+    // SAFETY: ptrace requests on a thread of the parent, and waitpid into a local; the registers
+    // are written into a local of their type.
+    unsafe {
+        if libc::ptrace(libc::PTRACE_SEIZE, tid, 0, 0) != 0 {
+            return;
+        }
+        if libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0) != 0
+            || libc::waitpid(tid, &mut status, libc::__WALL) != tid
+            || !libc::WIFSTOPPED(status)
+        {
+            libc::ptrace(libc::PTRACE_DETACH, tid, 0, 0);
+            return;
+        }
+        let pending = if status >> 16 == libc::PTRACE_EVENT_STOP {
+            0
+        } else {
+            libc::WSTOPSIG(status)
+        };
+        if libc::ptrace(libc::PTRACE_GETREGS, tid, 0, regs.as_mut_ptr()) == 0 {
+            let words = core::slice::from_raw_parts(regs.as_ptr().cast::<usize>(), REGISTER_WORDS);
+            slot[1..].copy_from_slice(words);
+            slot[0] = 1;
+        }
+        libc::ptrace(libc::PTRACE_DETACH, tid, 0, pending);
+    }
 }
 
 /// Where thread `tid` stands: `None` if it is gone, `Some(None)` if the kernel gives no stack

@@ -11,6 +11,8 @@
 //   live_threads unallocated   a thread that never allocates spins on a core, holding only its
 //                          std::thread state (whose lambda holds a 9001-byte block); the report
 //                          is written midway (unallocated.log) and at exit
+//   live_threads register  a thread holds a block in a register alone (r15, its stack scrubbed)
+//                          while it spins when the process exits
 //   live_threads exits     the same, after 6,000 threads ended every way (returning, pthread_exit,
 //                          cancelled, std::thread) while a second thread starts threads and the
 //                          first forks children that do the same (their reports: child_N.log)
@@ -81,6 +83,23 @@ __attribute__((noinline)) void start_a_thread_that_never_allocates() {
         for (;;) bytes[0] = bytes[1];
     }).detach();
     keep(new char[9002]);  // LEAK
+}
+
+std::atomic<bool> in_a_register{false};
+
+// Overwrites the stack below the caller: no stale copy of a pointer is left there.
+__attribute__((noinline)) void scrub_stack() {
+    volatile char bytes[64 * 1024];
+    for (auto& byte : bytes) byte = 0;
+}
+
+__attribute__((noinline)) void hold_in_a_register_alone() {
+    char* volatile block = new char[9101];
+    asm volatile("mov %0, %%r15" : : "m"(block) : "r15");
+    block = nullptr;
+    scrub_stack();  // r15 is callee-saved: it survives the call
+    in_a_register = true;
+    asm volatile("1: pause\n\tjmp 1b" : : : "memory");
 }
 
 void* returns(void*) { return nullptr; }
@@ -155,6 +174,11 @@ void crowd() {
 int main(int argc, char** argv) {
     if (argc > 1 && std::strcmp(argv[1], "crowd") == 0) {
         crowd();
+        return 0;
+    }
+    if (argc > 1 && std::strcmp(argv[1], "register") == 0) {
+        std::thread(hold_in_a_register_alone).detach();
+        while (!in_a_register) usleep(1000);
         return 0;
     }
     if (argc > 1 && (std::strcmp(argv[1], "unallocated") == 0 || std::strcmp(argv[1], "exits") == 0)) {
