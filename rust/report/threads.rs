@@ -185,12 +185,12 @@ fn registers_of(tids: &[u32]) -> Vec<usize> {
     // SAFETY: a fork without atfork handlers: the child only makes system calls, then exits.
     let child = unsafe { libc::syscall(libc::SYS_clone, 0usize, 0usize, 0usize, 0usize, 0usize) };
     if child == 0 {
+        helper_ends_soon();
         let mut byte = 0u8;
-        // SAFETY: reads one byte into a local; alarm and _exit take plain values.
-        unsafe {
-            libc::read(go[0], (&raw mut byte).cast(), 1);
-            libc::alarm(5); // a thread that never stops cannot hold the report up for long
-        }
+        // SAFETY: reads one byte into a local.
+        while unsafe { libc::read(go[0], (&raw mut byte).cast(), 1) } < 0
+            && unsafe { *libc::__errno_location() } == libc::EINTR
+        {}
         for (tid, slot) in tids.iter().zip(answer.chunks_mut(ANSWER_WORDS)) {
             read_registers(*tid as libc::pid_t, slot);
         }
@@ -198,12 +198,16 @@ fn registers_of(tids: &[u32]) -> Vec<usize> {
         unsafe { libc::_exit(0) };
     }
     if child > 0 {
-        // SAFETY: prctl, write and waitpid take plain values and a local.
+        // SAFETY: prctl, write and waitpid take plain values and locals.
         unsafe {
             libc::prctl(libc::PR_SET_PTRACER, child as libc::c_ulong, 0, 0, 0);
-            libc::write(go[1], b"g".as_ptr().cast(), 1);
+            while libc::write(go[1], b"g".as_ptr().cast(), 1) < 0
+                && *libc::__errno_location() == libc::EINTR
+            {}
             let mut status = 0;
-            libc::waitpid(child as libc::pid_t, &mut status, libc::__WALL);
+            while libc::waitpid(child as libc::pid_t, &mut status, libc::__WALL) < 0
+                && *libc::__errno_location() == libc::EINTR
+            {}
         }
     }
     let registers = answer
@@ -219,6 +223,21 @@ fn registers_of(tids: &[u32]) -> Vec<usize> {
         crate::sys::unmap_pages(shared.cast(), bytes);
     }
     registers
+}
+
+/// In the helper, first: no signal runs the program's handlers in it (it is a copy of the
+/// process), and an alarm ends it within 5 s whatever happens (a thread that never stops, a
+/// parent that never says go).
+fn helper_ends_soon() {
+    // SAFETY: sets this process's signal mask and SIGALRM's disposition from locals.
+    unsafe {
+        let mut all = core::mem::MaybeUninit::<libc::sigset_t>::zeroed();
+        libc::sigfillset(all.as_mut_ptr());
+        libc::sigdelset(all.as_mut_ptr(), libc::SIGALRM);
+        libc::sigprocmask(libc::SIG_SETMASK, all.as_ptr(), core::ptr::null_mut());
+        libc::signal(libc::SIGALRM, libc::SIG_DFL);
+        libc::alarm(5);
+    }
 }
 
 /// In the helper: stops thread `tid`, copies its registers into `slot` (marked read) and lets it
