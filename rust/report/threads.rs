@@ -188,9 +188,7 @@ fn registers_of(tids: &[u32]) -> Vec<usize> {
         helper_ends_soon();
         let mut byte = 0u8;
         // SAFETY: reads one byte into a local.
-        while unsafe { libc::read(go[0], (&raw mut byte).cast(), 1) } < 0
-            && unsafe { *libc::__errno_location() } == libc::EINTR
-        {}
+        while unsafe { libc::read(go[0], (&raw mut byte).cast(), 1) } < 0 && interrupted() {}
         for (tid, slot) in tids.iter().zip(answer.chunks_mut(ANSWER_WORDS)) {
             read_registers(*tid as libc::pid_t, slot);
         }
@@ -201,12 +199,10 @@ fn registers_of(tids: &[u32]) -> Vec<usize> {
         // SAFETY: prctl, write and waitpid take plain values and locals.
         unsafe {
             libc::prctl(libc::PR_SET_PTRACER, child as libc::c_ulong, 0, 0, 0);
-            while libc::write(go[1], b"g".as_ptr().cast(), 1) < 0
-                && *libc::__errno_location() == libc::EINTR
-            {}
+            while libc::write(go[1], b"g".as_ptr().cast(), 1) < 0 && interrupted() {}
             let mut status = 0;
             while libc::waitpid(child as libc::pid_t, &mut status, libc::__WALL) < 0
-                && *libc::__errno_location() == libc::EINTR
+                && interrupted()
             {}
         }
     }
@@ -223,6 +219,11 @@ fn registers_of(tids: &[u32]) -> Vec<usize> {
         crate::sys::unmap_pages(shared.cast(), bytes);
     }
     registers
+}
+
+/// Whether the last system call was interrupted by a signal (and is to be made again).
+fn interrupted() -> bool {
+    std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
 }
 
 /// In the helper, first: no signal runs the program's handlers in it (it is a copy of the
