@@ -1,6 +1,7 @@
 //! The process's other threads, so that a report scans what they hold, as valgrind and
 //! LeakSanitizer do: each one's stack from where it stands now (its `thread_local`s lie above,
-//! at the top of its stack's mapping), leaving out the tracker's own state in it.
+//! at the top of its stack's mapping), leaving out the tracker's own state in it, and at exit
+//! its registers ([`registers_of`]).
 //!
 //! Where a thread stands is asked of the kernel (`/proc/self/task/TID/syscall`: the stack
 //! pointer of a thread blocked in a system call or waiting to run); a thread running on another
