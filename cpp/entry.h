@@ -4,6 +4,8 @@
 
 #include "k15-memory/rust/ffi.rs.h"
 
+#include <dlfcn.h>
+
 #include <cstddef>
 
 extern "C" {
@@ -17,6 +19,13 @@ void k15_memory_pass_foreign_blocks_to(void (*original_delete)(void*)) noexcept;
 }
 
 namespace k15::memory::detail {
+// The definition of `name` that an interposer of this library stands in front of (glibc's, as
+// a rule): the next one in the loader's search order after the module holding the tracker.
+template <typename Function>
+Function next_definition(const char* name) {
+    return reinterpret_cast<Function>(dlsym(RTLD_NEXT, name));
+}
+
 // Points every loaded module's calls of the global operators at `own_module`'s (a handle of the
 // module that holds the tracker), and so those of modules dlopen loads later; blocks the
 // tracker did not serve go to the process's operator delete. False if the process's operators

@@ -1,18 +1,9 @@
 // dlopen and dlclose, interposed (this object is linked in when the program calls them): after
 // each, the tracker records the change of the module set, so stacks captured in a library that
 // is later unloaded, or replaced by another at the same address, keep their own symbols.
-#include <dlfcn.h>
+#include "entry.h"
 
-#include "k15-memory/rust/ffi.rs.h"
-
-namespace {
-
-template <typename Function>
-Function next_definition(const char* name) {
-    return reinterpret_cast<Function>(dlsym(RTLD_NEXT, name));
-}
-
-}  // namespace
+using k15::memory::detail::next_definition;
 
 extern "C" void* dlopen(const char* file, int mode) noexcept {
     static const auto real = next_definition<void* (*)(const char*, int)>("dlopen");

@@ -4,13 +4,12 @@
 // on a core without having allocated reads its stack (LeakSanitizer intercepts pthread_create
 // for the same reason). What the program hands the new thread (a std::thread's state) waits in
 // a static slot, which the leak scan reads as a global, until the thread holds it.
-#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 
 #include <atomic>
 
-#include "k15-memory/rust/ffi.rs.h"
+#include "entry.h"
 
 namespace {
 
@@ -81,7 +80,7 @@ extern "C" void k15_memory_threads_start_up() noexcept {
 extern "C" [[gnu::weak]] int pthread_create(pthread_t* thread, const pthread_attr_t* attributes,
                                             Start start, void* argument) noexcept {
     using Create = int (*)(pthread_t*, const pthread_attr_t*, Start, void*);
-    static const auto real = reinterpret_cast<Create>(dlsym(RTLD_NEXT, "pthread_create"));
+    static const auto real = k15::memory::detail::next_definition<Create>("pthread_create");
     if (real == nullptr) return EAGAIN;
     for (Handoff& handoff : handoffs) {
         Start free = nullptr;

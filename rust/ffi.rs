@@ -174,10 +174,6 @@ pub mod bridge {
             offset: i64,
         ) -> isize;
         fn program_munmap(address: usize, len: usize) -> isize;
-        /// A thread the program started (`cpp/threads.cpp`) begins and ends its start routine:
-        /// it is in the record of threads that reports scan meanwhile.
-        fn thread_starts();
-        fn thread_ends();
         fn program_mremap(
             old_address: usize,
             old_len: usize,
@@ -185,6 +181,10 @@ pub mod bridge {
             flags: i32,
             new_address: usize,
         ) -> isize;
+        /// A thread the program started (`cpp/threads.cpp`) begins and ends its start routine:
+        /// it is in the record of threads that reports scan meanwhile.
+        fn thread_starts();
+        fn thread_ends();
     }
 }
 

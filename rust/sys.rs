@@ -327,19 +327,17 @@ pub fn read_words(addr: usize, words: &mut [usize]) -> usize {
     }
     let mut copied = 0;
     while copied < words.len() {
-        let at = addr + copied * core::mem::size_of::<usize>();
+        let at = addr + copied * word;
         if !page_is_mapped(at) {
             break;
         }
         let page_end = (at | (PAGE_SIZE - 1)) + 1;
-        let count = ((page_end - at) / core::mem::size_of::<usize>()).min(words.len() - copied);
-        for (i, word) in words[copied..copied + count].iter_mut().enumerate() {
+        let count = ((page_end - at) / word).min(words.len() - copied);
+        for (i, slot) in words[copied..copied + count].iter_mut().enumerate() {
             // SAFETY: the page was readable just now; a conservative scan reads words another
             // thread may be writing (the range is the program's, which may unmap it at once:
             // the window process_vm_readv closes).
-            *word = unsafe {
-                core::ptr::read_volatile((at + i * core::mem::size_of::<usize>()) as *const usize)
-            };
+            *slot = unsafe { core::ptr::read_volatile((at + i * word) as *const usize) };
         }
         copied += count;
     }

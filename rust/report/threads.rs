@@ -197,10 +197,11 @@ fn registers_of(tids: &[u32]) -> Vec<usize> {
         unsafe { libc::_exit(0) };
     }
     if child > 0 {
-        // SAFETY: prctl, write and waitpid take plain values and locals.
+        // SAFETY: prctl takes plain values.
+        unsafe { libc::prctl(libc::PR_SET_PTRACER, child as libc::c_ulong, 0, 0, 0) };
+        crate::sys::write_fd(go[1], b"g");
+        // SAFETY: waitpid writes a local.
         unsafe {
-            libc::prctl(libc::PR_SET_PTRACER, child as libc::c_ulong, 0, 0, 0);
-            while libc::write(go[1], b"g".as_ptr().cast(), 1) < 0 && interrupted() {}
             let mut status = 0;
             while libc::waitpid(child as libc::pid_t, &mut status, libc::__WALL) < 0
                 && interrupted()
