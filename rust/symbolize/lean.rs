@@ -33,13 +33,22 @@ pub(super) fn locate_in_unit(
         read: std::cell::Cell::new(0),
     };
     let lines = Lines::read(unit, probes, &scope)?;
-    let functions = Functions::read(unit, &scope)?;
+    let mut functions = Functions::read(unit, &scope, Subtrees::OfHolders)?;
+    let in_code = |probe: &u64| covered.iter().any(|r| r.begin <= *probe && *probe < r.end);
+    if sorted
+        .iter()
+        .filter(|p| in_code(p))
+        .any(|&p| functions.find(p).is_none())
+    {
+        // Code below an idle function's entry (a local class's member, a lambda) or none.
+        functions = Functions::read(unit, &scope, Subtrees::All)?;
+    }
     trim();
     let mut found = Vec::with_capacity(probes.len());
     // The functions read so far, by entry: probes often share one.
     let mut read: Vec<(gimli::UnitOffset, Function)> = Vec::new();
     for (at, &probe) in probes.iter().enumerate() {
-        if !covered.iter().any(|r| r.begin <= probe && probe < r.end) {
+        if !in_code(&probe) {
             // addr2line's context over the unit alone does not look outside its ranges.
             found.push(Vec::new());
             continue;
@@ -327,12 +336,23 @@ struct Functions {
     addresses: Vec<(gimli::Range, usize)>,
 }
 
+/// Which subprograms' subtrees [`Functions::read`] walks.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Subtrees {
+    /// Only those of subprograms holding a probe: a function's own code is never below
+    /// another's entry, except a local class's members and lambdas (below their function's).
+    OfHolders,
+    /// Every one, as addr2line does.
+    All,
+}
+
 impl Functions {
-    /// Walks the unit's entries once, reading the ranges of every subprogram (at any depth,
-    /// as addr2line does) and skipping everything else; keeps those that hold a probe (of
-    /// `sorted`). addr2line keeps them all, and where ranges overlap its search may settle on
-    /// another one of those holding the probe; compilers do not emit such overlaps.
-    fn read(unit: UnitRef<'_, Slice>, scope: &Scope<'_>) -> Option<Functions> {
+    /// Walks the unit's entries once, reading the ranges of every subprogram it meets (at any
+    /// depth, as addr2line does; `subtrees` says below which) and skipping everything else;
+    /// keeps those that hold a probe (of `sorted`). addr2line keeps them all, and where ranges
+    /// overlap its search may settle on another one of those holding the probe; compilers do
+    /// not emit such overlaps.
+    fn read(unit: UnitRef<'_, Slice>, scope: &Scope<'_>, subtrees: Subtrees) -> Option<Functions> {
         let mut entries = Vec::new();
         let mut addresses = Vec::new();
         let mut walk = unit.entries_raw(None).ok()?;
@@ -362,17 +382,22 @@ impl Functions {
                 }
                 continue;
             }
-            // Only the address attributes are read; the runs of others between them are
-            // skipped (by their forms' sizes, where gimli knows them), not decoded.
+            // Only the address attributes and the sibling are read; the runs of others between
+            // them are skipped (by their forms' sizes, where gimli knows them), not decoded.
             let mut ranges = Ranges::default();
+            let mut next = None;
             let specs = abbrev.attributes();
             let mut unread = 0;
             for (at, spec) in specs.iter().enumerate() {
-                if let gimli::DW_AT_low_pc | gimli::DW_AT_high_pc | gimli::DW_AT_ranges =
-                    spec.name()
+                if let gimli::DW_AT_low_pc
+                | gimli::DW_AT_high_pc
+                | gimli::DW_AT_ranges
+                | gimli::DW_AT_sibling = spec.name()
                 {
                     walk.skip_attributes(&specs[unread..at]).ok()?;
-                    ranges.note(unit, &walk.read_attribute(*spec).ok()?)?;
+                    let attr = walk.read_attribute(*spec).ok()?;
+                    ranges.note(unit, &attr)?;
+                    next = next.or(forward_sibling(&attr, offset));
                     unread = at + 1;
                 }
             }
@@ -387,6 +412,9 @@ impl Functions {
             })?;
             if kept {
                 entries.push(offset);
+            } else if let Some(next) = next.filter(|_| subtrees == Subtrees::OfHolders) {
+                walk = unit.entries_raw(Some(next)).ok()?;
+                base = depth;
             }
         }
         addresses.sort_unstable_by_key(|address: &(gimli::Range, usize)| address.0.begin);
@@ -423,21 +451,39 @@ fn holds_no_code(abbrev: &gimli::Abbreviation, in_function: bool) -> bool {
         }
 }
 
-/// Reads the attributes of the entry at `offset` (whose abbreviation was just read): the
-/// offset of its next sibling, where `DW_AT_sibling` states one past it (`Some(None)` if not).
+/// Reads the attributes of the entry at `offset` (whose abbreviation was just read) as far as
+/// its `DW_AT_sibling`: the offset of its next sibling, where that states one past it
+/// (`Some(None)` if not, all attributes read). The walk is to go on from that sibling.
 fn sibling(
     walk: &mut gimli::EntriesRaw<'_, Slice>,
     abbrev: &gimli::Abbreviation,
     offset: gimli::UnitOffset,
 ) -> Option<Option<gimli::UnitOffset>> {
-    let mut next = None;
-    for spec in abbrev.attributes() {
-        let attr = walk.read_attribute(*spec).ok()?;
-        if let (gimli::DW_AT_sibling, AttributeValue::UnitRef(to)) = (attr.name(), attr.value()) {
-            next = Some(to).filter(|to| to.0 > offset.0);
-        }
+    let specs = abbrev.attributes();
+    let Some(at) = specs
+        .iter()
+        .position(|spec| spec.name() == gimli::DW_AT_sibling)
+    else {
+        walk.skip_attributes(specs).ok()?;
+        return Some(None);
+    };
+    walk.skip_attributes(&specs[..at]).ok()?;
+    let next = forward_sibling(&walk.read_attribute(specs[at]).ok()?, offset);
+    if next.is_none() {
+        walk.skip_attributes(&specs[at + 1..]).ok()?;
     }
     Some(next)
+}
+
+/// The sibling `attr` states of the entry at `offset`, if it is one past it.
+fn forward_sibling(
+    attr: &gimli::Attribute<Slice>,
+    offset: gimli::UnitOffset,
+) -> Option<gimli::UnitOffset> {
+    match (attr.name(), attr.value()) {
+        (gimli::DW_AT_sibling, AttributeValue::UnitRef(to)) if to.0 > offset.0 => Some(to),
+        _ => None,
+    }
 }
 
 /// Where the range `begin..end` lies against `probe`, for a binary search of sorted, disjoint
