@@ -60,6 +60,9 @@ pub struct Symbolizer {
     debug: Vec<Option<Option<DebugInfo>>>,
     /// By address and the module mapped there.
     cache: HashMap<(usize, Option<usize>), Box<[Frame]>>,
+    /// Symbol-table names found for a module before its debug info was loaded (by probe), for
+    /// the debug info loaded next: a pass over a large program's symbol table is milliseconds.
+    names_found: HashMap<usize, HashMap<u64, Option<String>>>,
 }
 
 impl Symbolizer {
@@ -71,6 +74,7 @@ impl Symbolizer {
             map,
             debug,
             cache: HashMap::new(),
+            names_found: HashMap::new(),
         }
     }
 
@@ -89,7 +93,9 @@ impl Symbolizer {
 
     /// [`Symbolizer::resolve`] against the module mapped at `address` when `stack` was captured.
     fn resolve_in(&mut self, address: usize, stack: Option<StackId>) -> &[Frame] {
-        let Symbolizer { map, debug, cache } = self;
+        let Symbolizer {
+            map, debug, cache, ..
+        } = self;
         let module = map.find(address, stack);
         cache
             .entry((address, module))
@@ -168,7 +174,11 @@ impl Symbolizer {
                 .file
                 .as_deref()
                 .and_then(DebugInfo::load_symbols)
-                .map(|mut info| info.symbol_names(&probes))
+                .map(|mut info| {
+                    let names = info.symbol_names(&probes);
+                    self.names_found.insert(exe, info.into_names());
+                    names
+                })
                 .unwrap_or_default(),
         };
         let mut in_main: HashSet<usize> = unresolved
@@ -221,7 +231,10 @@ impl Symbolizer {
                 .as_deref()
                 .and_then(|file| DebugInfo::load_for(file, &probes))
             {
-                Some(mut info) => info.locate_all(&probes),
+                Some(mut info) => {
+                    info.learn_names(self.names_found.remove(&index).unwrap_or_default());
+                    info.locate_all(&probes)
+                }
                 None => {
                     self.debug[index] = Some(None);
                     Vec::new()

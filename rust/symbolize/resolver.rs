@@ -758,6 +758,18 @@ impl DebugInfo {
         found
     }
 
+    /// The answers of [`DebugInfo::symbol_names`] so far, for [`DebugInfo::learn_names`] of
+    /// another `DebugInfo` of the same file.
+    pub(crate) fn into_names(self) -> HashMap<u64, Option<String>> {
+        self.named
+    }
+
+    /// Takes answers of [`DebugInfo::symbol_names`] found by another `DebugInfo` of the same
+    /// file.
+    pub(crate) fn learn_names(&mut self, names: HashMap<u64, Option<String>>) {
+        self.named.extend(names);
+    }
+
     /// The symbol-table name (as written, mangled) of the symbol holding each of `probes`: the
     /// separate debug file's table first (it knows local functions). One pass over the tables
     /// for the probes not asked before; answers are kept for later calls.
