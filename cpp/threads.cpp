@@ -49,17 +49,6 @@ struct InTheRecord {
     InTheRecord& operator=(const InTheRecord&) = delete;
 };
 
-void* start_in_the_record(void* slot) {
-    auto* handoff = static_cast<Handoff*>(slot);
-    const Start start = handoff->start.load(std::memory_order_relaxed);
-    void* const argument = handoff->argument.load(std::memory_order_relaxed);
-    const InTheRecord recorded;
-    // The argument is on this (recorded) stack now: the slot may serve another thread.
-    handoff->argument.store(nullptr, std::memory_order_relaxed);
-    handoff->start.store(nullptr, std::memory_order_release);
-    return start(argument);
-}
-
 // In a forked child the threads that were starting are gone: their slots serve again, and
 // what was handed to them is no longer held.
 void forget_handoffs() {
@@ -70,6 +59,27 @@ void forget_handoffs() {
 }
 
 }  // namespace
+
+namespace k15 {
+namespace memory {
+namespace detail {
+
+// The start routine of every thread pthread_create starts through a slot. Named in the
+// tracker's namespace: the report leaves this frame out of the stacks it shows.
+static void* start_in_the_record(void* slot) {
+    auto* handoff = static_cast<Handoff*>(slot);
+    const Start start = handoff->start.load(std::memory_order_relaxed);
+    void* const argument = handoff->argument.load(std::memory_order_relaxed);
+    const InTheRecord recorded;
+    // The argument is on this (recorded) stack now: the slot may serve another thread.
+    handoff->argument.store(nullptr, std::memory_order_relaxed);
+    handoff->start.store(nullptr, std::memory_order_release);
+    return start(argument);
+}
+
+}  // namespace detail
+}  // namespace memory
+}  // namespace k15
 
 extern "C" void k15_memory_threads_start_up() noexcept {
     static_cast<void>(pthread_atfork(nullptr, nullptr, forget_handoffs));
@@ -89,7 +99,8 @@ extern "C" [[gnu::weak]] int pthread_create(pthread_t* thread, const pthread_att
             continue;
         }
         handoff.argument.store(argument, std::memory_order_relaxed);
-        const int result = real(thread, attributes, start_in_the_record, &handoff);
+        const int result =
+            real(thread, attributes, k15::memory::detail::start_in_the_record, &handoff);
         if (result != 0) {
             handoff.argument.store(nullptr, std::memory_order_relaxed);
             handoff.start.store(nullptr, std::memory_order_release);

@@ -103,6 +103,10 @@ fn engine_sample_stacks_start_at_the_user_frame() {
         job.iter().any(|f| f == "start_thread"),
         "through libstdc++'s thread start: {job:?}"
     );
+    assert!(
+        !job.iter().any(|f| f.contains("start_in_the_record")),
+        "the tracker's own thread start is not shown: {job:?}"
+    );
 
     // The text report shows the same frames, numbered.
     assert!(

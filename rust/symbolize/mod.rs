@@ -27,6 +27,7 @@ use crate::stack::StackId;
 pub use names::is_allocator_frame;
 
 use modules::{Module, ModuleMap};
+use names::is_thread_start_of_ours;
 use resolver::{DebugInfo, Location};
 
 /// The module name of frames whose address lies in no loaded module.
@@ -252,8 +253,9 @@ impl Symbolizer {
     /// All frames of one captured stack (innermost call first), each against the module mapped
     /// at its address when the stack was captured, with the tracker's own and the allocator
     /// wrappers' frames ([`is_allocator_frame`]) trimmed from the top. Only the top run goes:
-    /// after the first user frame everything stays. A stack made only of such frames is
-    /// returned whole rather than empty.
+    /// after the first user frame everything stays but the tracker's thread start
+    /// ([`is_thread_start_of_ours`]). A stack made only of such frames is returned whole
+    /// rather than empty.
     pub fn symbolize_stack(&mut self, stack: StackId) -> Vec<Frame> {
         self.symbolize_frames(stack, usize::MAX)
     }
@@ -271,6 +273,15 @@ impl Symbolizer {
             .count();
         if own < frames.len() {
             frames.drain(..own);
+        }
+        let shown = |frame: &Frame| {
+            !frame
+                .function
+                .as_deref()
+                .is_some_and(is_thread_start_of_ours)
+        };
+        if frames.iter().any(shown) {
+            frames.retain(shown);
         }
         frames
     }

@@ -10,6 +10,13 @@ pub(crate) fn demangle_symbol(raw: &str) -> String {
     addr2line::demangle_auto(Cow::Borrowed(raw), None).into_owned()
 }
 
+/// Whether a frame is the tracker's own thread start (`cpp/threads.cpp`), which lies between
+/// glibc's `start_thread` and the program's start routine in the stack of every thread the
+/// program starts: the stacks shown leave it out wherever it is.
+pub fn is_thread_start_of_ours(function: &str) -> bool {
+    qualified_name(function) == "k15::memory::detail::start_in_the_record"
+}
+
 /// Whether a demangled function name belongs to the tracker or to an allocator wrapper, so
 /// that a report starts at the frame the user wrote.
 ///
@@ -149,6 +156,17 @@ fn is_ident_byte(byte: Option<u8>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_trackers_thread_start_is_hidden_anywhere() {
+        assert!(is_thread_start_of_ours(
+            "k15::memory::detail::start_in_the_record(void*)"
+        ));
+        assert!(!is_thread_start_of_ours(
+            "(anonymous namespace)::start_in_the_record(void*)"
+        ));
+        assert!(!is_thread_start_of_ours("start_thread"));
+    }
 
     #[test]
     fn qualified_names() {
