@@ -1,7 +1,7 @@
 //! The process's other threads, so that a report scans what they hold, as valgrind and
 //! LeakSanitizer do: each one's stack from where it stands now (its `thread_local`s lie above,
-//! at the top of its stack's mapping), leaving out the tracker's own state in it, and at exit
-//! its registers ([`registers_of`]).
+//! at the top of its stack's mapping), leaving out the tracker's own state in it, and its
+//! registers ([`registers_of`]; midway only where that needs no tracer named).
 //!
 //! Where a thread stands is asked of the kernel (`/proc/self/task/TID/syscall`: the stack
 //! pointer of a thread blocked in a system call or waiting to run); a thread running on another
@@ -102,7 +102,7 @@ pub fn forget_others() {
 pub struct OtherThreads {
     pub stacks: Vec<Range<usize>>,
     pub own_state: Vec<Range<usize>>,
-    /// At exit, their general registers, as words ([`registers_of`]).
+    /// Their general registers, as words ([`registers_of`]), where they can be read.
     pub registers: Vec<usize>,
 }
 
@@ -123,9 +123,12 @@ pub fn others() -> OtherThreads {
         .filter_map(|task| task.ok()?.file_name().to_str()?.parse::<u32>().ok())
         .filter(|&tid| tid != me)
         .collect();
-    if super::at_exit::begun() {
-        found.registers = registers_of(&tids);
-    }
+    found.registers = match tracing() {
+        Tracing::Open => registers_of(&tids, false),
+        // Naming a tracer replaces the one the program may have named: only once it exits.
+        Tracing::ByNamedTracer if super::at_exit::begun() => registers_of(&tids, true),
+        _ => Vec::new(),
+    };
     let maps = Mappings::read();
     for tid in tids {
         let Some(standing) = stack_pointer_of(tid) else {
@@ -150,6 +153,25 @@ pub fn others() -> OtherThreads {
     found
 }
 
+/// Whether the helper of [`registers_of`] may trace this process's threads (Yama's
+/// `ptrace_scope`).
+enum Tracing {
+    /// No Yama, scope 0, or scope 2 (a helper with `CAP_SYS_PTRACE` may, others fail alone).
+    Open,
+    /// Scope 1: only a tracer the process named (`PR_SET_PTRACER`).
+    ByNamedTracer,
+    /// Scope 3: nobody.
+    Closed,
+}
+
+fn tracing() -> Tracing {
+    match std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope") {
+        Ok(scope) if scope.trim() == "1" => Tracing::ByNamedTracer,
+        Ok(scope) if scope.trim() == "3" => Tracing::Closed,
+        _ => Tracing::Open,
+    }
+}
+
 /// Words of x86-64's `user_regs_struct`.
 const REGISTER_WORDS: usize = size_of::<libc::user_regs_struct>() / 8;
 /// A thread's slot in the helper's answer: a mark (1: read), then its registers.
@@ -159,9 +181,10 @@ const ANSWER_WORDS: usize = 1 + REGISTER_WORDS;
 /// LeakSanitizer reads them), so that a pointer a thread holds only in a register (a
 /// callee-saved one across a call, at `-O2`) is a root, as valgrind finds. Each thread stops
 /// for its read alone; a blocked system call restarts as after any stop. A thread that cannot be
-/// traced (a debugger holds it, the system forbids ptrace) gives none. Only at exit: the
-/// helper must be named the process's tracer (Yama), which replaces whatever the program named.
-fn registers_of(tids: &[u32]) -> Vec<usize> {
+/// traced (a debugger holds it, the system forbids ptrace) gives none. `name_tracer`: the helper
+/// is named the process's tracer first (Yama's scope 1), which replaces whatever the program
+/// named.
+fn registers_of(tids: &[u32], name_tracer: bool) -> Vec<usize> {
     if tids.is_empty() {
         return Vec::new();
     }
@@ -197,8 +220,10 @@ fn registers_of(tids: &[u32]) -> Vec<usize> {
         unsafe { libc::_exit(0) };
     }
     if child > 0 {
-        // SAFETY: prctl takes plain values.
-        unsafe { libc::prctl(libc::PR_SET_PTRACER, child as libc::c_ulong, 0, 0, 0) };
+        if name_tracer {
+            // SAFETY: prctl takes plain values.
+            unsafe { libc::prctl(libc::PR_SET_PTRACER, child as libc::c_ulong, 0, 0, 0) };
+        }
         crate::sys::write_fd(go[1], b"g");
         // SAFETY: waitpid writes a local.
         unsafe {

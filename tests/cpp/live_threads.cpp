@@ -12,7 +12,8 @@
 //                          std::thread state (whose lambda holds a 9001-byte block); the report
 //                          is written midway (unallocated.log) and at exit
 //   live_threads register  a thread holds a block in a register alone (r15, its stack scrubbed)
-//                          while it spins when the process exits
+//                          while it spins when a report is written midway (register_midway.log)
+//                          and when the process exits
 //   live_threads exits     the same, after 6,000 threads ended every way (returning, pthread_exit,
 //                          cancelled, std::thread) while a second thread starts threads and the
 //                          first forks children that do the same (their reports: child_N.log)
@@ -179,6 +180,7 @@ int main(int argc, char** argv) {
     if (argc > 1 && std::strcmp(argv[1], "register") == 0) {
         std::thread(hold_in_a_register_alone).detach();
         while (!in_a_register) usleep(1000);
+        k15::memory::write_leak_report("register_midway.log");
         return 0;
     }
     if (argc > 1 && (std::strcmp(argv[1], "unallocated") == 0 || std::strcmp(argv[1], "exits") == 0)) {
