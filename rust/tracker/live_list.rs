@@ -114,15 +114,13 @@ const PEAK_FLUSH_BYTES: u64 = 32 * 1024;
 static FLUSHED_LIVE_BYTES: AtomicI64 = AtomicI64::new(0);
 static FLUSHED_PEAK_BYTES: AtomicU64 = AtomicU64::new(0);
 
-/// `owner` of a shard nobody owns.
+/// `owner` of a shard nobody owns (guest shards among them: they are told by their index).
 const NO_OWNER: u32 = 0;
-/// `owner` of a guest shard.
-const GUEST: u32 = u32::MAX - 1;
 
 #[repr(C, align(128))]
 pub struct Shard {
     lock: SpinLock,
-    /// The owning thread's number, [`NO_OWNER`] or [`GUEST`]; changed only under `lock`.
+    /// The owning thread's number or [`NO_OWNER`]; changed only under `lock`.
     owner: AtomicU32,
     /// Written by the owner only, with plain stores: it is changing the shard. A word of its
     /// own: a load of `revoked` right after a byte store into the same 8 bytes cannot take its
@@ -166,20 +164,15 @@ const EMPTY_SHARD: Shard = Shard {
     peak_bytes: AtomicU64::new(0),
     allocations: AtomicU64::new(0),
     frees: AtomicU64::new(0),
-    flush_above: AtomicU64::new(PEAK_FLUSH_BYTES),
+    // 0: the shard's first allocation flushes, and sets the band.
+    flush_above: AtomicU64::new(0),
     flush_below: AtomicU64::new(0),
     pending: UnsafeCell::new([core::ptr::null_mut(); PENDING_CAPACITY]),
 };
 
-pub static SHARDS: [Shard; SHARD_COUNT] = {
-    let mut shards = [EMPTY_SHARD; SHARD_COUNT];
-    let mut index = 0;
-    while index < GUEST_SHARDS {
-        shards[index].owner = AtomicU32::new(GUEST);
-        index += 1;
-    }
-    shards
-};
+/// All zeros at start, so that they lie in `.bss` (557 KB of `.data` in every program linked
+/// with the library before, and a copy-on-write fault for each page first written).
+pub static SHARDS: [Shard; SHARD_COUNT] = [EMPTY_SHARD; SHARD_COUNT];
 
 /// Where the shards lie: their list ends and queues hold header addresses, not the program's
 /// pointers, so a leak scan skips them.
@@ -280,7 +273,11 @@ impl Shard {
     #[cold]
     #[inline(never)]
     fn flush_live_bytes(&self, live: u64) {
-        let flushed = self.flush_above.load(Ordering::Relaxed) - PEAK_FLUSH_BYTES;
+        // Nothing flushed yet while `flush_above` is 0.
+        let flushed = self
+            .flush_above
+            .load(Ordering::Relaxed)
+            .saturating_sub(PEAK_FLUSH_BYTES);
         let delta = live.wrapping_sub(flushed) as i64;
         let total = FLUSHED_LIVE_BYTES.fetch_add(delta, Ordering::Relaxed) + delta;
         FLUSHED_PEAK_BYTES.fetch_max(total.max(0) as u64, Ordering::Relaxed);
@@ -348,7 +345,7 @@ impl Shard {
             return Err(NotHeld::Reentered);
         }
         self.lock.lock(me);
-        if matches!(self.owner.load(Ordering::Relaxed), NO_OWNER | GUEST) {
+        if self.owner.load(Ordering::Relaxed) == NO_OWNER {
             return Ok(HeldShard {
                 shard: self,
                 how: Held::ByLock,
@@ -677,10 +674,8 @@ impl StoppedWorld {
     pub fn unsettled_threads(&self) -> Vec<u32> {
         let mut owners: Vec<u32> = (0..SHARD_COUNT)
             .filter(|&index| self.unsettled.contains(index))
-            .map(|index| match SHARDS[index].owner.load(Ordering::Relaxed) {
-                NO_OWNER | GUEST => 0,
-                owner => owner,
-            })
+            // A shard nobody owns reads NO_OWNER, 0.
+            .map(|index| SHARDS[index].owner.load(Ordering::Relaxed))
             .collect();
         owners.sort_unstable();
         owners.dedup();
