@@ -14,7 +14,10 @@ pub(crate) fn demangle_symbol(raw: &str) -> String {
 /// glibc's `start_thread` and the program's start routine in the stack of every thread the
 /// program starts: the stacks shown leave it out wherever it is.
 pub fn is_thread_start_of_ours(function: &str) -> bool {
-    qualified_name(function) == "k15::memory::detail::start_in_the_record"
+    // Asked of every frame shown: a compare of the name's end first (a substring search per
+    // frame cost a sixth of a 20,000-stack report), the parse only for a candidate.
+    function.ends_with("start_in_the_record(void*)")
+        && qualified_name(function) == "k15::memory::detail::start_in_the_record"
 }
 
 /// Whether a demangled function name belongs to the tracker or to an allocator wrapper, so
