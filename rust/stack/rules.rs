@@ -496,24 +496,14 @@ fn search_table(hdr: &[u8], hdr_address: u64, probe: u64) -> Option<(u64, u64)> 
         return None;
     }
     let count = u32::from_le_bytes(word(8)?) as usize;
-    let table = hdr.get(12..12 + count.checked_mul(8)?)?;
-    let entry = |i: usize| {
-        let at = |k: usize| {
-            let offset = i32::from_le_bytes([table[k], table[k + 1], table[k + 2], table[k + 3]]);
-            hdr_address.wrapping_add(offset as i64 as u64)
-        };
-        (at(8 * i), at(8 * i + 4))
-    };
-    let (mut lo, mut hi) = (0, count); // the entry sought is the last below `hi` that starts <= probe
-    while lo < hi {
-        let mid = lo + (hi - lo) / 2;
-        if entry(mid).0 <= probe {
-            lo = mid + 1;
-        } else {
-            hi = mid;
-        }
-    }
-    lo.checked_sub(1).map(entry)
+    let (entries, _) = hdr.get(12..12 + count.checked_mul(8)?)?.as_chunks::<8>();
+    let at = |offset: [u8; 4]| hdr_address.wrapping_add(i32::from_le_bytes(offset) as i64 as u64);
+    let start = |e: &[u8; 8]| at([e[0], e[1], e[2], e[3]]);
+    // The entry sought is the last that starts at or below the probe.
+    let e = &entries[entries
+        .partition_point(|e| start(e) <= probe)
+        .checked_sub(1)?];
+    Some((start(e), at([e[4], e[5], e[6], e[7]])))
 }
 
 /// What a step needs from one row of CFI, if it is expressible as a [`Rule`].
