@@ -110,6 +110,80 @@ fn an_exact_fit_overrun_into_a_free_neighbour_is_found_when_it_is_reused() {
     }
 }
 
+/// An overrun seen behind the block at its `delete` and confirmed later: its detail says so, and
+/// its stack is the `delete`'s.
+fn assert_seen_at_delete(what: &str, error: &Value) {
+    assert!(
+        error["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("seen at its delete"),
+        "{what}: {error}"
+    );
+    let freed = &error["free_stack"][0]["function"];
+    assert!(
+        freed.as_str().unwrap().contains("release"),
+        "{what}: {error}"
+    );
+}
+
+/// `how`'s overrun of every exact fit, and of a compact block, seen at the `delete`.
+fn assert_every_fit_seen_at_delete(how: &str) {
+    for size in EXACT_FITS {
+        let (_, error) = only_overrun(how, size);
+        assert_seen_at_delete(&format!("{how} {size}"), &error);
+    }
+    let (_, error) = overrun_of(how, 16, Made::WithoutSite);
+    assert_seen_at_delete(&format!("{how} 16 compact"), &error);
+}
+
+#[test]
+fn an_exact_fit_overrun_of_a_block_deleted_first_is_blamed_on_it_with_its_delete() {
+    assert_every_fit_seen_at_delete("freed_first");
+}
+
+/// The neighbour is free, so no `delete` of its own reads its header again: the damage is found
+/// when the heap next reads it (at exit at the latest: its span empties, or the report's check),
+/// and blamed on the block seen deleted with it behind, not on whatever that block's memory
+/// served since (the report's own allocations reuse it, for one).
+#[test]
+fn an_exact_fit_overrun_into_a_free_neighbour_is_blamed_on_the_deleted_block_at_exit() {
+    assert_every_fit_seen_at_delete("freed_alone");
+}
+
+/// The block is the only one of its class: nothing but its span's guard word lies behind it, and
+/// the span empties when the block comes back to it (at exit), after which its pages go: the
+/// guard word is read before they do.
+#[test]
+fn an_exact_fit_overrun_of_the_only_block_of_its_class_is_found_before_its_span_goes() {
+    for size in [608, 2528] {
+        let (_, error) = only_overrun("only_one", size);
+        assert_seen_at_delete(&format!("only_one {size}"), &error);
+    }
+}
+
+/// Looking behind an exact fit at its `delete` reads a header another thread may be changing:
+/// what it sees there is only a suspect until the damage is found where nobody changes it, so a
+/// program without overruns gets no error, however its threads race. Run several times.
+#[test]
+fn threads_racing_over_exact_fits_without_overruns_get_no_error() {
+    for (round, made) in [Made::AtSite, Made::WithoutSite, Made::AtSite]
+        .into_iter()
+        .enumerate()
+    {
+        let mut args = vec!["threads", "16"];
+        if made == Made::WithoutSite {
+            args.push("compact");
+        }
+        let run = support::run_with(program(), &format!("threads_{round}"), "", &[], &args);
+        assert!(run.output.status.success(), "{}", run.stderr());
+        assert!(run.stdout().contains("check_heap 0"), "{}", run.stdout());
+        assert!(run.stdout().contains("last line"), "{}", run.stdout());
+        assert_eq!(run.error_kinds(), Vec::<String>::new(), "{}", run.text);
+        assert_eq!(run.leaks().len(), 0, "{}", run.text);
+    }
+}
+
 #[test]
 fn check_heap_finds_an_exact_fit_overrun_into_a_live_neighbour() {
     for size in EXACT_FITS {

@@ -381,7 +381,10 @@ fn write_damage(out: &mut String, e: &MemoryError, stacks: &ErrorStacks) -> std:
         writeln!(out, "  freed from:")?;
         write_frames(out, previous_free, "    ")?;
     }
-    let at_free = e.detail.is_none() || e.kind == errors::ErrorKind::HeapCorruption;
+    // An overrun seen at the block's `delete` and confirmed later carries that `delete`'s stack.
+    let at_free = e.detail.is_none()
+        || e.kind == errors::ErrorKind::HeapCorruption
+        || e.detail == Some(crate::tracker::integrity::SEEN_AT_DELETE);
     match found.is_empty() {
         false if at_free => writeln!(out, "  released from:")?,
         false => writeln!(out, "  checked from:")?,

@@ -106,6 +106,61 @@ pub fn report_at_delete(header: *mut BlockHeader, freed_with: BlockKind, start: 
     report_all(problems, super::capture_stack_of(start), freed_with);
 }
 
+/// At the `delete` of a heap block whose class leaves it no guard bytes: the word behind its last
+/// byte is the next block's header (or a span's guard word), where a write past its end lands.
+/// Another thread may be changing that header right now, so damage seen there is only noted, as
+/// a suspect, with this block's allocation and this `delete`'s stack; it is reported once it is
+/// found for certain where that header or word is next read by whoever holds it (the next
+/// block's `delete` or reuse, `check_heap()`, its span emptying, the report), as an overrun of
+/// this block. A suspect that is never confirmed (a header caught mid-change) is never reported.
+#[cold]
+#[inline(never)]
+pub fn look_behind_exact_fit(header: *mut BlockHeader, start: impl Fn() -> StartFrame) {
+    // SAFETY: the live block being freed by this thread: its header is its own.
+    let h = unsafe { &*header };
+    let at = BlockHeader::user_ptr(header) as usize + h.size();
+    // Nearly always a block of the class lies there, its header whole: one check of its cookie
+    // (read only; whatever lies there, a valid cookie rules damage out).
+    let layout = h.layout();
+    let next = (at - (HEADER_SIZE - layout.front())) as *mut BlockHeader;
+    // SAFETY: the header's part in the block lies within the span (checked first), readable.
+    if super::spans::span_holds(at, layout.front()) && unsafe { (*next).cookie_valid(layout) } {
+        return;
+    }
+    let Some((_, class)) = super::spans::serving_span(at - 1) else {
+        return;
+    };
+    let damaged = match super::spans::behind(at, class) {
+        // SAFETY: a guard word inside the span, readable (another thread may be carving a block
+        // over it: then it reads otherwise, and nothing confirms the suspect).
+        Some(super::spans::Found::GuardWord(word)) => (unsafe { word.read_volatile() }) != GUARD,
+        // SAFETY: a header carved in the span, readable; only read (as above if it changes).
+        Some(super::spans::Found::Block(next, layout)) => unsafe { !(*next).cookie_valid(layout) },
+        None => false,
+    };
+    if !damaged {
+        return;
+    }
+    let _inside = Inside::enter();
+    // SAFETY: as for the guard word above.
+    let found = unsafe { (at as *const u64).read_volatile() }.to_ne_bytes();
+    let suspect = Suspect {
+        at,
+        found,
+        user: BlockHeader::user_ptr(header) as usize,
+        size: h.size(),
+        file: h.file() as usize,
+        line: h.line(),
+        kind: h.kind(),
+        alloc_stack: h.alloc_stack(),
+        free_stack: super::capture_stack_of(start()),
+    };
+    let mut log = found_log();
+    let slot = log.next_suspect % SUSPECTS;
+    log.suspects[slot] = Some(suspect);
+    log.next_suspect = slot + 1;
+}
+
 /// Every live block (on the shards' lists and in the heap), checked and repaired on the way;
 /// `visit` sees each.
 pub fn check_live_blocks(
@@ -183,9 +238,13 @@ fn damaged_heap_header(header: *mut BlockHeader, layout: Layout, found_by: Found
 }
 
 /// The error for damage that a write past the end of the block in front of `at` did (to the
-/// first word of the header there, or to a guard word of a span): an overrun of that block
-/// when it is live, else heap corruption at `at`. Has no stack yet.
+/// first word of the header there, or to a guard word of a span): an overrun of that block when
+/// it is live or was seen so at its `delete` ([`look_behind_exact_fit`]), else heap corruption
+/// at `at`. Has no stack yet unless it was seen at a `delete`.
 pub fn front_overrun_error(at: usize, damage: FirstWordDamage) -> MemoryError {
+    if let Some(suspect) = found_log().confirm_suspect(at, damage.found) {
+        return suspect.overrun(damage);
+    }
     let front = super::heap::block_containing(at - 1).filter(|b| b.start + b.size == at);
     if let Some(front) = front {
         let header = front.header();
@@ -252,8 +311,13 @@ fn check_list(
 /// `check_heap()` call; none for a report's check). Called inside the tracker, no shard held.
 pub fn report_all(problems: Vec<MemoryError>, stack: StackId, freed_with: BlockKind) {
     for problem in problems {
+        // An overrun seen at its block's `delete` keeps that `delete`'s stack and kind.
+        let (free_stack, freed_with) = match problem.free_stack {
+            StackId(0) => (stack, freed_with),
+            own => (own, problem.freed_with),
+        };
         errors::report(MemoryError {
-            free_stack: stack,
+            free_stack,
             freed_with,
             ..problem
         });
@@ -296,6 +360,8 @@ pub enum Corrupted {
     /// The first bytes of a heap header (or a span's guard word) behind a block that is no
     /// longer live: written past its end; repaired.
     OverrunFromFront,
+    /// A free block's header, found when every block of its span had come back.
+    FreeSpanHeader,
 }
 
 impl Corrupted {
@@ -306,6 +372,7 @@ impl Corrupted {
             Corrupted::FreeList => "a free block's header was overwritten (by an overrun of the block in front of it in memory?); the heap leaves it and the blocks listed behind it unused",
             Corrupted::Header => "this block's header (size, stack, check word) was overwritten (by an overrun of the block in front of it in memory?); the block is no longer tracked and is left alone",
             Corrupted::OverrunFromFront => "the bytes in front of this address were overwritten past the end of the block in front of them, which is no longer live (a write after its delete?); restored",
+            Corrupted::FreeSpanHeader => "a free block's header was overwritten (by an overrun of the block in front of it in memory?); found when every block of its span had been freed",
         }
     }
 }
@@ -327,12 +394,73 @@ struct FoundLog {
     entries: [Option<Corruption>; 32],
     /// Records beyond the room above, counted only.
     dropped: usize,
+    /// Damage seen behind blocks at their `delete`, not yet confirmed; the oldest give way.
+    suspects: [Option<Suspect>; SUSPECTS],
+    next_suspect: usize,
 }
+
+/// Suspects kept at once (see [`look_behind_exact_fit`]): each is damage seen, rare outside a
+/// program that writes past the ends of blocks over and over.
+const SUSPECTS: usize = 64;
 
 static FOUND: Mutex<FoundLog> = Mutex::new(FoundLog {
     entries: [None; 32],
     dropped: 0,
+    suspects: [None; SUSPECTS],
+    next_suspect: 0,
 });
+
+impl FoundLog {
+    /// The suspect that saw `found` at `at`, taken: the damage found there now is the damage it
+    /// saw at its block's `delete`, so its block wrote it.
+    fn confirm_suspect(&mut self, at: usize, found: [u8; 8]) -> Option<Suspect> {
+        self.suspects
+            .iter_mut()
+            .find(|s| s.is_some_and(|s| s.at == at && s.found == found))?
+            .take()
+    }
+}
+
+/// A block that, at its `delete`, had damage behind it ([`look_behind_exact_fit`]): what its
+/// header told then, and the `delete`'s stack.
+#[derive(Clone, Copy)]
+struct Suspect {
+    /// Where the damage lay, and its bytes then.
+    at: usize,
+    found: [u8; 8],
+    user: usize,
+    size: usize,
+    /// `K15_NEW`'s `__FILE__` (a literal) as an address, or 0.
+    file: usize,
+    line: u32,
+    kind: BlockKind,
+    alloc_stack: StackId,
+    free_stack: StackId,
+}
+
+impl Suspect {
+    /// The overrun of its block, now that the damage is confirmed.
+    fn overrun(&self, damage: FirstWordDamage) -> MemoryError {
+        MemoryError {
+            size: self.size,
+            file: file_at(self.kind, self.file as *const core::ffi::c_char),
+            line: self.line,
+            allocated_with: Some(self.kind),
+            alloc_stack: self.alloc_stack,
+            detail: Some(SEEN_AT_DELETE),
+            damage: Damage::between((self.at - self.user) as isize, &damage.found, &damage.was),
+            ..MemoryError::at_free(
+                ErrorKind::Overrun,
+                self.user as *mut u8,
+                self.kind,
+                self.free_stack,
+            )
+        }
+    }
+}
+
+/// The detail of an overrun seen behind the block at its `delete` and confirmed later.
+pub const SEEN_AT_DELETE: &str = "seen at its delete in the header behind it (its class leaves it no guard bytes), confirmed when that header was next checked; repaired";
 static ANY_FOUND: AtomicBool = AtomicBool::new(false);
 
 fn found_log() -> MutexGuard<'static, FoundLog> {
@@ -362,6 +490,46 @@ pub fn found_corruption(header: usize, what: Corrupted) {
 #[cold]
 pub fn found_front_overrun(at: usize, damage: FirstWordDamage) {
     log_corruption(at, Corrupted::OverrunFromFront, None, Some(damage));
+}
+
+/// A block (any state) or guard word of a span whose blocks have all come back, before the span
+/// leaves its class: the last look at it (its memory goes to another class or back to the OS).
+/// Damage to a header's exposed word or to a guard word (a write past the end of the block in
+/// front) is repaired and recorded; a header damaged beyond that is recorded as such.
+///
+/// # Safety
+/// The span's class lock is held and every block of the span is back on its free list: nobody
+/// reads or writes its headers and words meanwhile.
+#[cold]
+pub unsafe fn check_left_behind(found: super::spans::Found) {
+    match found {
+        super::spans::Found::Block(header, layout) => {
+            // SAFETY: guaranteed by the caller.
+            if unsafe { (*header).cookie_valid(layout) } {
+                return;
+            }
+            // SAFETY: as above.
+            match unsafe { BlockHeader::front_overrun(header, layout) } {
+                Some(damage) => {
+                    found_front_overrun(BlockHeader::exposed_word_at(header, layout), damage)
+                }
+                None => found_corruption(header as usize, Corrupted::FreeSpanHeader),
+            }
+        }
+        super::spans::Found::GuardWord(word) => {
+            // SAFETY: as above.
+            let value = unsafe { word.read() };
+            if value != GUARD {
+                // SAFETY: as above.
+                unsafe { word.write(GUARD) };
+                let damage = FirstWordDamage {
+                    found: value.to_ne_bytes(),
+                    was: GUARD.to_ne_bytes(),
+                };
+                found_front_overrun(word as usize, damage);
+            }
+        }
+    }
 }
 
 fn log_corruption(
@@ -741,13 +909,15 @@ pub fn fields_hold_together(h: &BlockHeader) -> bool {
 /// The `K15_NEW` file of a block, read only where its pointer leads to mapped memory (a stray
 /// write may have changed it; the cookie does not cover it).
 pub fn file_of(h: &BlockHeader) -> Option<String> {
+    file_at(h.kind(), h.file())
+}
+
+/// The `file` that a header of a block of `kind` gave, as text.
+fn file_at(kind: BlockKind, file: *const core::ffi::c_char) -> Option<String> {
     // A `k15::memory::allocate` block keeps its allocator's name there instead.
-    if h.kind() == BlockKind::Named
-        || h.file().is_null()
-        || !crate::sys::page_is_mapped(h.file() as usize)
-    {
+    if kind == BlockKind::Named || file.is_null() || !crate::sys::page_is_mapped(file as usize) {
         return None;
     }
-    // SAFETY: the `file` of a live block is null or a `__FILE__` literal, here in mapped memory.
-    unsafe { crate::sys::c_str(h.file()) }.map(str::to_owned)
+    // SAFETY: the `file` of a block is null or a `__FILE__` literal, here in mapped memory.
+    unsafe { crate::sys::c_str(file) }.map(str::to_owned)
 }

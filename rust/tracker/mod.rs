@@ -397,8 +397,12 @@ fn free_live(
     // to find it, and everything is checked again once it is held.
     let shard = unsafe { (*header).shard() };
     // SAFETY: as above; only this thread frees the block it was given.
-    if unsafe { !(*header).guard_intact() } {
+    let (guard_intact, no_guard) =
+        unsafe { ((*header).guard_intact(), (*header).guard_len() == 0) };
+    if !guard_intact {
         integrity::report_at_delete(header, kind, start());
+    } else if no_guard {
+        integrity::look_behind_exact_fit(header, start);
     }
     let hot = init::set_up_hot();
     // The option bits are tested once on the common path (none of them set); the path with
@@ -807,7 +811,7 @@ fn report_budget_exceeded(size: usize, file: *const c_char, line: u32, alloc_sta
 
 /// The stack of the call being reported (a bad free, a refused allocation). Called inside
 /// the tracker: the unwinder's cold paths allocate.
-fn capture_stack_of(start: StartFrame) -> StackId {
+pub(crate) fn capture_stack_of(start: StartFrame) -> StackId {
     stack::capture(start, init::hot().stack_depth())
 }
 

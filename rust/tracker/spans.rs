@@ -127,6 +127,12 @@ pub fn contains(addr: usize) -> bool {
     addr.wrapping_sub(CARVED.base.load(Ordering::Relaxed)) < CARVED.bytes.load(Ordering::Acquire)
 }
 
+/// Whether `len` bytes from `addr` (an address of the heap) lie within its span.
+#[inline]
+pub fn span_holds(addr: usize, len: usize) -> bool {
+    (addr - CARVED.base.load(Ordering::Relaxed)) % SPAN_BYTES + len <= SPAN_BYTES
+}
+
 /// The start and class of the span serving a class that `addr` lies in; `None` outside the heap
 /// and in free spans.
 pub fn serving_span(addr: usize) -> Option<(usize, usize)> {
@@ -308,6 +314,34 @@ pub enum Found {
     GuardWord(*mut u64),
 }
 
+/// What lies at `at`, right behind a block of class `class` that fills its class, as the span
+/// table says now (read without the class lock: a block may be carved there meanwhile): the
+/// header of the next block, or a guard word. `None` outside the heap.
+pub fn behind(at: usize, class: usize) -> Option<Found> {
+    if !contains(at) {
+        return None;
+    }
+    let index = span_index(at);
+    let start = span_start(index);
+    // SAFETY: an entry of the span `at` lies in, read as one value.
+    let carved = unsafe {
+        (&raw const (*SPANS.load(Ordering::Relaxed).add(index as usize)).carved).read_volatile()
+    };
+    if at + GUARD_SIZE > start + SPAN_BYTES {
+        return None;
+    }
+    Some(
+        if heap::carve_skips(at, class) || at >= start + carved as usize {
+            Found::GuardWord(at as *mut u64)
+        } else {
+            Found::Block(
+                (at - heap::header_before_block(class)) as *mut BlockHeader,
+                Layout::of_class(class),
+            )
+        },
+    )
+}
+
 /// Walks every span serving a class, with the world stopped (so no thread changes a header
 /// but through a claim, or by giving blocks back to a class, whose lock is taken for each span).
 /// `visit` learns whether the span was held still: not when `locked` is false (an exit from a
@@ -332,25 +366,31 @@ pub fn for_each_block(locked: bool, mut visit: impl FnMut(Found, bool)) {
         let carved = unsafe {
             (&raw const (*SPANS.load(Ordering::Relaxed).add(index as usize)).carved).read_volatile()
         };
-        let start = span_start(index);
-        let end = start + carved as usize;
-        let size = heap::class_size(class);
-        let layout = Layout::of_class(class);
-        let header_before = heap::header_before_block(class);
-        let mut block = start + heap::first_block_offset(start, class);
-        while block < end {
-            if heap::carve_skips(block, class) {
-                visit(Found::GuardWord(block as *mut u64), still);
-                block += heap::LARGEST_ALIGN;
-            } else {
-                let header = (block - header_before) as *mut BlockHeader;
-                visit(Found::Block(header, layout), still);
-                block += size;
-            }
+        blocks_of_span(index, class, carved as usize, |found| visit(found, still));
+    }
+}
+
+/// The blocks and guard words of span `index`, carved for `class` up to `carved` bytes from its
+/// start, in address order.
+fn blocks_of_span(index: u32, class: usize, carved: usize, mut visit: impl FnMut(Found)) {
+    let start = span_start(index);
+    let end = start + carved;
+    let size = heap::class_size(class);
+    let layout = Layout::of_class(class);
+    let header_before = heap::header_before_block(class);
+    let mut block = start + heap::first_block_offset(start, class);
+    while block < end {
+        if heap::carve_skips(block, class) {
+            visit(Found::GuardWord(block as *mut u64));
+            block += heap::LARGEST_ALIGN;
+        } else {
+            let header = (block - header_before) as *mut BlockHeader;
+            visit(Found::Block(header, layout));
+            block += size;
         }
-        if block == end && end + GUARD_SIZE <= start + SPAN_BYTES {
-            visit(Found::GuardWord(end as *mut u64), still);
-        }
+    }
+    if block == end && end + GUARD_SIZE <= start + SPAN_BYTES {
+        visit(Found::GuardWord(end as *mut u64));
     }
 }
 
@@ -509,6 +549,14 @@ fn fresh_span(region: &mut Region) -> Option<u32> {
 /// # Safety
 /// The span serves `class`, is on no list, and the class lock is held.
 unsafe fn free(index: u32, class: usize) {
+    // The last look at what its blocks left behind: its memory goes to another class or back to
+    // the OS, where a write past the end of a block that filled its class would be lost.
+    // SAFETY: under the class lock, with every block of the span back on its free list.
+    let carved = unsafe { span(index).carved };
+    blocks_of_span(index, class, carved as usize, |found| {
+        // SAFETY: as above: nobody else reads or writes these headers and words meanwhile.
+        unsafe { super::integrity::check_left_behind(found) }
+    });
     owner(index).store(FREE | class as u8, Ordering::Release);
     let mut region = region();
     let keep = region.kept_count < KEPT_FREE_SPANS;

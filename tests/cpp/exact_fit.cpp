@@ -6,6 +6,15 @@
 //   reuse       the byte lands in a free neighbour's header, found when `new` reuses it
 //   check_heap  the byte lands in a live neighbour's header, found by check_heap()
 //   span_end    the block is the last one of a span: the byte lands in the span's guard word
+//   freed_first the block is deleted before its live neighbour: the damage is seen at its delete
+//               and confirmed at the neighbour's
+//   freed_alone the neighbour is freed first, then the block: seen at its delete, confirmed when
+//               the free neighbour's header is next read (at exit, at the latest)
+//   only_one    the only block of its class, deleted: the byte lands in its span's guard word,
+//               seen at its delete, confirmed when the span empties (at exit, before it goes)
+//   threads     no overrun at all: 8 threads make and delete exact fits of `size` * 1..8 bytes,
+//               a third of them deleted by another thread, while each delete looks behind its
+//               block at headers other threads are changing: nothing may be reported
 //
 // With a third argument `compact`, the blocks come from a plain `new` (no `K15_NEW` site): blocks
 // of up to 16 bytes then take the compact header, 16 bytes in front of the block.
@@ -16,8 +25,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -96,6 +107,44 @@ char* last_of_a_span(std::size_t size, std::vector<char*>& kept) {
     return last;
 }
 
+// Exact fits made and deleted by `count` threads, some handed to another thread to delete.
+void churn_exact_fits(std::size_t size, int count) {
+    std::mutex lock;
+    std::vector<char*> handed;
+    std::vector<std::thread> threads;
+    for (int t = 0; t < count; ++t) {
+        threads.emplace_back([&, t] {
+            std::uint32_t state = 2654435761u * (t + 1);
+            std::vector<char*> mine;
+            for (int i = 0; i < 100000; ++i) {
+                state = state * 1664525u + 1013904223u;
+                mine.push_back(make(size * (1 + (state >> 16) % 8)));
+                if (mine.size() < 64) continue;
+                const std::size_t k = (state >> 8) % mine.size();
+                char* block = mine[k];
+                mine[k] = mine.back();
+                mine.pop_back();
+                char* theirs = nullptr;
+                {
+                    std::lock_guard<std::mutex> held(lock);
+                    if (state % 3 == 0) {
+                        handed.push_back(block);
+                        block = nullptr;
+                    } else if (!handed.empty()) {
+                        theirs = handed.back();
+                        handed.pop_back();
+                    }
+                }
+                if (block != nullptr) release(block);
+                if (theirs != nullptr) release(theirs);
+            }
+            for (char* block : mine) release(block);
+        });
+    }
+    for (std::thread& thread : threads) thread.join();
+    for (char* block : handed) release(block);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -104,6 +153,20 @@ int main(int argc, char** argv) {
     const std::size_t size = std::strtoul(argv[2], nullptr, 10);
     compact = argc == 4 && std::string(argv[3]) == "compact";
     if (compact && size <= 16) kHeader = 16;
+    if (how == "threads") {
+        churn_exact_fits(size, 8);
+        std::printf("check_heap %zu\n", k15::memory::check_heap());
+        std::printf("last line\n");
+        return 0;
+    }
+    if (how == "only_one") {
+        char* block = make(size);
+        std::printf("front %p\n", static_cast<void*>(block));
+        overrun(block, size);
+        release(block);
+        std::printf("last line\n");
+        return 0;
+    }
     if (how == "span_end") {
         std::vector<char*> kept;
         char* last = last_of_a_span(size, kept);
@@ -136,6 +199,14 @@ int main(int argc, char** argv) {
         std::printf("reused %s\n", again == behind ? "yes" : "no");
         std::printf("check_heap %zu\n", k15::memory::check_heap());
         release(again);
+        release(front);
+    } else if (how == "freed_first") {
+        overrun(front, size);
+        release(front);
+        release(behind);
+    } else if (how == "freed_alone") {
+        release(behind);
+        overrun(front, size);
         release(front);
     } else if (how == "check_heap") {
         overrun(front, size);
