@@ -411,13 +411,20 @@ static FOUND: Mutex<FoundLog> = Mutex::new(FoundLog {
 });
 
 impl FoundLog {
-    /// The suspect that saw `found` at `at`, taken: the damage found there now is the damage it
-    /// saw at its block's `delete`, so its block wrote it.
+    /// A suspect that saw `found` at `at`: the damage found there now is the damage it saw at
+    /// its block's `delete`, so its block wrote it. The suspects at `at` all go: the damage is
+    /// repaired, and a block that wrote the same bytes there before is the same overrun again.
     fn confirm_suspect(&mut self, at: usize, found: [u8; 8]) -> Option<Suspect> {
-        self.suspects
-            .iter_mut()
-            .find(|s| s.is_some_and(|s| s.at == at && s.found == found))?
-            .take()
+        let mut confirmed = None;
+        for slot in &mut self.suspects {
+            if slot.is_some_and(|s| s.at == at) {
+                let suspect = slot.take();
+                if confirmed.is_none() && suspect.is_some_and(|s| s.found == found) {
+                    confirmed = suspect;
+                }
+            }
+        }
+        confirmed
     }
 }
 
