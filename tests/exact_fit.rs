@@ -184,6 +184,35 @@ fn threads_racing_over_exact_fits_without_overruns_get_no_error() {
     }
 }
 
+/// One thread overruns exact fits and deletes them at once while others churn through blocks of
+/// the same classes (reusing the overrunning blocks' memory before the damage is found): every
+/// overrun reported names the overrunning allocation, none a block that merely lay there later.
+/// (A byte that lands on a free block's link while the heap relinks it may be found as a damaged
+/// free list instead: then no block is named at all.)
+#[test]
+fn exact_fit_overruns_among_racing_threads_are_blamed_on_the_thread_that_wrote_them() {
+    let culprit = support::line_of(SOURCE, "// ALLOC make_to_overrun");
+    for round in 0..3 {
+        let report = format!("threads_overrun_{round}");
+        let run = support::run_with(program(), &report, "", &[], &["threads_overrun", "16"]);
+        assert!(run.output.status.success(), "{}", run.stderr());
+        assert!(run.stdout().contains("last line"), "{}", run.stdout());
+        let errors = run.errors();
+        let overruns = errors.iter().filter(|e| e["kind"] == "overrun").count();
+        assert!(overruns > 0, "{}", run.text);
+        for error in errors {
+            match error["kind"].as_str() {
+                Some("overrun") => assert_eq!(error["line"], culprit, "{error}"),
+                _ => assert_eq!(
+                    (&error["kind"], &error["alloc_stack"]),
+                    (&"heap_corruption".into(), &serde_json::json!([])),
+                    "{error}"
+                ),
+            }
+        }
+    }
+}
+
 #[test]
 fn check_heap_finds_an_exact_fit_overrun_into_a_live_neighbour() {
     for size in EXACT_FITS {

@@ -147,15 +147,17 @@ pub fn look_behind_exact_fit(header: *mut BlockHeader, start: impl Fn() -> Start
     let suspect = Suspect {
         at,
         found,
-        user: BlockHeader::user_ptr(header) as usize,
-        size: h.size(),
-        file: h.file() as usize,
-        line: h.line(),
-        kind: h.kind(),
-        alloc_stack: h.alloc_stack(),
-        free_stack: super::capture_stack_of(start()),
+        block: Culprit::of(h, header, super::capture_stack_of(start())),
     };
     let mut log = found_log();
+    // Seen before: an earlier block here wrote it (this one reused its memory since).
+    if log
+        .suspects
+        .iter()
+        .any(|s| s.is_some_and(|s| s.at == at && s.found == found))
+    {
+        return;
+    }
     let slot = log.next_suspect % SUSPECTS;
     log.suspects[slot] = Some(suspect);
     log.next_suspect = slot + 1;
@@ -243,19 +245,10 @@ fn damaged_heap_header(header: *mut BlockHeader, layout: Layout, found_by: Found
 /// at `at`. Has no stack yet unless it was seen at a `delete`.
 pub fn front_overrun_error(at: usize, damage: FirstWordDamage) -> MemoryError {
     if let Some(suspect) = found_log().confirm_suspect(at, damage.found) {
-        return suspect.overrun(damage);
+        return suspect.block.overrun(at, damage, Some(SEEN_AT_DELETE));
     }
-    let front = super::heap::block_containing(at - 1).filter(|b| b.start + b.size == at);
-    if let Some(front) = front {
-        let header = front.header();
-        // SAFETY: a block of the heap, readable; only read.
-        if unsafe { (*header).is_live() } {
-            let offset = at - BlockHeader::user_ptr(header) as usize;
-            return MemoryError {
-                damage: Damage::between(offset as isize, &damage.found, &damage.was),
-                ..block_error(ErrorKind::Overrun, header, BlockKind::New, StackId(0))
-            };
-        }
+    if let Some(front) = Culprit::live_in_front_of(at) {
+        return front.overrun(at, damage, None);
     }
     // The block behind, whose header's exposed word lies at `at` (none behind a span's last).
     let user = super::heap::block_containing(at)
@@ -384,8 +377,10 @@ struct Corruption {
     header: usize,
     what: Corrupted,
     found: Option<[u8; 16]>,
-    /// For [`Corrupted::OverrunFromFront`]: the word as found and as it was.
+    /// For [`Corrupted::OverrunFromFront`]: the word as found and as it was, and the block that
+    /// wrote it as it was known then: seen at its `delete` (`true`), or live in front.
     front: Option<FirstWordDamage>,
+    culprit: Option<(Culprit, bool)>,
 }
 
 /// Damaged records found and not yet reported: a leaf lock (nothing else is taken under it),
@@ -400,8 +395,8 @@ struct FoundLog {
 }
 
 /// Suspects kept at once (see [`look_behind_exact_fit`]): each is damage seen, rare outside a
-/// program that writes past the ends of blocks over and over.
-const SUSPECTS: usize = 64;
+/// program that writes past the ends of blocks over and over (18 KiB).
+const SUSPECTS: usize = 256;
 
 static FOUND: Mutex<FoundLog> = Mutex::new(FoundLog {
     entries: [None; 32],
@@ -411,30 +406,30 @@ static FOUND: Mutex<FoundLog> = Mutex::new(FoundLog {
 });
 
 impl FoundLog {
-    /// A suspect that saw `found` at `at`: the damage found there now is the damage it saw at
-    /// its block's `delete`, so its block wrote it. The suspects at `at` all go: the damage is
-    /// repaired, and a block that wrote the same bytes there before is the same overrun again.
+    /// The suspect that saw `found` at `at`: the damage found there now is the damage it saw at
+    /// its block's `delete`, so its block wrote it. It goes, now that the damage is repaired
+    /// (suspects that saw other bytes there stay: damage written there again, found later).
     fn confirm_suspect(&mut self, at: usize, found: [u8; 8]) -> Option<Suspect> {
-        let mut confirmed = None;
-        for slot in &mut self.suspects {
-            if slot.is_some_and(|s| s.at == at) {
-                let suspect = slot.take();
-                if confirmed.is_none() && suspect.is_some_and(|s| s.found == found) {
-                    confirmed = suspect;
-                }
-            }
-        }
-        confirmed
+        self.suspects
+            .iter_mut()
+            .find(|s| s.is_some_and(|s| s.at == at && s.found == found))?
+            .take()
     }
 }
 
-/// A block that, at its `delete`, had damage behind it ([`look_behind_exact_fit`]): what its
-/// header told then, and the `delete`'s stack.
+/// A block that, at its `delete`, had damage behind it ([`look_behind_exact_fit`]).
 #[derive(Clone, Copy)]
 struct Suspect {
     /// Where the damage lay, and its bytes then.
     at: usize,
     found: [u8; 8],
+    block: Culprit,
+}
+
+/// What a block's header told of it when damage behind it was seen, kept because by the time
+/// the damage is reported the block may be freed and its memory serve another.
+#[derive(Clone, Copy)]
+struct Culprit {
     user: usize,
     size: usize,
     /// `K15_NEW`'s `__FILE__` (a literal) as an address, or 0.
@@ -442,20 +437,51 @@ struct Suspect {
     line: u32,
     kind: BlockKind,
     alloc_stack: StackId,
+    /// The stack of its `delete`, when that is where the damage was seen.
     free_stack: StackId,
 }
 
-impl Suspect {
-    /// The overrun of its block, now that the damage is confirmed.
-    fn overrun(&self, damage: FirstWordDamage) -> MemoryError {
+impl Culprit {
+    /// What the header at `header` tells, with `free_stack`.
+    fn of(h: &BlockHeader, header: *mut BlockHeader, free_stack: StackId) -> Culprit {
+        Culprit {
+            user: BlockHeader::user_ptr(header) as usize,
+            size: h.size(),
+            file: h.file() as usize,
+            line: h.line(),
+            kind: h.kind(),
+            alloc_stack: h.alloc_stack(),
+            free_stack,
+        }
+    }
+
+    /// The live heap block whose bytes end at `at`, as its header tells now (its owner may free
+    /// it meanwhile: the cookie, read again after the fields, says whether they are its).
+    fn live_in_front_of(at: usize) -> Option<Culprit> {
+        let front = super::heap::block_containing(at - 1).filter(|b| b.start + b.size == at)?;
+        let header = front.header();
+        // SAFETY: a block of the heap, readable; only read.
+        let h = unsafe { &*header };
+        let cookie = h.is_live().then(|| h.live_cookie())?;
+        let culprit = Culprit::of(h, header, StackId(0));
+        h.cookie_is(cookie).then_some(culprit)
+    }
+
+    /// Its overrun that changed `damage.was` at `at` into `damage.found`.
+    fn overrun(
+        &self,
+        at: usize,
+        damage: FirstWordDamage,
+        detail: Option<&'static str>,
+    ) -> MemoryError {
         MemoryError {
             size: self.size,
             file: file_at(self.kind, self.file as *const core::ffi::c_char),
             line: self.line,
             allocated_with: Some(self.kind),
             alloc_stack: self.alloc_stack,
-            detail: Some(SEEN_AT_DELETE),
-            damage: Damage::between((self.at - self.user) as isize, &damage.found, &damage.was),
+            detail,
+            damage: Damage::between((at - self.user) as isize, &damage.found, &damage.was),
             ..MemoryError::at_free(
                 ErrorKind::Overrun,
                 self.user as *mut u8,
@@ -488,7 +514,7 @@ pub fn found_corruption(header: usize, what: Corrupted) {
         Corrupted::LostBlocks => None,
         _ => header_bytes(header as *mut BlockHeader),
     };
-    log_corruption(header, what, found, None);
+    log_corruption(header, what, found, None, None);
 }
 
 /// Records a write past the end of the block in front of `at` (found and repaired where a heap
@@ -496,7 +522,14 @@ pub fn found_corruption(header: usize, what: Corrupted) {
 /// that block, when it is still live then.
 #[cold]
 pub fn found_front_overrun(at: usize, damage: FirstWordDamage) {
-    log_corruption(at, Corrupted::OverrunFromFront, None, Some(damage));
+    let seen_live = Culprit::live_in_front_of(at);
+    log_corruption(
+        at,
+        Corrupted::OverrunFromFront,
+        None,
+        Some(damage),
+        seen_live,
+    );
 }
 
 /// A block (any state) or guard word of a span whose blocks have all come back, before the span
@@ -544,12 +577,19 @@ fn log_corruption(
     what: Corrupted,
     found: Option<[u8; 16]>,
     front: Option<FirstWordDamage>,
+    seen_live: Option<Culprit>,
 ) {
     let mut log = found_log();
     let seen = |e: &Option<Corruption>| e.is_some_and(|c| c.header == header && c.what == what);
     if log.entries.iter().any(seen) {
         return;
     }
+    // Confirmed now, not when reported: a block that writes the same bytes there again after
+    // the repair is seen at its own `delete` then, as a suspect of its own.
+    let culprit = front
+        .and_then(|damage| log.confirm_suspect(header, damage.found))
+        .map(|suspect| (suspect.block, true))
+        .or(seen_live.map(|live| (live, false)));
     match log.entries.iter_mut().find(|e| e.is_none()) {
         Some(slot) => {
             *slot = Some(Corruption {
@@ -557,6 +597,7 @@ fn log_corruption(
                 what,
                 found,
                 front,
+                culprit,
             })
         }
         None => log.dropped += 1,
@@ -600,15 +641,24 @@ fn report_found_now() {
         (entries, core::mem::take(&mut log.dropped))
     };
     for c in entries {
-        errors::report(match c.front {
-            Some(damage) => {
+        errors::report(match (c.front, c.culprit) {
+            (Some(damage), Some((culprit, at_delete))) => culprit.overrun(
+                c.header,
+                damage,
+                Some(if at_delete {
+                    SEEN_AT_DELETE
+                } else {
+                    FOUND_BEHIND_DETAIL
+                }),
+            ),
+            (Some(damage), None) => {
                 let error = front_overrun_error(c.header, damage);
                 MemoryError {
                     detail: error.detail.or(Some(FOUND_BEHIND_DETAIL)),
                     ..error
                 }
             }
-            None => corruption_error(
+            (None, _) => corruption_error(
                 c.header as *mut BlockHeader,
                 c.what,
                 c.found,

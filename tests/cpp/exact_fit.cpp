@@ -15,6 +15,9 @@
 //   threads     no overrun at all: 8 threads make and delete exact fits of `size` * 1..8 bytes,
 //               a third of them deleted by another thread, while each delete looks behind its
 //               block at headers other threads are changing: nothing may be reported
+//   threads_overrun
+//               the same, and one more thread overruns an exact fit of its own 200 times, each
+//               deleted at once: every error must name that thread's allocation
 //
 // With a third argument `compact`, the blocks come from a plain `new` (no `K15_NEW` site): blocks
 // of up to 16 bytes then take the compact header, 16 bytes in front of the block.
@@ -53,6 +56,10 @@ volatile std::size_t one = 1;  // an index the compiler cannot see through
 }
 
 [[gnu::noinline]] void release(char* block) { delete[] block; }
+
+[[gnu::noinline]] char* make_to_overrun(std::size_t size) {
+    return K15_NEW char[size];  // ALLOC make_to_overrun
+}
 
 [[gnu::noinline]] void overrun(char* block, std::size_t size) {
     block[size * one] = 'X';  // WRITE exact_fit
@@ -153,6 +160,20 @@ int main(int argc, char** argv) {
     const std::size_t size = std::strtoul(argv[2], nullptr, 10);
     compact = argc == 4 && std::string(argv[3]) == "compact";
     if (compact && size <= 16) kHeader = 16;
+    if (how == "threads_overrun") {
+        std::thread culprit([size] {
+            for (int i = 0; i < 200; ++i) {
+                char* block = make_to_overrun(size * (1 + i % 4));
+                overrun(block, size * (1 + i % 4));
+                release(block);
+                std::this_thread::yield();
+            }
+        });
+        churn_exact_fits(size, 4);
+        culprit.join();
+        std::printf("last line\n");
+        return 0;
+    }
     if (how == "threads") {
         churn_exact_fits(size, 8);
         std::printf("check_heap %zu\n", k15::memory::check_heap());
