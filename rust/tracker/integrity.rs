@@ -244,7 +244,9 @@ fn damaged_heap_header(header: *mut BlockHeader, layout: Layout, found_by: Found
 /// it is live or was seen so at its `delete` ([`look_behind_exact_fit`]), else heap corruption
 /// at `at`. Has no stack yet unless it was seen at a `delete`.
 pub fn front_overrun_error(at: usize, damage: FirstWordDamage) -> MemoryError {
-    if let Some(suspect) = found_log().confirm_suspect(at, damage.found) {
+    if let Some(suspect) =
+        found_log_within().and_then(|mut log| log.confirm_suspect(at, damage.found))
+    {
         return suspect.block.overrun(at, damage, Some(SEEN_AT_DELETE));
     }
     if let Some(front) = Culprit::live_in_front_of(at) {
@@ -494,10 +496,18 @@ impl Culprit {
 
 /// The detail of an overrun seen behind the block at its `delete` and confirmed later.
 pub const SEEN_AT_DELETE: &str = "seen at its delete in the header behind it (its class leaves it no guard bytes), confirmed when that header was next checked; repaired";
+
 static ANY_FOUND: AtomicBool = AtomicBool::new(false);
 
 fn found_log() -> MutexGuard<'static, FoundLog> {
     FOUND.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The log for the readers a report runs, which may be an `exit` in a signal handler that
+/// interrupted this very thread while it held the log: waited for within the tracker's patience
+/// only, and `None` past it.
+fn found_log_within() -> Option<MutexGuard<'static, FoundLog>> {
+    super::live_list::lock_within(&FOUND)
 }
 
 /// Held by `fork` (see `tracker::fork`).
@@ -635,7 +645,9 @@ pub fn report_found() {
 fn report_found_now() {
     let _inside = Inside::enter();
     let (entries, dropped) = {
-        let mut log = found_log();
+        let Some(mut log) = found_log_within() else {
+            return;
+        };
         ANY_FOUND.store(false, Ordering::Relaxed);
         let entries: Vec<Corruption> = log.entries.iter_mut().filter_map(Option::take).collect();
         (entries, core::mem::take(&mut log.dropped))
