@@ -659,12 +659,26 @@ impl BlockHeader {
     /// untracked, damaged and reported), its header laid out as `layout`: the check a header must
     /// pass before its links are followed.
     pub fn cookie_valid(&self, layout: Layout) -> bool {
-        let cookie = self.cookie.load(Ordering::Relaxed);
+        let state = self.cookie.load(Ordering::Relaxed) ^ self.address();
         // SAFETY: the header is readable (we are reading it), and the caller's layout is one
-        // the heap's side table covers.
-        cookie == unsafe { Self::freed_cookie_at(self, layout) }
-            || cookie == DAMAGED ^ self.address()
-            || [LIVE, CLAIMED, UNTRACKED].contains(&(cookie ^ self.expected_as(0, layout)))
+        // the heap's side table covers. Each word is read once (an exact fit's `delete` asks).
+        let (exposed, beyond) = unsafe {
+            (
+                exposed_word(self, layout).read(),
+                covered_beyond_exposed_word(self, layout),
+            )
+        };
+        let covered = exposed ^ beyond;
+        // What a freed block's cookie covers ([`BlockHeader::freed_cookie_at`]): a heap block's
+        // link (word 0 in full; in compact with `packed`, the very words `covered` holds).
+        let freed_cover = match layout {
+            Layout::Compact => covered,
+            Layout::Full if super::heap::contains(self as *const Self as usize) => exposed,
+            Layout::Full => 0,
+        };
+        state == FREED ^ freed_cover
+            || state == DAMAGED
+            || [LIVE, CLAIMED, UNTRACKED].contains(&(state ^ covered))
     }
 
     /// Marks a heap block whose header was reported damaged beyond repair: it is left alone from

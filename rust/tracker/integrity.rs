@@ -113,8 +113,7 @@ pub fn report_at_delete(header: *mut BlockHeader, freed_with: BlockKind, start: 
 /// found for certain where that header or word is next read by whoever holds it (the next
 /// block's `delete` or reuse, `check_heap()`, its span emptying, the report), as an overrun of
 /// this block. A suspect that is never confirmed (a header caught mid-change) is never reported.
-#[cold]
-#[inline(never)]
+#[inline(always)]
 pub fn look_behind_exact_fit(header: *mut BlockHeader, start: impl Fn() -> StartFrame) {
     // SAFETY: the live block being freed by this thread: its header is its own.
     let h = unsafe { &*header };
@@ -124,9 +123,18 @@ pub fn look_behind_exact_fit(header: *mut BlockHeader, start: impl Fn() -> Start
     let layout = h.layout();
     let next = (at - (HEADER_SIZE - layout.front())) as *mut BlockHeader;
     // SAFETY: the header's part in the block lies within the span (checked first), readable.
-    if super::spans::span_holds(at, layout.front()) && unsafe { (*next).cookie_valid(layout) } {
-        return;
+    if !super::spans::span_holds(at, layout.front()) || unsafe { !(*next).cookie_valid(layout) } {
+        look_closer_behind(header, at, start);
     }
+}
+
+/// [`look_behind_exact_fit`] where the cookie there did not hold: a guard word, damage, or a
+/// header changing under another thread's hands.
+#[cold]
+#[inline(never)]
+fn look_closer_behind(header: *mut BlockHeader, at: usize, start: impl Fn() -> StartFrame) {
+    // SAFETY: as in look_behind_exact_fit.
+    let h = unsafe { &*header };
     let Some((_, class)) = super::spans::serving_span(at - 1) else {
         return;
     };
