@@ -315,6 +315,14 @@ fn is_compact_packed(word: usize) -> bool {
     bytes[CLASS_BYTE] == COMPACT_BYTE && bytes[COMPACT_SIZE_BYTE] as usize <= COMPACT_ROOM
 }
 
+/// What [`BlockHeader::guard_check`] found.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum GuardCheck {
+    Intact,
+    Damaged,
+    NoGuard,
+}
+
 /// What a write past the end of the block in front did to a header's first word: found, and
 /// as its cookie says it was (written back by [`BlockHeader::front_overrun`]).
 #[derive(Clone, Copy, Debug)]
@@ -605,7 +613,12 @@ impl BlockHeader {
     /// line, maybe another thread's): the guard is their top `guard_len` bytes.
     #[inline]
     pub fn guard_intact(&self) -> bool {
-        let len = self.guard_len();
+        self.guard_intact_of(self.guard_len())
+    }
+
+    /// [`BlockHeader::guard_intact`] for a guard of `len` bytes (`guard_len()`).
+    #[inline(always)]
+    fn guard_intact_of(&self, len: usize) -> bool {
         // SAFETY: a live block's header was written with its guard behind its user bytes, and
         // the block holds 8 bytes up to the guard's end (see `write`).
         let word = unsafe {
@@ -616,6 +629,17 @@ impl BlockHeader {
                 .read_unaligned()
         };
         (word ^ GUARD) & GUARD_MASKS[len] == 0
+    }
+
+    /// The guard behind the user's bytes, as a `delete` checks it: as written, damaged, or none
+    /// at all (a heap block whose size fills its class: the next block's header is its guard).
+    #[inline(always)]
+    pub fn guard_check(&self) -> GuardCheck {
+        match self.guard_len() {
+            0 => GuardCheck::NoGuard,
+            len if self.guard_intact_of(len) => GuardCheck::Intact,
+            _ => GuardCheck::Damaged,
+        }
     }
 
     /// The guard's bytes as they are now.
@@ -659,6 +683,13 @@ impl BlockHeader {
     /// untracked, damaged and reported), its header laid out as `layout`: the check a header must
     /// pass before its links are followed.
     pub fn cookie_valid(&self, layout: Layout) -> bool {
+        let in_heap = super::heap::contains(self as *const Self as usize);
+        self.cookie_valid_where(layout, in_heap)
+    }
+
+    /// [`BlockHeader::cookie_valid`] of a header known to lie in the heap or not (`in_heap`).
+    #[inline(always)]
+    pub fn cookie_valid_where(&self, layout: Layout, in_heap: bool) -> bool {
         let state = self.cookie.load(Ordering::Relaxed) ^ self.address();
         // SAFETY: the header is readable (we are reading it), and the caller's layout is one
         // the heap's side table covers. Each word is read once (an exact fit's `delete` asks).
@@ -673,7 +704,7 @@ impl BlockHeader {
         // link (word 0 in full; in compact with `packed`, the very words `covered` holds).
         let freed_cover = match layout {
             Layout::Compact => covered,
-            Layout::Full if super::heap::contains(self as *const Self as usize) => exposed,
+            Layout::Full if in_heap => exposed,
             Layout::Full => 0,
         };
         state == FREED ^ freed_cover

@@ -29,7 +29,7 @@ use core::ffi::c_char;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use errors::{ErrorKind, MemoryError};
 use guard::Inside;
-use header::{BlockHeader, Lookup, NewBlock, Owner, Placement};
+use header::{BlockHeader, GuardCheck, Lookup, NewBlock, Owner, Placement};
 use live_list::{NotHeld, StoppedWorld, SHARDS};
 
 /// A tracked block of `size` bytes aligned to `align` (0 = default), or null when exhausted.
@@ -397,12 +397,10 @@ fn free_live(
     // to find it, and everything is checked again once it is held.
     let shard = unsafe { (*header).shard() };
     // SAFETY: as above; only this thread frees the block it was given.
-    let (guard_intact, no_guard) =
-        unsafe { ((*header).guard_intact(), (*header).guard_len() == 0) };
-    if !guard_intact {
-        integrity::report_at_delete(header, kind, start());
-    } else if no_guard {
-        integrity::look_behind_exact_fit(header, start);
+    match unsafe { (*header).guard_check() } {
+        GuardCheck::Intact => {}
+        GuardCheck::Damaged => integrity::report_at_delete(header, kind, start()),
+        GuardCheck::NoGuard => integrity::look_behind_exact_fit(header, start),
     }
     let hot = init::set_up_hot();
     // The option bits are tested once on the common path (none of them set); the path with
