@@ -90,6 +90,7 @@ pub fn classify(nodes: &[Node], stack: Option<core::ops::Range<usize>>) -> Vec<V
         crate::tracker::guard::thread_state_range(),
         crate::tracker::thread_heap_range(),
         crate::tracker::live_list::shards_range(),
+        crate::tracker::integrity::found_log_range(),
         super::threads::record_range(),
     ];
     excluded.extend(others.own_state);

@@ -510,6 +510,12 @@ pub const SEEN_AT_DELETE: &str = "seen at its delete in the header behind it (it
 
 static ANY_FOUND: AtomicBool = AtomicBool::new(false);
 
+/// Where the found-damage log lies: its records hold block and header addresses (of damage,
+/// and of the blocks suspected of it), not the program's pointers, so a leak scan skips them.
+pub fn found_log_range() -> core::ops::Range<usize> {
+    crate::sys::bytes_of(&FOUND)
+}
+
 fn found_log() -> MutexGuard<'static, FoundLog> {
     FOUND.lock().unwrap_or_else(PoisonError::into_inner)
 }

@@ -174,7 +174,7 @@ pub unsafe extern "C" fn k15_memory_c_calloc(
             }
         }
     }
-    ptr
+    crate::sys::returned_alone(ptr)
 }
 
 /// `realloc` as glibc does it: `realloc(NULL, n)` allocates, `realloc(p, 0)` frees and returns
@@ -219,7 +219,7 @@ pub unsafe extern "C" fn k15_memory_c_realloc(
         unsafe { core::ptr::copy_nonoverlapping(ptr, moved, old_size.min(size)) };
         deallocate(ptr, BlockKind::Realloc, start);
     }
-    moved
+    crate::sys::returned_alone(moved)
 }
 
 /// `malloc_usable_size`: the size asked for, for a block of ours (the tracker never lets a

@@ -84,7 +84,7 @@ extern "C" fn allocate_quickly(
         })
     });
     match taken {
-        Some(user) => user,
+        Some(user) => crate::sys::returned_alone(user),
         None => allocate_without_file(size, align, kind, start),
     }
 }
@@ -99,7 +99,8 @@ extern "C" fn allocate_without_file(
     start: impl FnOnce() -> StartFrame,
 ) -> *mut u8 {
     // SAFETY: no file.
-    unsafe { allocate_generally(size, align, kind, core::ptr::null(), 0, start) }
+    let user = unsafe { allocate_generally(size, align, kind, core::ptr::null(), 0, start) };
+    crate::sys::returned_alone(user)
 }
 
 /// The block of [`allocate_quickly`], inside the tracker.
@@ -148,7 +149,8 @@ unsafe extern "C" fn allocate_with_file(
     start: impl FnOnce() -> StartFrame,
 ) -> *mut u8 {
     // SAFETY: as the caller guarantees.
-    unsafe { allocate_generally(size, align, kind, file, line, start) }
+    let user = unsafe { allocate_generally(size, align, kind, file, line, start) };
+    crate::sys::returned_alone(user)
 }
 
 /// [`allocate`] where [`allocate_quickly`] does not serve.
