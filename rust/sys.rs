@@ -205,7 +205,7 @@ pub unsafe fn return_pages(ptr: *mut u8, len: usize) {
 /// registers, finds it lost). Eight register zeroings, which the CPU does at renaming.
 #[inline(always)]
 pub fn returned_alone(block: *mut u8) -> *mut u8 {
-    let mut block = block;
+    let mut address = block.addr();
     #[cfg(target_arch = "x86_64")]
     // SAFETY: zeroes registers the compiler is told are overwritten; touches no memory.
     unsafe {
@@ -218,7 +218,7 @@ pub fn returned_alone(block: *mut u8) -> *mut u8 {
             "xor r9d, r9d",
             "xor r10d, r10d",
             "xor r11d, r11d",
-            inout("rax") block,
+            inout("rax") address,
             out("rcx") _,
             out("rdx") _,
             out("rsi") _,
@@ -230,7 +230,7 @@ pub fn returned_alone(block: *mut u8) -> *mut u8 {
             options(nomem, nostack),
         );
     }
-    block
+    block.with_addr(address)
 }
 
 /// Returns pages of the tracker's own mappings, with the system call (see [`map_anonymous`]).
