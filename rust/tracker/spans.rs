@@ -323,23 +323,18 @@ pub fn behind(at: usize, class: usize) -> Option<Found> {
     }
     let index = span_index(at);
     let start = span_start(index);
-    // SAFETY: an entry of the span `at` lies in, read as one value.
-    let carved = unsafe {
-        (&raw const (*SPANS.load(Ordering::Relaxed).add(index as usize)).carved).read_volatile()
-    };
+    let carved = carved_now(index);
     if at + GUARD_SIZE > start + SPAN_BYTES {
         return None;
     }
-    Some(
-        if heap::carve_skips(at, class) || at >= start + carved as usize {
-            Found::GuardWord(at as *mut u64)
-        } else {
-            Found::Block(
-                (at - heap::header_before_block(class)) as *mut BlockHeader,
-                Layout::of_class(class),
-            )
-        },
-    )
+    Some(if heap::carve_skips(at, class) || at >= start + carved {
+        Found::GuardWord(at as *mut u64)
+    } else {
+        Found::Block(
+            (at - heap::header_before_block(class)) as *mut BlockHeader,
+            Layout::of_class(class),
+        )
+    })
 }
 
 /// Walks every span serving a class, with the world stopped (so no thread changes a header
@@ -361,13 +356,18 @@ pub fn for_each_block(locked: bool, mut visit: impl FnMut(Found, bool)) {
         if owner(index).load(Ordering::Acquire) != class as u8 + 1 {
             continue; // freed before the lock was had
         }
-        // SAFETY: an entry of a span handed out; read as one value (the class lock, when held,
-        // keeps it still).
-        let carved = unsafe {
-            (&raw const (*SPANS.load(Ordering::Relaxed).add(index as usize)).carved).read_volatile()
-        };
-        blocks_of_span(index, class, carved as usize, |found| visit(found, still));
+        // The class lock, when held, keeps it still.
+        blocks_of_span(index, class, carved_now(index), |found| visit(found, still));
     }
+}
+
+/// How far span `index` (one handed out) is carved, read as one value without its class lock.
+fn carved_now(index: u32) -> usize {
+    // SAFETY: the table has an entry per span of the reservation; the field is read as one
+    // value, whoever holds the class lock.
+    (unsafe {
+        (&raw const (*SPANS.load(Ordering::Relaxed).add(index as usize)).carved).read_volatile()
+    }) as usize
 }
 
 /// The blocks and guard words of span `index`, carved for `class` up to `carved` bytes from its
