@@ -37,7 +37,7 @@ use std::sync::Mutex;
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64};
 use framehop::{FrameAddress, MustNotAllocateDuringUnwind, Unwinder};
 
-use super::depot::Interned;
+use super::depot::{self, Interned};
 use super::last_walk::LastWalk;
 use super::modules::{self, Snapshot};
 use super::rules::{CfiContext, Rule, RULES};
@@ -265,6 +265,24 @@ pub(super) fn capture_interned(start: StartFrame, out: &mut [MaybeUninit<usize>]
         (0, _) => walk_foreign(start, out, true).1,
         (_, id) => id,
     }
+}
+
+/// Interns `frames` through the calling thread's last interned stack (the lookups of the outer
+/// frames it repeats are skipped); through the depot alone in a signal handler that interrupted
+/// a capture, or once the thread's state is gone.
+pub(super) fn intern_frames(frames: &[usize]) -> StackId {
+    THREAD
+        .try_with(|t| {
+            if t.busy.replace(true) {
+                return depot::intern(frames);
+            }
+            // SAFETY: `busy` is set, so nothing else on this thread uses its interned stack
+            // until it is cleared below.
+            let id = unsafe { &mut *t.interned.get() }.intern(frames);
+            t.busy.set(false);
+            id
+        })
+        .unwrap_or_else(|_| depot::intern(frames))
 }
 
 /// Convenience over [`unwind_into`] for callers holding an initialised buffer.

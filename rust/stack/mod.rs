@@ -123,6 +123,21 @@ pub fn capture(start: StartFrame, depth: usize) -> StackId {
     capture::capture_interned(start, &mut buf[..depth])
 }
 
+/// Captures up to `out.len()` return addresses (at most [`MAX_DEPTH`]) starting at `start`
+/// into `out`, without interning them: how many were written. The stack of a new block goes
+/// through here into its shard's ring (`tracker::pending_stacks`), and is interned with
+/// [`intern_frames`] only if the block outlives its place there.
+#[inline]
+pub fn capture_frames(start: StartFrame, out: &mut [core::mem::MaybeUninit<usize>]) -> usize {
+    let depth = out.len().min(MAX_DEPTH);
+    capture::unwind_into(start, &mut out[..depth])
+}
+
+/// The id of `frames` (innermost first, at most [`MAX_DEPTH`]), stored in the depot if new.
+pub fn intern_frames(frames: &[usize]) -> StackId {
+    capture::intern_frames(frames)
+}
+
 /// The return addresses of a stack, innermost first; empty for `StackId(0)` or an unknown id.
 pub fn frames(id: StackId) -> depot::Frames {
     depot::frames(id)

@@ -270,6 +270,9 @@ extern "C" fn at_thread_exit(_: *mut libc::c_void) {
         return; // no shard, so no heap lists either (both come with the first allocation)
     };
     let number = t.number.get();
+    if shard.owned {
+        super::pending_stacks::settle_ring(shard.index);
+    }
     give_back_thread_lists(number, shard);
     live_list::leave_shard(number, shard);
     crate::report::threads::unregister();

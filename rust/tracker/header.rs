@@ -8,7 +8,7 @@
 //! | 0 | `seq`, `thread` | a free heap block's free-list link reuses these bytes |
 //! | 8 | `site`, `alloc_stack` | `site`: `K15_NEW`'s file and line (or an allocator's name) as an id (`site`) |
 //! | 16 | `packed` | `shard` (16), `kind` (17), `class` and `placement` (18: 6 and 2 bits), the size (bytes 19..24) |
-//! | 24 | `cookie` | `LIVE`, `UNTRACKED`, `CLAIMED` or `FREED`, each `^ addr`; all but `FREED` also `^` the three words in front; `FREED` of a heap block `^` its free-list link (word 0) |
+//! | 24 | `cookie` | `LIVE`, `UNTRACKED`, `CLAIMED` or `FREED`, each `^ addr`; all but `FREED` also `^` the three words in front (less the stack id); `FREED` of a heap block `^` its free-list link (word 0) |
 //!
 //! Compact layout ([`Layout::Compact`]): the heap's blocks of 1 to 16 bytes without a site (no
 //! `K15_NEW` file), the most numerous of all, take a 32-byte slot, 16 header bytes and 16 user
@@ -55,7 +55,7 @@ use super::raw::{self, RawBlock};
 use super::BlockKind;
 use crate::stack::StackId;
 use core::ffi::c_char;
-use core::sync::atomic::{AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 pub const HEADER_SIZE: usize = 32;
 /// Bytes kept in front of the header of a block from outside the heap: its shard-list links
@@ -242,7 +242,9 @@ pub enum Lookup {
 /// What a cookie covers besides its state and address: the header's exposed word as is, and its
 /// other words rotated by odd amounts (so that equal words do not cancel out), folded into one.
 /// Full: word 0 (`seq`, `thread`), word 1 (`site`, `alloc_stack`) and word 2 (`packed`);
-/// compact: `packed` and the side word.
+/// compact: `packed` and the side word. The stack's half of its word ([`STACK_BITS`]) is left
+/// out: a stack captured into a ring is interned later, and its tag in the header replaced by
+/// its id while other threads may check the cookie (`pending_stacks`).
 ///
 /// # Safety
 /// The header's words of `layout` are readable (for a compact header, its block lies in the
@@ -250,7 +252,24 @@ pub enum Lookup {
 #[inline(always)]
 unsafe fn covered(header: *const BlockHeader, layout: Layout) -> usize {
     // SAFETY: guaranteed by the caller.
-    unsafe { exposed_word(header, layout).read() ^ covered_beyond_exposed_word(header, layout) }
+    unsafe {
+        exposed_part(exposed_word(header, layout).read(), layout)
+            ^ covered_beyond_exposed_word(header, layout)
+    }
+}
+
+/// The bits of the word that holds the stack (word 1 in full, `packed` in compact) that are the
+/// stack: the high half.
+const STACK_BITS: usize = 0xffff_ffff << 32;
+
+/// What a cookie covers of the exposed word `word`: all of it in full; in compact (`packed`) all
+/// but the stack.
+#[inline(always)]
+fn exposed_part(word: usize, layout: Layout) -> usize {
+    match layout {
+        Layout::Full => word,
+        Layout::Compact => word & !STACK_BITS,
+    }
 }
 
 /// The words of [`covered`] other than the exposed one.
@@ -263,12 +282,22 @@ unsafe fn covered_beyond_exposed_word(header: *const BlockHeader, layout: Layout
     // SAFETY: guaranteed by the caller; plain reads of words the header holds.
     unsafe {
         match layout {
-            Layout::Full => {
-                words.add(1).read().rotate_left(23) ^ words.add(2).read().rotate_left(41)
-            }
-            Layout::Compact => first_word(header, layout).read().rotate_left(23),
+            Layout::Full => cover_full(0, words.add(1).read(), words.add(2).read()),
+            Layout::Compact => cover_compact(0, first_word(header, layout).read()),
         }
     }
+}
+
+/// [`covered`] of a full header holding these words.
+#[inline(always)]
+fn cover_full(word0: usize, word1: usize, packed: usize) -> usize {
+    word0 ^ (word1 & !STACK_BITS).rotate_left(23) ^ packed.rotate_left(41)
+}
+
+/// [`covered`] of a compact header holding `packed`, its side word being `side`.
+#[inline(always)]
+fn cover_compact(packed: usize, side: usize) -> usize {
+    exposed_part(packed, Layout::Compact) ^ side.rotate_left(23)
 }
 
 /// The header's word that a write past the end of the block in front reaches first: word 0 in
@@ -305,7 +334,11 @@ unsafe fn freed_cover(header: *const BlockHeader, layout: Layout, link: usize) -
     match layout {
         Layout::Full => link,
         // SAFETY: guaranteed by the caller.
-        Layout::Compact => (unsafe { exposed_word(header, layout).read() }) ^ link.rotate_left(23),
+        Layout::Compact => {
+            // SAFETY: guaranteed by the caller.
+            exposed_part(unsafe { exposed_word(header, layout).read() }, layout)
+                ^ link.rotate_left(23)
+        }
     }
 }
 
@@ -416,14 +449,38 @@ impl BlockHeader {
         }
     }
 
-    /// The stack of the allocation.
+    /// The stack of the allocation; one still in its ring is interned now.
     #[inline]
     pub fn alloc_stack(&self) -> StackId {
-        if self.packs_compact() {
-            StackId((self.packed >> 32) as u32)
+        let id = StackId(self.stack_field().load(Ordering::Acquire));
+        if super::pending_stacks::is_pending(id) {
+            super::pending_stacks::resolve(self, id)
         } else {
-            self.alloc_stack
+            id
         }
+    }
+
+    /// Where the header keeps its stack (a depot id or a ring's tag): the high half of `packed`
+    /// in compact, `alloc_stack` in full.
+    pub fn stack_field(&self) -> &AtomicU32 {
+        self.stack_field_as(if self.packs_compact() {
+            Layout::Compact
+        } else {
+            Layout::Full
+        })
+    }
+
+    /// [`BlockHeader::stack_field`] of a header laid out as `layout`.
+    pub fn stack_field_as(&self, layout: Layout) -> &AtomicU32 {
+        let at = match layout {
+            Layout::Full => core::ptr::addr_of!(self.alloc_stack).cast::<u8>(),
+            Layout::Compact => core::ptr::addr_of!(self.packed)
+                .cast::<u8>()
+                .wrapping_add(4),
+        };
+        // SAFETY: four aligned bytes of this header (the stack's), changed only through atomics
+        // once the header is written (a ring's owner or a reader settling a tag).
+        unsafe { &*at.cast::<AtomicU32>() }
     }
 
     /// Word 0 of a live block: `seq` and `thread`.
@@ -541,12 +598,14 @@ impl BlockHeader {
         // SAFETY: guaranteed by the caller. Written field by field through raw places: the
         // links (and, for a fresh block, everything else) are not to be read or overwritten.
         // A compact header's first 16 bytes are not the block's: never written.
-        let packed = unsafe {
+        // The cookie is folded from the values written, not read back: a load of words just
+        // written in narrower stores waits for them (store forwarding fails).
+        let (packed, cover) = unsafe {
             if layout == Layout::Compact {
                 first_word(header, layout).write(first_word_value);
                 let packed = pack_compact(block.size, owner.shard, block.kind, owner.alloc_stack);
                 (&raw mut (*header).packed).write(packed);
-                packed
+                (packed, cover_compact(packed as usize, first_word_value))
             } else {
                 let packed = pack(
                     block.size,
@@ -555,19 +614,22 @@ impl BlockHeader {
                     block.kind,
                     raw.placement,
                 );
-                header.cast::<usize>().write(first_word_value);
-                (&raw mut (*header).site).write(super::site::intern(block.file, block.line));
-                (&raw mut (*header).alloc_stack).write(owner.alloc_stack);
+                let site = super::site::intern(block.file, block.line);
+                // `site` and `alloc_stack` in one store, as `covered` reads them.
+                let word1 = site as usize | (owner.alloc_stack.0 as usize) << 32;
+                let words = header.cast::<usize>();
+                words.write(first_word_value);
+                words.add(1).write(word1);
                 (&raw mut (*header).packed).write(packed);
                 if raw.placement == Placement::Malloc {
-                    header.cast::<usize>().sub(1).write(raw.raw_offset);
+                    words.sub(1).write(raw.raw_offset);
                 }
-                packed
+                (packed, cover_full(first_word_value, word1, packed as usize))
             }
         };
         // SAFETY: as above.
         unsafe {
-            let cookie = state ^ user ^ covered(header, layout);
+            let cookie = state ^ user ^ cover;
             (&raw mut (*header).cookie).write(AtomicUsize::new(cookie));
             // One store of the 8 bytes that end where the guard ends: a short guard (the class
             // leaves under 8 bytes, so the block holds more than 8) takes the user's last bytes
@@ -695,7 +757,7 @@ impl BlockHeader {
         // the heap's side table covers. Each word is read once (an exact fit's `delete` asks).
         let (exposed, beyond) = unsafe {
             (
-                exposed_word(self, layout).read(),
+                exposed_part(exposed_word(self, layout).read(), layout),
                 covered_beyond_exposed_word(self, layout),
             )
         };
@@ -755,9 +817,17 @@ impl BlockHeader {
         // the stack's bytes is no such write, but an underrun, which changes the cookie's top
         // bytes: a change those bytes alone would undo is not taken for one.
         let from_front = |packed: usize| is_compact_packed(packed) && (packed ^ found) as u32 != 0;
+        // A compact cookie does not cover the stack's bytes: they are taken as found where
+        // they still name a stack of this block, else as lost (0), and counted as damaged.
+        let found_stack = StackId((found >> 32) as u32);
+        let stack_held = super::pending_stacks::names_block(found_stack, header, layout);
+        let with_stack = |was: usize| match layout {
+            Layout::Compact if stack_held => was | found & STACK_BITS,
+            _ => was,
+        };
         let as_freed = match layout {
             Layout::Full => Some(cookie ^ FREED ^ address).filter(|&link| is_link(link)),
-            Layout::Compact => Some(cookie ^ FREED ^ address ^ beyond)
+            Layout::Compact => Some(with_stack(cookie ^ FREED ^ address ^ beyond))
                 .filter(|&packed| is_link(first) && from_front(packed)),
         };
         let was = match as_freed.filter(|&was| was != found) {
@@ -766,7 +836,7 @@ impl BlockHeader {
                 let threads = 1..super::guard::next_thread_number();
                 [LIVE, CLAIMED]
                     .into_iter()
-                    .map(|state| cookie ^ state ^ address ^ beyond)
+                    .map(|state| with_stack(cookie ^ state ^ address ^ beyond))
                     .find(|&was| {
                         was != found
                             && match layout {

@@ -16,6 +16,7 @@ pub(crate) mod integrity;
 mod kind;
 pub mod live_list;
 pub mod malloc;
+pub(crate) mod pending_stacks;
 mod quarantine;
 pub mod raw;
 mod site;
@@ -192,12 +193,12 @@ unsafe fn allocate_inside(
     start: impl FnOnce() -> StartFrame,
 ) -> *mut u8 {
     let (size, kind) = (new_block.size, new_block.kind);
-    let alloc_stack = if hot.stack_depth() > 0 {
-        stack::capture(start(), hot.stack_depth())
-    } else {
-        StackId(0)
-    };
     let (me, seq) = inside.next_allocation();
+    let alloc_stack = match hot.stack_depth() {
+        0 => StackId(0),
+        depth if me.shard.owned => pending_stacks::capture(me.shard.index, start(), depth),
+        depth => stack::capture(start(), depth),
+    };
     // None: a signal handler allocating while its thread holds its shard (in a free).
     let Some(mut held) = SHARDS[me.shard.index as usize].hold(me.number, me.shard.owned) else {
         return allocate_untracked(size, align, kind);
@@ -213,7 +214,8 @@ unsafe fn allocate_inside(
     let owner = owner(me, seq, alloc_stack);
     // SAFETY: `block` is fresh from the heap (on no list: the heap's walk finds it); `file` is
     // as the caller guarantees.
-    unsafe { BlockHeader::write(&block, new_block, Some(owner)) };
+    let header = unsafe { BlockHeader::write(&block, new_block, Some(owner)) };
+    pending_stacks::attach(alloc_stack, header, block.placement);
     held.count_allocation(size);
     block.user
 }
@@ -254,13 +256,15 @@ unsafe fn allocate_elsewhere(
     let Some(block) = block else {
         drop(held);
         if hot.budget() {
-            report_budget_exceeded(size, new_block.file, new_block.line, owner.alloc_stack);
+            let alloc_stack = pending_stacks::settled(owner.alloc_stack);
+            report_budget_exceeded(size, new_block.file, new_block.line, alloc_stack);
         }
         return core::ptr::null_mut();
     };
     // SAFETY: `block` is fresh and on no list; `file` is as the caller guarantees.
     unsafe {
         let header = BlockHeader::write(&block, &new_block, Some(owner));
+        pending_stacks::attach(owner.alloc_stack, header, block.placement);
         if block.placement != Placement::Heap {
             held.link(header);
         }
