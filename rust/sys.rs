@@ -186,6 +186,19 @@ pub fn commit_pages(ptr: *mut u8, len: usize) -> bool {
     }
 }
 
+/// Asks the CPU to bring the cache line of `addr` in: a hint, which never faults, whatever the
+/// address.
+#[inline(always)]
+pub fn prefetch(addr: usize) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch only hints the cache; it reads nothing and never faults.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(addr as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = addr;
+}
+
 /// Gives the memory of `len` bytes at `ptr` (usable pages of ours) back to the OS: they stay
 /// mapped, and read as zeros until written again.
 ///
