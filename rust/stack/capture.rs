@@ -285,6 +285,19 @@ pub(super) fn intern_frames(frames: &[usize]) -> StackId {
         .unwrap_or_else(|_| depot::intern(frames))
 }
 
+/// Nodes the calling thread has added to the depot so far (wrapping); `None` inside a capture
+/// (a signal handler) or once the thread's state is gone.
+pub(super) fn nodes_added() -> Option<u32> {
+    THREAD
+        .try_with(|t| {
+            // SAFETY: outside a capture (`busy` clear) nothing on this thread holds its interned
+            // stack, and other threads never touch it.
+            (!t.busy.get()).then(|| unsafe { &*t.interned.get() }.nodes_added())
+        })
+        .ok()
+        .flatten()
+}
+
 /// Convenience over [`unwind_into`] for callers holding an initialised buffer.
 pub fn unwind_into_slice(start: StartFrame, out: &mut [usize]) -> usize {
     // SAFETY: `MaybeUninit<usize>` has the layout of `usize`; `unwind_into` only writes

@@ -70,6 +70,8 @@ pub(super) struct Claims {
     /// Ids the next claim from the bump takes, and the most it may grow to.
     batch: u32,
     most: u32,
+    /// Ids handed out for new nodes so far (wrapping): how many nodes the thread added.
+    used: u32,
 }
 
 impl Claims {
@@ -80,6 +82,7 @@ impl Claims {
         epoch: 0,
         batch: 1,
         most: CLAIM_BATCH,
+        used: 0,
     };
     /// One id at a time, for a caller that keeps no claims between calls.
     const SINGLE: Claims = Claims {
@@ -110,11 +113,13 @@ impl Claims {
             self.batch = (self.batch * 2).min(self.most);
         }
         self.next += 1;
+        self.used = self.used.wrapping_add(1);
         Some(self.next - 1)
     }
 
     /// `id`, just claimed, was not used: the next claim gets it again.
     fn unclaim(&mut self, id: u32) {
+        self.used = self.used.wrapping_sub(1);
         if id + 1 == self.next {
             self.next = id;
         }
@@ -466,6 +471,11 @@ impl Interned {
             node: id.0,
         };
         id
+    }
+
+    /// Nodes this thread has added to the depot so far (wrapping).
+    pub(super) fn nodes_added(&self) -> u32 {
+        self.claims.used
     }
 
     /// The nodes of the last stack's outer parts, outermost first (`nodes()[i]` is the stack

@@ -138,6 +138,12 @@ pub fn intern_frames(frames: &[usize]) -> StackId {
     capture::intern_frames(frames)
 }
 
+/// Depot nodes the calling thread has added so far (wrapping): how new its stacks are;
+/// `None` inside a capture (a signal handler).
+pub fn nodes_added() -> Option<u32> {
+    capture::nodes_added()
+}
+
 /// The return addresses of a stack, innermost first; empty for `StackId(0)` or an unknown id.
 pub fn frames(id: StackId) -> depot::Frames {
     depot::frames(id)

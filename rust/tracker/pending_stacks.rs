@@ -57,6 +57,14 @@ struct Ring {
     lap: AtomicU32,
     /// Set while the owner changes the ring: a signal handler that allocates meanwhile interns.
     busy: AtomicBool,
+    /// Whether captures go into the ring (else they intern at once; see [`Ring::judge`]).
+    in_use: AtomicBool,
+    /// Entries evicted in the current window, and how many of them had to be interned.
+    evicted: AtomicU32,
+    kept: AtomicU32,
+    /// Captures interned at once in the current window, and the thread's depot nodes before it.
+    interned: AtomicU32,
+    nodes_before: AtomicU32,
     /// Entries: the header's address (0 until [`attach`]), the tag with the frame count in the
     /// high half, the frames; each rounded up to an even number of words.
     words: [AtomicUsize; RING_WORDS],
@@ -84,17 +92,32 @@ fn ring_of(shard: u8) -> Option<&'static Ring> {
 }
 
 /// The stack of a new block of the thread that owns `shard`, `depth` frames at most: a tag
-/// naming the ring entry its frames went to, or the id where the ring is in use (a signal
-/// handler) or cannot be had.
-#[inline]
+/// naming the ring entry its frames went to, or the id where the ring interns at once for now
+/// ([`Ring::judge`]), is in use (a signal handler) or cannot be had.
+#[inline(always)]
 pub(super) fn capture(shard: u8, start: StartFrame, depth: usize) -> StackId {
+    match ring_of(shard) {
+        Some(ring) if !ring.busy.load(Relaxed) => {
+            if ring.in_use.load(Relaxed) {
+                capture_into(ring, shard, start, depth)
+            } else {
+                let id = stack::capture(start, depth);
+                ring.count_interned();
+                id
+            }
+        }
+        _ => stack::capture(start, depth),
+    }
+}
+
+/// [`capture`] into `ring`.
+#[inline(never)]
+fn capture_into(ring: &Ring, shard: u8, start: StartFrame, depth: usize) -> StackId {
     let depth = depth.min(MAX_DEPTH);
-    let Some(ring) = ring_of(shard).filter(|r| !r.busy.load(Relaxed)) else {
-        return stack::capture(start, depth);
-    };
     ring.busy.store(true, Relaxed);
     compiler_fence(Release); // a signal handler on this thread sees `busy` before any change
     let at = ring.reserve(entry_words(depth));
+    ring.judge();
     // SAFETY: the words after `at`'s first two are the owner's to write: no entry holds them
     // (`reserve` settled those that did, and cleared their tag words before, so a reader still
     // copying one rejects what it copied). `AtomicUsize` has `usize`'s layout.
@@ -265,6 +288,10 @@ pub(super) fn settle_ring(shard: u8) {
     ring.head.store(0, Relaxed);
     ring.lap
         .store(ring.lap.load(Relaxed).wrapping_add(1) & LAP_MASK, Relaxed);
+    // The next owner's captures start by interning at once, its own novelty yet to be judged.
+    ring.in_use.store(false, Relaxed);
+    ring.interned.store(0, Relaxed);
+    ring.nodes_before.store(0, Relaxed);
     fence(Release);
     // SAFETY: no entry is left, so no reader takes anything from these words (a slow one
     // finds zeros and rejects them); they read as zeros until written again.
@@ -276,7 +303,67 @@ pub(super) fn settle_ring(shard: u8) {
     };
 }
 
+/// Evictions a ring judges its blocks' lifetimes by, and captures interned at once it judges
+/// their stacks' novelty by.
+const WINDOW: u32 = 1024;
+const NOVELTY_WINDOW: u32 = 4096;
+
 impl Ring {
+    /// One more capture interned at once: after [`NOVELTY_WINDOW`] of them, where they added a
+    /// depot node for every other capture or more, the ring is taken into use. Interning is
+    /// cheap when stacks repeat (the nodes are found, mostly in the thread's recent ones) and
+    /// dear when they are new (yaml-cpp's suite: 1.3 new nodes a capture), which is when the
+    /// ring pays.
+    #[inline(always)]
+    fn count_interned(&self) {
+        let interned = self.interned.load(Relaxed) + 1;
+        self.interned.store(interned, Relaxed);
+        if interned >= NOVELTY_WINDOW {
+            self.judge_novelty();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn judge_novelty(&self) {
+        let Some(nodes) = stack::nodes_added() else {
+            return;
+        };
+        let added = nodes.wrapping_sub(self.nodes_before.load(Relaxed));
+        if added * 2 >= NOVELTY_WINDOW {
+            self.evicted.store(0, Relaxed);
+            self.kept.store(0, Relaxed);
+            self.in_use.store(true, Relaxed);
+        }
+        self.interned.store(0, Relaxed);
+        self.nodes_before.store(nodes, Relaxed);
+    }
+
+    /// After a window of evictions: where half or more of the blocks outlived their entries,
+    /// the ring costs more than it saves (each such stack is written twice, and interned whole
+    /// where a capture's own interning reuses the last stack's nodes): its entries are settled
+    /// and captures intern at once again, until their stacks are judged new again. (Churn's
+    /// blocks live 4,096 iterations: 71% outlive their entries; yaml-cpp's 14%.)
+    #[inline]
+    fn judge(&self) {
+        let evicted = self.evicted.load(Relaxed);
+        if evicted < WINDOW {
+            return;
+        }
+        if self.kept.load(Relaxed) * 2 >= evicted {
+            while self.live.load(Relaxed) > 0 {
+                self.evict_tail();
+            }
+            self.in_use.store(false, Relaxed);
+            self.interned.store(0, Relaxed);
+            if let Some(nodes) = stack::nodes_added() {
+                self.nodes_before.store(nodes, Relaxed);
+            }
+        }
+        self.evicted.store(0, Relaxed);
+        self.kept.store(0, Relaxed);
+    }
+
     /// Room for an entry of `need` words at the head: the entries there are settled first. The
     /// offset of the room.
     fn reserve(&self, need: usize) -> usize {
@@ -314,7 +401,9 @@ impl Ring {
         let at = self.tail.load(Relaxed);
         let word = self.words[at + 1].load(Relaxed);
         let (tag, n) = (word as u32, word >> 32);
+        self.evicted.store(self.evicted.load(Relaxed) + 1, Relaxed);
         if let Some((h, layout)) = holder(self.words[at].load(Relaxed), tag) {
+            self.kept.store(self.kept.load(Relaxed) + 1, Relaxed);
             // SAFETY: the entry's frames, written by this thread (the owner).
             let frames = unsafe {
                 core::slice::from_raw_parts(self.words.as_ptr().add(at + 2).cast::<usize>(), n)

@@ -34,17 +34,31 @@ void* volatile sink;
 [[gnu::noinline]] char* made_to_free_twice() { return keep(new char[40]); }    // ALLOC twice
 [[gnu::noinline]] char* made_for_another() { return keep(new char[56]); }      // ALLOC handed
 
-// Allocations `depth` calls deep, of sizes that vary with the depth: distinct stacks, blocks
-// freed at once or a while later.
-[[gnu::noinline]] void churn(int depth, int count, std::size_t size_base) {
-    if (depth > 0) {
-        churn(depth - 1, count, size_base);
+// A block allocated at the end of one of 2^depth call paths (each level calls down from one of
+// two call sites, by a bit of `path`): a parser's or a scene walk's stacks, new ones all the time,
+// which is when the tracker keeps stacks in its ring rather than interning them at once.
+[[gnu::noinline]] char* descend(int depth, unsigned path, std::size_t size) {
+    char* block;
+    if (depth == 0) {
+        block = keep(new char[size]);
+    } else if (path & 1) {
+        block = descend(depth - 1, path >> 1, size);
         asm volatile("" ::: "memory");  // no tail call: every level keeps its frame
-        return;
+    } else {
+        block = descend(depth - 1, path >> 1, size + 8);
+        asm volatile("" ::: "memory");
     }
+    return block;
+}
+
+// `total` blocks down new paths, each freed 16 allocations later.
+void churn_many(int total, std::size_t size_base) {
+    static std::atomic<unsigned> seed{1};
+    unsigned path = seed.fetch_add(0x9e3779b9u);
     std::vector<char*> held;
-    for (int i = 0; i < count; ++i) {
-        held.push_back(keep(new char[size_base + (i % 7) * 8]));
+    for (int i = 0; i < total; ++i) {
+        path = path * 1664525u + 1013904223u;
+        held.push_back(descend(14, path >> 8, size_base));
         if (held.size() > 16) {
             delete[] held.front();
             held.erase(held.begin());
@@ -53,15 +67,8 @@ void* volatile sink;
     for (char* block : held) delete[] block;
 }
 
-void churn_many(int total, std::size_t size_base) {
-    for (int round = 0; total > 0; ++round) {
-        const int count = 100;
-        churn(round % 23, count, size_base);
-        total -= count;
-    }
-}
-
 void outlive() {
+    churn_many(10000, 16);  // the ring comes into use
     sink = leak_small_early();
     sink = leak_large_early();
     sink = nullptr;
@@ -72,6 +79,7 @@ void outlive() {
 }
 
 void double_free() {
+    churn_many(10000, 16);
     char* late = made_to_free_twice();
     delete[] late;
     churn_many(100000, 400);  // blocks of another class: `late`'s memory stays free
@@ -88,6 +96,7 @@ void threads() {
     std::vector<std::thread> exiting;
     for (int t = 0; t < 8; ++t) {
         exiting.emplace_back([] {
+            churn_many(10000, 32);
             sink = made_by_worker();
             sink = nullptr;
             churn_many(20000, 32);
@@ -95,6 +104,7 @@ void threads() {
     }
     for (int t = 0; t < 8; ++t) {
         std::thread([] {
+            churn_many(10000, 32);
             sink = made_by_worker();
             sink = nullptr;
             churn_many(5000, 32);
@@ -116,10 +126,10 @@ void threads() {
                 std::lock_guard<std::mutex> hold(handed_lock);
                 handed.push_back(block);
             }
-            churn(i % 9, 50, 48);
+            churn_many(50, 48);
         }
         made_all = true;
-        while (!stop) churn(3, 100, 48);
+        while (!stop) churn_many(100, 48);
     });
     std::vector<std::thread> freeing;
     for (int t = 0; t < 4; ++t) {
