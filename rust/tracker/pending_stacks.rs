@@ -11,6 +11,11 @@
 //! stack field, which no cookie covers for that reason). Whoever needs a block's stack before
 //! that (a report, an error) interns the entry itself ([`resolve`]).
 //!
+//! The ring is used only where it pays ([`Ring::judge`], [`Ring::count_interned`]): a thread
+//! interns at once while its stacks repeat (interning then finds their nodes, mostly among its
+//! recent ones) or its blocks outlive their entries (each stack would be written twice and
+//! interned whole).
+//!
 //! A ring is written by its shard's owner alone. Others read an entry as a seqlock: the entry's
 //! tag word, the frames, then the tag word again; an owner that takes an entry's place first
 //! settles the block's header (so a reader that finds the entry gone finds the id there), then
