@@ -266,6 +266,10 @@ extern "C" fn at_thread_exit(_: *mut libc::c_void) {
     let t = this_thread();
     t.exit_hook_armed.set(false);
     super::apply_deferred_frees();
+    // Inside the tracker from here: a signal handler that allocates while this thread holds
+    // shard locks (settling its queued frees stops the world) gets untracked memory instead of
+    // waiting for them (it waited forever).
+    let _inside = Inside::enter();
     let Some(shard) = t.shard.take() else {
         return; // no shard, so no heap lists either (both come with the first allocation)
     };

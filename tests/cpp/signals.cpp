@@ -5,6 +5,10 @@
 //   signals alloc THREADS MS     every thread churns for MS ms (cross-thread frees when THREADS > 1)
 //                                while a timer signals each of them every 100 us; each handler
 //                                runs new/delete; prints the counts the test checks
+//   signals exits THREADS WAVES  WAVES waves of THREADS short-lived threads that churn and free each
+//                                other's blocks, then exit (settling those frees stops the world),
+//                                while SIGALRM every 50 us lands on any thread, exiting ones too,
+//                                and its handler runs new/delete
 #include <k15/memory.h>
 
 #include <pthread.h>
@@ -123,6 +127,49 @@ void run_threads(int threads, long ms) {
     for (auto& w : workers) w.join();
 }
 
+void new_delete_in_handler(int) {
+    const int saved_errno = errno;
+    char* p = new char[33];
+    p[0] = 1;
+    delete[] p;
+    handler_pairs.fetch_add(1, std::memory_order_relaxed);
+    errno = saved_errno;
+}
+
+int run_exits(int threads, int waves) {
+    struct sigaction action;
+    std::memset(&action, 0, sizeof action);
+    action.sa_handler = new_delete_in_handler;
+    action.sa_flags = SA_RESTART;
+    sigaction(SIGALRM, &action, nullptr);
+    for (int i = 0; i < kept_blocks; ++i) kept[i] = new int(i);
+    const k15::memory::Stats before = k15::memory::stats();
+    const itimerval every{{0, 50}, {0, 50}};
+    setitimer(ITIMER_REAL, &every, nullptr);
+    for (int wave = 0; wave < waves; ++wave) {
+        std::vector<std::thread> wave_threads;
+        for (int t = 0; t < threads; ++t) {
+            wave_threads.emplace_back([t, wave] {
+                unsigned step = 7u + static_cast<unsigned>(t + 31 * wave);
+                for (int i = 0; i < 2000; ++i) {
+                    churn_once(step);
+                    delete exchange[(step >> 8) % slots].exchange(new int(i));
+                }
+            });
+        }
+        for (auto& w : wave_threads) w.join();
+    }
+    const itimerval off{};
+    setitimer(ITIMER_REAL, &off, nullptr);
+    signal(SIGALRM, SIG_IGN);
+    for (auto& slot : exchange) delete slot.exchange(nullptr);
+    const k15::memory::Stats after = k15::memory::stats();
+    std::printf("handler pairs: %ld\n", handler_pairs.load());
+    std::printf("live blocks before: %llu after: %llu\n", static_cast<unsigned long long>(before.live_blocks),
+                static_cast<unsigned long long>(after.live_blocks));
+    return 0;
+}
+
 int run_alloc(int threads, long ms) {
     if (threads < 1 || threads > max_threads) return 2;
     struct sigaction action;
@@ -149,6 +196,7 @@ int run_alloc(int threads, long ms) {
 int main(int argc, char** argv) {
     if (argc >= 3 && std::strcmp(argv[1], "exit") == 0) return run_exit(std::atol(argv[2]));
     if (argc >= 4 && std::strcmp(argv[1], "alloc") == 0) return run_alloc(std::atoi(argv[2]), std::atol(argv[3]));
-    std::fprintf(stderr, "usage: signals exit DELAY_US | signals alloc THREADS MS\n");
+    if (argc >= 4 && std::strcmp(argv[1], "exits") == 0) return run_exits(std::atoi(argv[2]), std::atoi(argv[3]));
+    std::fprintf(stderr, "usage: signals exit DELAY_US | signals alloc THREADS MS | signals exits THREADS WAVES\n");
     return 2;
 }
