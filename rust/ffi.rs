@@ -389,8 +389,9 @@ fn running_on_stack(lowest: usize, size: usize) {
 }
 
 fn modules_changed() {
-    let _inside = tracker::guard::Inside::enter(); // the module lists are our own memory
-                                                   // Stacks still in rings are interned first: their ids must tell they came before.
+    // The module lists are our own memory.
+    let _inside = tracker::guard::Inside::enter();
+    // Stacks still in rings are interned first: their ids must tell they came before.
     tracker::pending_stacks::settle_all();
     crate::stack::modules_changed();
 }
