@@ -333,7 +333,6 @@ fn first_word(header: *const BlockHeader, layout: Layout) -> *mut usize {
 unsafe fn freed_cover(header: *const BlockHeader, layout: Layout, link: usize) -> usize {
     match layout {
         Layout::Full => link,
-        // SAFETY: guaranteed by the caller.
         Layout::Compact => {
             // SAFETY: guaranteed by the caller.
             exposed_part(unsafe { exposed_word(header, layout).read() }, layout)
@@ -820,7 +819,8 @@ impl BlockHeader {
         // A compact cookie does not cover the stack's bytes: they are taken as found where
         // they still name a stack of this block, else as lost (0), and counted as damaged.
         let found_stack = StackId((found >> 32) as u32);
-        let stack_held = super::pending_stacks::names_block(found_stack, header, layout);
+        let stack_held = layout == Layout::Compact
+            && super::pending_stacks::names_block(found_stack, header, layout);
         let with_stack = |was: usize| match layout {
             Layout::Compact if stack_held => was | found & STACK_BITS,
             _ => was,
