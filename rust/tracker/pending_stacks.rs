@@ -87,13 +87,18 @@ pub fn is_pending(id: StackId) -> bool {
 /// The ring of `shard`, mapped at its first use; `None` if it cannot be.
 #[inline]
 fn ring_of(shard: u8) -> Option<&'static Ring> {
-    let mut ring = RINGS[shard as usize].load(Acquire);
-    if ring.is_null() {
-        ring = crate::sys::map_once(&RINGS[shard as usize], core::mem::size_of::<Ring>());
-    }
+    mapped_ring(shard).or_else(|| {
+        crate::sys::map_once(&RINGS[shard as usize], core::mem::size_of::<Ring>());
+        mapped_ring(shard)
+    })
+}
+
+/// The ring of `shard` if it was ever mapped.
+#[inline(always)]
+fn mapped_ring(shard: u8) -> Option<&'static Ring> {
     // SAFETY: a ring, once mapped, stays mapped for the process's life, zeroed at first
     // (an empty ring), and is only ever accessed through atomics.
-    unsafe { ring.as_ref() }
+    unsafe { RINGS[shard as usize].load(Acquire).as_ref() }
 }
 
 /// The stack of a new block of the thread that owns `shard`, `depth` frames at most: a tag
@@ -155,9 +160,7 @@ fn entry_words(frames: usize) -> usize {
 
 /// The ring and word offset a tag names.
 fn entry_of(tag: u32) -> Option<(&'static Ring, usize)> {
-    let shard = (tag >> SHARD_SHIFT) as u8;
-    // SAFETY: as in `ring_of`.
-    let ring = unsafe { RINGS[shard as usize].load(Acquire).as_ref() }?;
+    let ring = mapped_ring((tag >> SHARD_SHIFT) as u8)?;
     Some((ring, (tag & OFFSET_MASK) as usize * 2))
 }
 
@@ -239,9 +242,8 @@ pub(super) fn names_block(id: StackId, header: *const BlockHeader, layout: Layou
 /// owners may be writing their rings meanwhile: each entry is read as [`resolve`] reads it, and
 /// its header is used only if it lies in the heap and its cookie holds.
 pub fn settle_all() {
-    for (shard, slot) in RINGS.iter().enumerate() {
-        // SAFETY: as in `ring_of`.
-        let Some(ring) = (unsafe { slot.load(Acquire).as_ref() }) else {
+    for shard in 0..SHARD_COUNT {
+        let Some(ring) = mapped_ring(shard as u8) else {
             continue;
         };
         for at in (0..RING_WORDS).step_by(2) {
@@ -280,23 +282,18 @@ fn holder(word: usize, tag: u32) -> Option<(&'static BlockHeader, Layout)> {
 /// The calling thread leaves `shard`: every entry is settled, and the ring's memory goes back to
 /// the OS, empty for the next owner.
 pub(super) fn settle_ring(shard: u8) {
-    // SAFETY: as in `ring_of`.
-    let Some(ring) = (unsafe { RINGS[shard as usize].load(Acquire).as_ref() }) else {
+    let Some(ring) = mapped_ring(shard) else {
         return;
     };
     if ring.busy.load(Relaxed) {
         return; // a thread exit inside a capture (a signal handler): left to the next owner
     }
-    while ring.live.load(Relaxed) > 0 {
-        ring.evict_tail();
-    }
+    ring.settle_entries();
     ring.head.store(0, Relaxed);
-    ring.lap
-        .store(ring.lap.load(Relaxed).wrapping_add(1) & LAP_MASK, Relaxed);
-    // The next owner's captures start by interning at once, its own novelty yet to be judged.
-    ring.in_use.store(false, Relaxed);
-    ring.interned.store(0, Relaxed);
-    ring.nodes_before.store(0, Relaxed);
+    ring.next_lap();
+    // The next owner's captures start by interning at once, its own novelty yet to be judged
+    // (a new thread has added no depot nodes).
+    ring.intern_at_once_from(0);
     fence(Release);
     // SAFETY: no entry is left, so no reader takes anything from these words (a slow one
     // finds zeros and rejects them); they read as zeros until written again.
@@ -356,17 +353,33 @@ impl Ring {
             return;
         }
         if self.kept.load(Relaxed) * 2 >= evicted {
-            while self.live.load(Relaxed) > 0 {
-                self.evict_tail();
-            }
-            self.in_use.store(false, Relaxed);
-            self.interned.store(0, Relaxed);
-            if let Some(nodes) = stack::nodes_added() {
-                self.nodes_before.store(nodes, Relaxed);
-            }
+            self.settle_entries();
+            let nodes = stack::nodes_added().unwrap_or(self.nodes_before.load(Relaxed));
+            self.intern_at_once_from(nodes);
         }
         self.evicted.store(0, Relaxed);
         self.kept.store(0, Relaxed);
+    }
+
+    /// Every entry gives up its place (see [`Ring::evict_tail`]).
+    fn settle_entries(&self) {
+        while self.live.load(Relaxed) > 0 {
+            self.evict_tail();
+        }
+    }
+
+    /// Captures intern at once from now, a novelty window starting with the thread's depot
+    /// nodes at `nodes`.
+    fn intern_at_once_from(&self, nodes: u32) {
+        self.in_use.store(false, Relaxed);
+        self.interned.store(0, Relaxed);
+        self.nodes_before.store(nodes, Relaxed);
+    }
+
+    /// Entries written from now on get tags of a new lap.
+    fn next_lap(&self) {
+        self.lap
+            .store(self.lap.load(Relaxed).wrapping_add(1) & LAP_MASK, Relaxed);
     }
 
     /// Room for an entry of `need` words at the head: the entries there are settled first. The
@@ -385,8 +398,7 @@ impl Ring {
                 self.words[head].store(WRAP, Relaxed);
             }
             head = 0;
-            self.lap
-                .store(self.lap.load(Relaxed).wrapping_add(1) & LAP_MASK, Relaxed);
+            self.next_lap();
         }
         loop {
             let tail = self.tail.load(Relaxed);
