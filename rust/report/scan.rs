@@ -89,10 +89,10 @@ pub fn classify(nodes: &[Node], stack: Option<core::ops::Range<usize>>) -> Vec<V
         crate::stack::tracker_thread_state(),
         crate::tracker::guard::thread_state_range(),
         crate::tracker::thread_heap_range(),
-        crate::tracker::live_list::shards_range(),
         crate::tracker::integrity::found_log_range(),
         super::threads::record_range(),
     ];
+    excluded.extend(crate::tracker::live_list::shards_ranges());
     excluded.extend(others.own_state);
     roots.push(crate::sys::bytes_of(others.registers.as_slice()));
     let mut mapped = super::mappings::ranges();

@@ -149,6 +149,55 @@ pub fn frames(id: StackId) -> depot::Frames {
     depot::frames(id)
 }
 
+/// The code of the program's `main`: the function its entry point hands to
+/// `__libc_start_main`, read from the entry's first instructions (glibc's `_start`), and its
+/// extent by the unwind entry that starts there. Without a symbol table: a pass over a large
+/// program's is milliseconds. `None` where the entry does not read as glibc's `_start` or no
+/// unwind entry starts at what it names.
+pub fn main_code() -> Option<core::ops::Range<usize>> {
+    // SAFETY: getauxval reads the process's auxiliary vector; it has no preconditions.
+    let entry = unsafe { libc::getauxval(libc::AT_ENTRY) } as usize;
+    let snapshot = modules::current_or_scan()?;
+    let code = snapshot.module_of(entry)?;
+    let len = (code.end - entry).min(START_BYTES_READ);
+    // SAFETY: `entry..entry + len` lies in the executable segment of a loaded module (the
+    // program, which is never unloaded).
+    let start = unsafe { core::slice::from_raw_parts(entry as *const u8, len) };
+    let main = main_passed_by_start(entry, start).filter(|main| code.contains(main))?;
+    let extent = snapshot
+        .sections_of(main)?
+        .function_starting_at(main as u64)?;
+    Some(extent.start as usize..extent.end as usize)
+}
+
+/// How much of `_start` [`main_code`] reads: glibc's loads `main` within its first 24 bytes.
+const START_BYTES_READ: usize = 48;
+
+/// The address `_start`'s code (`start`, at `entry`) loads into `rdi` (the first argument of
+/// `__libc_start_main`: `main`), by glibc's x86-64 `start.S`: `lea main(%rip), %rdi` in a
+/// position-independent program, `mov $main, %rdi` otherwise. The first such instruction
+/// before the first call counts (a `main` loaded through the GOT is not read: `None`).
+fn main_passed_by_start(entry: usize, start: &[u8]) -> Option<usize> {
+    let operand = |at: usize| -> Option<i32> {
+        Some(i32::from_le_bytes(start.get(at..at + 4)?.try_into().ok()?))
+    };
+    for at in 0..start.len() {
+        match start[at..] {
+            // lea disp32(%rip), %rdi: relative to the next instruction.
+            [0x48, 0x8d, 0x3d, ..] => {
+                let next = entry.checked_add(at + 7)?;
+                return next.checked_add_signed(operand(at + 3)? as isize);
+            }
+            // mov $imm32, %rdi (sign-extended).
+            [0x48, 0xc7, 0xc7, ..] => return usize::try_from(operand(at + 3)?).ok(),
+            // call (direct or indirect): past the loads of its arguments.
+            [0xe8, ..] | [0xff, 0x15, ..] => return None,
+            _ => {}
+        }
+    }
+    None
+}
+
 /// Does the setup now: maps the depot, scans the loaded modules, creates unwinder caches,
 /// reads this thread's stack bounds and makes one capture.
 ///

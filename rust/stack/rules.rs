@@ -175,6 +175,49 @@ impl Sections {
         (bytes(self.eh_frame_hdr), bytes(self.eh_frame))
     }
 
+    /// [`search_table`] over this module's `.eh_frame_hdr`.
+    fn search(&self, probe: u64) -> Option<(u64, u64)> {
+        search_table(self.bytes().0, self.eh_frame_hdr.0 as u64, probe)
+    }
+
+    /// The FDE for `probe`: the one [`Sections::search`] found (`found`), else gimli's search
+    /// of the table (which reads layouts `search_table` does not).
+    fn fde(
+        &self,
+        found: Option<(u64, u64)>,
+        probe: u64,
+    ) -> Option<FrameDescriptionEntry<EndianSlice<'static, LittleEndian>>> {
+        let (hdr_bytes, eh_frame_bytes) = self.bytes();
+        let bases = self.bases();
+        let eh_frame = EhFrame::new(eh_frame_bytes, LittleEndian);
+        match found {
+            Some((_, fde_at)) => {
+                let offset = usize::try_from(fde_at.checked_sub(self.eh_frame.0 as u64)?).ok()?;
+                eh_frame
+                    .fde_from_offset(&bases, EhFrameOffset(offset), EhFrame::cie_from_offset)
+                    .ok()
+            }
+            None => EhFrameHdr::new(hdr_bytes, LittleEndian)
+                .parse(&bases, 8)
+                .ok()?
+                .table()?
+                .fde_for_address(&eh_frame, &bases, probe, EhFrame::cie_from_offset)
+                .ok(),
+        }
+    }
+
+    /// The code the FDE starting exactly at `start` covers, if one does.
+    pub(crate) fn function_starting_at(&self, start: u64) -> Option<Range<u64>> {
+        if self.eh_frame_hdr.1 == 0 || self.eh_frame.1 == 0 {
+            return None;
+        }
+        let fde = self.fde(self.search(start), start)?;
+        if fde.initial_address() != start {
+            return None;
+        }
+        Some(start..start.checked_add(fde.len())?)
+    }
+
     /// The bases gimli reads the sections' encoded pointers against.
     fn bases(&self) -> BaseAddresses {
         BaseAddresses::default()
@@ -353,12 +396,9 @@ impl Rules {
         if s.eh_frame_hdr.1 == 0 || s.eh_frame.1 == 0 {
             return None;
         }
-        let (hdr_bytes, eh_frame_bytes) = s.bytes();
-        let bases = s.bases();
-        let eh_frame = EhFrame::new(eh_frame_bytes, LittleEndian);
         // A return address points after the call: the call itself is at `pc - 1`.
         let probe = pc as u64 - 1;
-        let found = search_table(hdr_bytes, s.eh_frame_hdr.0 as u64, probe);
+        let found = s.search(probe);
         let compiled = |start| {
             self.by_fde.get(start).map(|packed| {
                 self.rows
@@ -368,28 +408,13 @@ impl Rules {
         let rows = match found.and_then(|(start, _)| compiled(start)) {
             Some(rows) => rows,
             None => {
-                let fde = match found {
-                    Some((_, fde_at)) => {
-                        let offset =
-                            usize::try_from(fde_at.checked_sub(s.eh_frame.0 as u64)?).ok()?;
-                        eh_frame
-                            .fde_from_offset(
-                                &bases,
-                                EhFrameOffset(offset),
-                                EhFrame::cie_from_offset,
-                            )
-                            .ok()?
-                    }
-                    None => EhFrameHdr::new(hdr_bytes, LittleEndian)
-                        .parse(&bases, 8)
-                        .ok()?
-                        .table()?
-                        .fde_for_address(&eh_frame, &bases, probe, EhFrame::cie_from_offset)
-                        .ok()?,
-                };
+                let fde = s.fde(found, probe)?;
                 match compiled(fde.initial_address()) {
                     Some(rows) => rows,
-                    None => self.compile(&fde, &eh_frame, &bases, ctx)?,
+                    None => {
+                        let eh_frame = EhFrame::new(s.bytes().1, LittleEndian);
+                        self.compile(&fde, &eh_frame, &s.bases(), ctx)?
+                    }
                 }
             }
         };

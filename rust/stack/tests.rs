@@ -1091,3 +1091,42 @@ fn depot_racing_threads_store_each_stack_once() {
         }
     }
 }
+
+/// glibc's x86-64 `_start` as the toolchains here write it (`objdump -d`), up to its call.
+const START_PIE: [u8; 33] = [
+    0x31, 0xed, 0x49, 0x89, 0xd1, 0x5e, 0x48, 0x89, 0xe2, 0x48, 0x83, 0xe4, 0xf0, 0x50, 0x54, 0x45,
+    0x31, 0xc0, 0x31, 0xc9, // xor %ebp,%ebp ... xor %ecx,%ecx
+    0x48, 0x8d, 0x3d, 0xd5, 0x9b, 0xff, 0xff, // lea -0x642b(%rip),%rdi
+    0xff, 0x15, 0x97, 0x01, 0x6f, 0x00, // call *__libc_start_main@GOTPCREL(%rip)
+];
+
+#[test]
+fn main_is_read_from_each_form_of_start_that_loads_it() {
+    // Position-independent: relative to the instruction after the `lea` (at 20 + 7).
+    assert_eq!(
+        main_passed_by_start(0x165030, &START_PIE),
+        Some(0x165030 + 27 - 0x642b)
+    );
+    // With CET's `endbr64` in front, as distributions build it.
+    let with_endbr: Vec<u8> = [0xf3, 0x0f, 0x1e, 0xfa]
+        .iter()
+        .chain(&START_PIE)
+        .copied()
+        .collect();
+    assert_eq!(
+        main_passed_by_start(0x10000, &with_endbr),
+        Some(0x10000 + 31 - 0x642b)
+    );
+    // Fixed address (`-no-pie`, static): `mov $0x401106,%rdi`.
+    let mut fixed = START_PIE;
+    fixed[20..27].copy_from_slice(&[0x48, 0xc7, 0xc7, 0x06, 0x11, 0x40, 0x00]);
+    assert_eq!(main_passed_by_start(0x401020, &fixed), Some(0x401106));
+    // Through the GOT (`mov main@GOTPCREL(%rip),%rdi`, not relaxed by the linker): not read.
+    let mut through_got = START_PIE;
+    through_got[21] = 0x8b;
+    assert_eq!(main_passed_by_start(0x1000, &through_got), None);
+    // Nothing loaded before the first call, or code cut short: none.
+    assert_eq!(main_passed_by_start(0x1000, &START_PIE[27..]), None);
+    assert_eq!(main_passed_by_start(0x1000, &START_PIE[..24]), None);
+    assert_eq!(main_passed_by_start(0x1000, &[]), None);
+}

@@ -147,12 +147,13 @@ impl Symbolizer {
 
     /// How many frames each of `ids` keeps when the frames below `main` go (valgrind's
     /// default): a stack through the executable's `main` ends there, `main` included; others
-    /// stay whole. `main` is found by the executable's symbol table, before any DWARF is read,
-    /// so that what lies below it costs nothing: `_start`, which no unit covers (finding that
-    /// out walks every unit `.debug_aranges` leaves out, and in compressed DWARF decompresses
-    /// them), and libc's start-up frames (its debug file, compressed). The batch then reads the
-    /// executable's DWARF for the frames shown alone. `wanted` keeps only the addresses some
-    /// stack still shows.
+    /// stay whole. `main` is found before any DWARF is read, so that what lies below it costs
+    /// nothing: `_start`, which no unit covers (finding that out walks every unit
+    /// `.debug_aranges` leaves out, and in compressed DWARF decompresses them), and libc's
+    /// start-up frames (its debug file, compressed): by what `_start` hands to libc
+    /// ([`crate::stack::main_code`]), else by the executable's symbol table. The batch then
+    /// reads the executable's DWARF for the frames shown alone. `wanted` keeps only the
+    /// addresses some stack still shows.
     fn cut_below_main(
         &mut self,
         ids: &[StackId],
@@ -161,9 +162,49 @@ impl Symbolizer {
         let Some(exe) = self.map.modules.iter().position(|m| m.is_main) else {
             return HashMap::new();
         };
-        let bias = self.map.modules[exe].bias;
         let unresolved: Vec<usize> = wanted.iter().filter(|w| w.0 == exe).map(|w| w.1).collect();
-        let probes: Vec<u64> = unresolved
+        let main = crate::stack::main_code();
+        let mut in_main = match main {
+            Some(_) => HashSet::new(),
+            None => self.named_main(exe, unresolved),
+        };
+        let mut kept = HashMap::new();
+        let mut shown = HashSet::new();
+        for &id in ids {
+            let frames = crate::stack::frames(id);
+            let mut depth = frames.len();
+            for (at, &address) in frames.iter().enumerate() {
+                if self.map.find(address, Some(id)) != Some(exe) {
+                    continue;
+                }
+                let resolved_main = || {
+                    self.cache
+                        .get(&(address, Some(exe)))
+                        .and_then(|frames| frames.last()?.function.as_deref())
+                        == Some("main")
+                };
+                let by_code = || {
+                    main.as_ref()
+                        .is_some_and(|main| main.contains(&address.wrapping_sub(1)))
+                };
+                if in_main.contains(&address) || by_code() || resolved_main() {
+                    in_main.insert(address);
+                    depth = at + 1;
+                    break;
+                }
+            }
+            shown.extend(frames[..depth].iter().copied());
+            kept.insert(id, depth);
+        }
+        wanted.retain(|w| shown.contains(&w.1));
+        kept
+    }
+
+    /// Those of `addresses` (return addresses in the executable, module `exe`) that its symbol
+    /// table places in `main`.
+    fn named_main(&mut self, exe: usize, addresses: Vec<usize>) -> HashSet<usize> {
+        let bias = self.map.modules[exe].bias;
+        let probes: Vec<u64> = addresses
             .iter()
             .map(|&address| probe(address.wrapping_sub(bias)))
             .collect();
@@ -182,38 +223,12 @@ impl Symbolizer {
                 })
                 .unwrap_or_default(),
         };
-        let mut in_main: HashSet<usize> = unresolved
-            .iter()
+        addresses
+            .into_iter()
             .zip(&names)
             .filter(|(_, name)| name.as_deref() == Some("main"))
-            .map(|(&address, _)| address)
-            .collect();
-        let mut kept = HashMap::new();
-        let mut shown = HashSet::new();
-        for &id in ids {
-            let frames = crate::stack::frames(id);
-            let mut depth = frames.len();
-            for (at, &address) in frames.iter().enumerate() {
-                if self.map.find(address, Some(id)) != Some(exe) {
-                    continue;
-                }
-                let resolved_main = || {
-                    self.cache
-                        .get(&(address, Some(exe)))
-                        .and_then(|frames| frames.last()?.function.as_deref())
-                        == Some("main")
-                };
-                if in_main.contains(&address) || resolved_main() {
-                    in_main.insert(address);
-                    depth = at + 1;
-                    break;
-                }
-            }
-            shown.extend(frames[..depth].iter().copied());
-            kept.insert(id, depth);
-        }
-        wanted.retain(|w| shown.contains(&w.1));
-        kept
+            .map(|(address, _)| address)
+            .collect()
     }
 
     /// Resolves `addresses`, all in module `index`, into the cache. Debug info loaded before

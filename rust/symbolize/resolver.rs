@@ -874,14 +874,16 @@ impl DebugInfo {
 /// addr2line's nearest-symbol rule does. g++ gives functions of internal linkage (anonymous
 /// namespaces, lambdas, destructors of local classes) no DW_AT_linkage_name, so DWARF names
 /// them bare ("spawn"): the symbol's demangled name, qualified and with parameters, is what
-/// a reader wants then. (A name DWARF qualified has "::"; a bare one of a namespace member
-/// never does.)
+/// a reader wants then. (A name DWARF qualified has "::", or parameters where it came
+/// demangled from a linkage name at namespace scope; a bare one of a namespace member has
+/// neither, and `main` is the program's own, at namespace scope by the language's rules: the
+/// symbol table, a pass over all of it, would say the same.)
 fn outer_is_bare(locations: &[Location]) -> bool {
     locations.last().is_none_or(|outer| {
-        outer
-            .function
-            .as_deref()
-            .is_none_or(|name| !name.contains("::"))
+        outer.function.as_deref().is_none_or(|name| {
+            let with_parameters = name.contains('(') && !name.starts_with("operator");
+            !name.contains("::") && !with_parameters && name != "main"
+        })
     })
 }
 

@@ -4,7 +4,10 @@
 //! keeps, between each two neighbouring addresses, the best symbol and the highest and lowest
 //! entries, and lets go of the table's pages as it goes.
 
-use object::{Object, ObjectSection, ObjectSymbol, ObjectSymbolTable, SymbolKind, SymbolScope};
+use object::read::elf::Sym;
+use object::{
+    Object, ObjectSection, ObjectSymbol, ObjectSymbolTable, SymbolIndex, SymbolKind, SymbolScope,
+};
 
 /// Symbols read between two calls of `trim`.
 const TRIM_EVERY: usize = 4096;
@@ -15,15 +18,16 @@ type Rank = (u32, usize);
 /// What the pass keeps of the entries between two neighbouring probes (sorted), above the
 /// lower one and at or below the upper one.
 #[derive(Clone, Copy, Default)]
-struct Gap<'data> {
-    /// The best named symbol at the highest address that has one.
-    named: Option<(u64, Rank, u64, &'data str)>,
+struct Gap {
+    /// The best named symbol at the highest address that has one: its address, rank, size
+    /// and index (its name is read once the pass is over, for the symbols that answer).
+    named: Option<(u64, Rank, u64, SymbolIndex)>,
     /// The highest and the lowest address of any entry (section ends included).
     highest: Option<u64>,
     lowest: Option<u64>,
 }
 
-impl Gap<'_> {
+impl Gap {
     /// Whether a named symbol at `address` of `rank` would be kept instead of the one kept.
     fn better(&self, address: u64, rank: Rank) -> bool {
         self.named
@@ -32,9 +36,17 @@ impl Gap<'_> {
 
     /// Whether an entry at `address` of `rank` changes anything the gap keeps.
     fn changed_by(&self, address: u64, rank: Rank) -> bool {
-        self.highest.is_none_or(|h| address > h)
-            || self.lowest.is_none_or(|l| address < l)
-            || self.better(address, rank)
+        self.outside(address) || self.better(address, rank)
+    }
+
+    /// Whether an entry at `address` could change what the gap keeps, of whatever kind and
+    /// rank: it lies outside the entries kept, or not below the named one.
+    fn could_change(&self, address: u64) -> bool {
+        self.outside(address) || self.named.is_none_or(|(at, ..)| address >= at)
+    }
+
+    fn outside(&self, address: u64) -> bool {
+        self.highest.is_none_or(|h| address > h) || self.lowest.is_none_or(|l| address < l)
     }
 }
 
@@ -54,9 +66,51 @@ pub(super) fn containing<'data>(
     }
 }
 
-/// [`containing`] over one format's symbols.
-fn containing_in<'data>(
-    object: &impl Object<'data>,
+/// [`containing`] over one format's symbols: its `.symtab`, else its `.dynsym`.
+fn containing_in<'data: 'file, 'file, O: Object<'data>>(
+    object: &'file O,
+    probes: &[u64],
+    trim: &dyn Fn(),
+) -> Vec<Option<&'data str>>
+where
+    O::SymbolTable<'file>: ObjectSymbolTable<'data, Symbol: HasName>,
+{
+    let Some(table) = object
+        .symbol_table()
+        .or_else(|| object.dynamic_symbol_table())
+    else {
+        return vec![None; probes.len()];
+    };
+    // Section ends bound the guessed size of a symbol without one.
+    let section_ends = object
+        .sections()
+        .map(|section| section.address().saturating_add(section.size()));
+    in_table(table, section_ends, probes, trim)
+}
+
+/// Whether a symbol has a name, told without reading it (a search for its end in the string
+/// table, and a check of its UTF-8, for each of thousands of long C++ names).
+trait HasName {
+    fn has_name(&self) -> bool;
+}
+
+impl HasName for object::read::elf::ElfSymbol64<'_, '_> {
+    /// Index 0 of the string table is the empty name; ELF tools write no other.
+    fn has_name(&self) -> bool {
+        self.elf_symbol().st_name(self.endian()) != 0
+    }
+}
+
+impl HasName for object::Symbol<'_, '_> {
+    fn has_name(&self) -> bool {
+        self.name_bytes().is_ok_and(|name| !name.is_empty())
+    }
+}
+
+/// [`containing`] over one symbol table.
+fn in_table<'data, T: ObjectSymbolTable<'data, Symbol: HasName>>(
+    table: T,
+    section_ends: impl Iterator<Item = u64>,
     probes: &[u64],
     trim: &dyn Fn(),
 ) -> Vec<Option<&'data str>> {
@@ -64,26 +118,24 @@ fn containing_in<'data>(
     sorted.sort_unstable();
     let mut gaps = vec![Gap::default(); sorted.len() + 1];
     let gap_of = |address: u64| sorted.partition_point(|&p| p < address);
-    let note = |gap: &mut Gap<'data>, address: u64, named: Option<(Rank, u64, &'data str)>| {
+    let note = |gap: &mut Gap, address: u64, named: Option<(Rank, u64, SymbolIndex)>| {
         gap.highest = Some(gap.highest.map_or(address, |h| h.max(address)));
         gap.lowest = Some(gap.lowest.map_or(address, |l| l.min(address)));
-        if let Some((rank, size, name)) = named {
+        if let Some((rank, size, index)) = named {
             if gap.better(address, rank) {
-                gap.named = Some((address, rank, size, name));
+                gap.named = Some((address, rank, size, index));
             }
         }
-    };
-    let Some(table) = object
-        .symbol_table()
-        .or_else(|| object.dynamic_symbol_table())
-    else {
-        return vec![None; probes.len()];
     };
     for (read, symbol) in table.symbols().enumerate() {
         if read % TRIM_EVERY == TRIM_EVERY - 1 {
             trim();
         }
-        if !symbol.is_definition() {
+        // Most entries land inside what their gap keeps and below its named one: decided by
+        // the address alone, before the entry's kind and rank are read (a third of the pass).
+        let address = symbol.address();
+        let gap = &mut gaps[gap_of(address)];
+        if !gap.could_change(address) || !symbol.is_definition() {
             continue;
         }
         let mut priority = match symbol.kind() {
@@ -102,21 +154,12 @@ fn containing_in<'data>(
                 SymbolScope::Dynamic => 0,
             };
         let rank = (priority, usize::MAX - symbol.index().0);
-        let address = symbol.address();
-        let gap = &mut gaps[gap_of(address)];
-        // A name is read (a search for its end in the string table) only for a symbol that
-        // changes what its gap keeps: a few per gap, of the table's tens of thousands.
-        if !gap.changed_by(address, rank) {
+        if !gap.changed_by(address, rank) || !symbol.has_name() {
             continue;
         }
-        let Some(name) = symbol.name().ok().filter(|name| !name.is_empty()) else {
-            continue;
-        };
-        note(gap, address, Some((rank, symbol.size(), name)));
+        note(gap, address, Some((rank, symbol.size(), symbol.index())));
     }
-    // Section ends bound the guessed size of a symbol without one.
-    for section in object.sections() {
-        let end = section.address().saturating_add(section.size());
+    for end in section_ends {
         note(&mut gaps[gap_of(end)], end, None);
     }
     trim();
@@ -133,7 +176,7 @@ fn containing_in<'data>(
     for (at, &probe) in sorted.iter().enumerate() {
         named = gaps[at].named.or(named);
         highest = gaps[at].highest.or(highest);
-        answers.push(named.and_then(|(address, _, size, name)| {
+        answers.push(named.and_then(|(address, _, size, index)| {
             // A section end above the symbol ends it; a symbol without size reaches to the
             // next entry (or, the last of all, holds everything above it).
             let size = match (size, highest) {
@@ -141,9 +184,15 @@ fn containing_in<'data>(
                 (0, _) => above[at].map_or(0, |above: u64| above - address),
                 (size, _) => size,
             };
-            (size == 0 || probe - address < size).then_some(name)
+            (size == 0 || probe - address < size).then_some(index)
         }));
     }
+    // A name that does not read as UTF-8 leaves its probes unnamed (`object`'s map leaves such
+    // a symbol out, naming them by the one below it; no toolchain writes one).
+    let answers: Vec<Option<&'data str>> = answers
+        .into_iter()
+        .map(|index| table.symbol_by_index(index?).ok()?.name().ok())
+        .collect();
     probes
         .iter()
         .map(|probe| answers[sorted.partition_point(|p| p < probe)])

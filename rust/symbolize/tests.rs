@@ -56,6 +56,24 @@ fn this_exe() -> String {
         .into_owned()
 }
 
+/// `main` as `_start` names it and its unwind entry bounds it is where the symbol table
+/// (the way of finding it where `_start` does not read) names `main`: the first and last
+/// return addresses inside it, not the one past it.
+#[test]
+fn main_by_the_entry_point_is_main_by_the_symbol_table() {
+    let main = crate::stack::main_code().expect("glibc's _start names main");
+    let mut symbolizer = Symbolizer::new();
+    let exe = symbolizer
+        .map
+        .modules
+        .iter()
+        .position(|m| m.is_main)
+        .unwrap();
+    let (first, last, past) = (main.start + 1, main.end, main.end + 1);
+    let named = symbolizer.named_main(exe, vec![first, last, past]);
+    assert_eq!(named, [first, last].into_iter().collect());
+}
+
 #[test]
 fn names_file_and_line_of_a_rust_function() {
     let (stack, line) = named_leaf();

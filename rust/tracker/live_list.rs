@@ -142,14 +142,20 @@ pub struct Shard {
     /// `delete`.
     flush_above: AtomicU64,
     flush_below: AtomicU64,
-    /// Blocks of other shards this shard's owner freed, claimed and waiting to be settled.
-    pending: UnsafeCell<[*mut BlockHeader; PENDING_CAPACITY]>,
 }
 
-// SAFETY: `head`, the links of the blocks on the list and `pending` are only touched by the
-// owner while `busy` and not `revoked`, or with `lock` held after the owner was excluded (see
-// the module docs); the rest is atomic.
+/// Blocks of other shards a shard's owner freed, claimed and waiting to be settled: the first
+/// `pending_len` of them. Kept apart from the shards so that stopping the world, which touches
+/// every shard, touches 32 KiB rather than the half megabyte of mostly unused queues (a page
+/// fault for each page on the first report or `stats()`).
+struct PendingQueue(UnsafeCell<[*mut BlockHeader; PENDING_CAPACITY]>);
+
+// SAFETY: `head`, the links of the blocks on the list and the shard's pending queue are only
+// touched by the owner while `busy` and not `revoked`, or with `lock` held after the owner was
+// excluded (see the module docs); the rest is atomic.
 unsafe impl Sync for Shard {}
+// SAFETY: as the shard's own fields (above): a queue is touched by whoever holds its shard.
+unsafe impl Sync for PendingQueue {}
 
 #[allow(clippy::declare_interior_mutable_const)]
 const EMPTY_SHARD: Shard = Shard {
@@ -167,17 +173,34 @@ const EMPTY_SHARD: Shard = Shard {
     // 0: the shard's first allocation flushes, and sets the band.
     flush_above: AtomicU64::new(0),
     flush_below: AtomicU64::new(0),
-    pending: UnsafeCell::new([core::ptr::null_mut(); PENDING_CAPACITY]),
 };
 
 /// All zeros at start, so that they lie in `.bss` (557 KB of `.data` in every program linked
 /// with the library before, and a copy-on-write fault for each page first written).
 pub static SHARDS: [Shard; SHARD_COUNT] = [EMPTY_SHARD; SHARD_COUNT];
 
-/// Where the shards lie: their list ends and queues hold header addresses, not the program's
-/// pointers, so a leak scan skips them.
-pub fn shards_range() -> core::ops::Range<usize> {
-    crate::sys::bytes_of(&SHARDS)
+/// By shard index; all zeros at start, in `.bss` like the shards.
+#[allow(clippy::declare_interior_mutable_const)]
+static PENDING: [PendingQueue; SHARD_COUNT] =
+    [const { PendingQueue(UnsafeCell::new([core::ptr::null_mut(); PENDING_CAPACITY])) };
+        SHARD_COUNT];
+
+/// Where the shards and their queues lie: their list ends and queues hold header addresses,
+/// not the program's pointers, so a leak scan skips them.
+pub fn shards_ranges() -> [core::ops::Range<usize>; 2] {
+    [
+        crate::sys::bytes_of(&SHARDS),
+        crate::sys::bytes_of(&PENDING),
+    ]
+}
+
+impl Shard {
+    /// This shard's queue of pending frees.
+    fn pending(&self) -> *mut [*mut BlockHeader; PENDING_CAPACITY] {
+        let index = (self as *const Shard as usize - SHARDS.as_ptr() as usize)
+            / core::mem::size_of::<Shard>();
+        PENDING[index].0.get()
+    }
 }
 
 /// Written only by whoever holds the shard, so a plain load and store suffice.
@@ -502,7 +525,7 @@ impl HeldShard<'_> {
             return false;
         }
         // SAFETY: the shard is held; `len` is below the capacity.
-        unsafe { (*s.pending.get())[len] = header };
+        unsafe { (*s.pending())[len] = header };
         s.pending_len.store(len as u32 + 1, Ordering::Relaxed);
         true
     }
@@ -695,12 +718,12 @@ impl StoppedWorld {
             let mut kept = 0;
             for at in 0..len {
                 // SAFETY: the world is stopped; entries below `len` were written by the owner.
-                let header = unsafe { (*queue.pending.get())[at] };
+                let header = unsafe { (*queue.pending())[at] };
                 // SAFETY: a claimed block is ours, not yet given back, and on its shard's list.
                 let shard = unsafe { (*header).shard() } as usize;
                 if self.unsettled.contains(shard) {
                     // SAFETY: as above; `kept <= at`.
-                    unsafe { (*queue.pending.get())[kept] = header };
+                    unsafe { (*queue.pending())[kept] = header };
                     kept += 1;
                     continue;
                 }
