@@ -12,29 +12,65 @@ pub const PAGE_SIZE: usize = 4096;
 
 /// glibc's allocator under its own names: `malloc` and friends of this process are the
 /// tracker's (`cpp/malloc.cpp`), so the tracker's own memory, and the C family's when
-/// `malloc=0`, comes from these, which no interposition reaches.
+/// `malloc=0`, comes from these, which no interposition reaches. Each call marks its thread as
+/// inside glibc's allocator for its length ([`in_glibc_allocator`]).
 pub mod glibc {
     use libc::{c_void, size_t};
 
-    extern "C" {
-        #[link_name = "__libc_malloc"]
-        pub fn malloc(size: size_t) -> *mut c_void;
-        #[link_name = "__libc_calloc"]
-        pub fn calloc(count: size_t, size: size_t) -> *mut c_void;
-        #[link_name = "__libc_realloc"]
-        pub fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void;
-        #[link_name = "__libc_memalign"]
-        pub fn memalign(align: size_t, size: size_t) -> *mut c_void;
-        #[link_name = "__libc_valloc"]
-        pub fn valloc(size: size_t) -> *mut c_void;
-        #[link_name = "__libc_pvalloc"]
-        pub fn pvalloc(size: size_t) -> *mut c_void;
-        #[link_name = "__libc_free"]
-        pub fn free(ptr: *mut c_void);
-        /// Frees what glibc keeps for the life of the process (for valgrind and mtrace).
-        #[link_name = "__libc_freeres"]
-        pub fn free_runtime_caches();
+    /// The entry points, and for each a function of the same name that calls it marked.
+    macro_rules! marked {
+        ($($(#[$doc:meta])* $link:literal fn $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)?;)*) => {
+            mod entry {
+                use libc::{c_void, size_t};
+                extern "C" {
+                    $(#[link_name = $link] pub fn $name($($arg: $ty),*) $(-> $ret)?;)*
+                }
+            }
+            $(
+                $(#[$doc])*
+                ///
+                /// # Safety
+                /// As glibc's own function.
+                pub unsafe fn $name($($arg: $ty),*) $(-> $ret)? {
+                    // SAFETY: the caller's guarantee.
+                    super::marked_inside_glibc(|| unsafe { entry::$name($($arg),*) })
+                }
+            )*
+        };
     }
+
+    marked! {
+        "__libc_malloc" fn malloc(size: size_t) -> *mut c_void;
+        "__libc_calloc" fn calloc(count: size_t, size: size_t) -> *mut c_void;
+        "__libc_realloc" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void;
+        "__libc_memalign" fn memalign(align: size_t, size: size_t) -> *mut c_void;
+        "__libc_valloc" fn valloc(size: size_t) -> *mut c_void;
+        "__libc_pvalloc" fn pvalloc(size: size_t) -> *mut c_void;
+        "__libc_free" fn free(ptr: *mut c_void);
+        /// Frees what glibc keeps for the life of the process (for valgrind and mtrace).
+        "__libc_freeres" fn free_runtime_caches();
+    }
+}
+
+std::thread_local! {
+    // `const` and without `Drop`: readable in any thread-exit destructor and signal handler.
+    static INSIDE_GLIBC: core::cell::Cell<bool> = const { core::cell::Cell::new(false) };
+}
+
+/// Runs `call` (a call of glibc's allocator) with the thread marked as inside it.
+fn marked_inside_glibc<R>(call: impl FnOnce() -> R) -> R {
+    let was = INSIDE_GLIBC.replace(true);
+    let result = call();
+    INSIDE_GLIBC.set(was);
+    result
+}
+
+/// Whether the calling thread is inside glibc's allocator through [`glibc`]: then it is a
+/// signal handler that interrupted it there, and must not call it again (its arena locks are
+/// not reentrant: the handler would wait for its own thread forever, or find an arena half
+/// changed).
+pub fn in_glibc_allocator() -> bool {
+    INSIDE_GLIBC.get()
 }
 
 /// `size` bytes aligned to `align` (a power of two, at least 16), from glibc's allocator.

@@ -307,9 +307,13 @@ pub fn deallocate(ptr: *mut u8, kind: BlockKind, start: impl Fn() -> StartFrame 
             // SAFETY: an untracked header is ours, on no list, from glibc or our mappings (not
             // the heap), and freed only here.
             unsafe {
+                if (*header).placement() == Placement::Malloc && crate::sys::in_glibc_allocator() {
+                    // A signal handler that interrupted glibc's allocator: freed once it left.
+                    return defer_free(ptr, kind, None);
+                }
                 let raw_offset = (*header).raw_offset();
                 (*header).mark_freed();
-                raw::release(header, raw_offset);
+                raw::release(header, raw_offset, false);
             }
         }
         Lookup::Damaged => {} // reported when the damage was found; the block is left alone
@@ -559,7 +563,7 @@ pub fn release_free_memory() {
 #[cold]
 #[inline(never)]
 pub fn apply_deferred_frees() {
-    if in_tracker(guard::me()) {
+    if in_tracker(guard::me()) || crate::sys::in_glibc_allocator() {
         return; // not left yet (a signal handler's call): applied when the thread leaves
     }
     while let Some(free) = guard::take_deferred() {
@@ -634,7 +638,7 @@ unsafe fn release_freed(header: *mut BlockHeader, hot: init::Hot, settling: Sett
         } else {
             // Inside the tracker: the budget and the record of unmapped blocks take locks.
             let _inside = Inside::enter();
-            raw::release(header, h.raw_offset());
+            raw::release(header, h.raw_offset(), true);
         }
     }
 }

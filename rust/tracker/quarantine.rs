@@ -176,7 +176,7 @@ unsafe fn give_back(header: *mut BlockHeader, free_stack: StackId) {
         if h.placement() == Placement::Heap {
             super::heap::give_back_block(header.cast(), h.class());
         } else {
-            super::raw::release(header, h.raw_offset());
+            super::raw::release(header, h.raw_offset(), true);
         }
     }
 }

@@ -1,7 +1,8 @@
 //! The memory under each block: our heap (`heap`) for tracked blocks up to 128 KiB aligned up to
 //! 64 bytes, our own mappings for larger ones, glibc `malloc` for the tracker's own memory and
-//! for more strongly aligned blocks, and a record of recently unmapped blocks so that a second
-//! `delete` of one is recognised without touching unmapped memory.
+//! for more strongly aligned blocks (our mappings instead in a signal handler that interrupted
+//! glibc's allocator), and a record of recently unmapped blocks so that a second `delete` of
+//! one is recognised without touching unmapped memory.
 
 use super::header::{BlockHeader, Placement, FAR_PREFIX, GUARD_SIZE, HEADER_SIZE, SIZE_LIMIT};
 use super::heap;
@@ -87,7 +88,7 @@ pub fn acquire_system(size: usize, align: usize) -> Option<RawBlock> {
 #[inline]
 fn acquire_from_system(size: usize, align: usize) -> Option<RawBlock> {
     // The common case, kept short: default alignment, malloc'd, not page-aligned.
-    if align <= 16 && size < MAPPED_THRESHOLD {
+    if align <= 16 && size < MAPPED_THRESHOLD && !sys::in_glibc_allocator() {
         let raw = sys::raw_alloc(FAR_OFFSET + size, 16);
         let user = raw.wrapping_add(FAR_OFFSET);
         if !raw.is_null() && !(user as usize).is_multiple_of(PAGE_SIZE) {
@@ -133,7 +134,7 @@ fn acquire_any(size: usize, align: usize) -> Option<RawBlock> {
     if !align.is_power_of_two() || align > (1 << 30) {
         return None;
     }
-    if size >= MAPPED_THRESHOLD || align >= PAGE_SIZE {
+    if size >= MAPPED_THRESHOLD || align >= PAGE_SIZE || sys::in_glibc_allocator() {
         return acquire_mapped(size, align);
     }
     // Page-aligned user pointers are kept for mapped blocks only, so freeing a malloc'd block
@@ -202,12 +203,14 @@ fn acquire_mapped(size: usize, align: usize) -> Option<RawBlock> {
 }
 
 /// Gives the memory of a block not from the heap back. The header must already be marked freed.
+/// A tracked block unmapped is remembered ([`recently_unmapped`]); the tracker's own are not (a
+/// signal handler may free one while its thread holds the record's lock).
 ///
 /// # Safety
 /// `header` belongs to a block from [`acquire`] or [`acquire_system`], not from the heap, that
 /// nobody else frees; `raw_offset` is its header's.
 #[inline(never)]
-pub unsafe fn release(header: *mut BlockHeader, raw_offset: usize) {
+pub unsafe fn release(header: *mut BlockHeader, raw_offset: usize, tracked: bool) {
     let user = BlockHeader::user_ptr(header);
     let raw = user.wrapping_sub(raw_offset);
     // SAFETY: guaranteed by the caller; the header stays readable until the memory goes.
@@ -221,13 +224,15 @@ pub unsafe fn release(header: *mut BlockHeader, raw_offset: usize) {
         // Never here: the free path parks heap blocks or gives them back.
         Placement::Heap => {}
         Placement::Mapped => {
-            remember_unmapped(UnmappedBlock {
-                user: user as usize,
-                size,
-                alloc_stack,
-                // SAFETY: a large block being unmapped.
-                free_stack: unsafe { super::recorded_free_stack(user) },
-            });
+            if tracked {
+                remember_unmapped(UnmappedBlock {
+                    user: user as usize,
+                    size,
+                    alloc_stack,
+                    // SAFETY: a large block being unmapped.
+                    free_stack: unsafe { super::recorded_free_stack(user) },
+                });
+            }
             let kept = (raw_offset + size + GUARD_SIZE).next_multiple_of(PAGE_SIZE);
             // SAFETY: the kept range of acquire_mapped for this block, no longer referenced.
             unsafe { sys::unmap_pages(raw, kept) };
