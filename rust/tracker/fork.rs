@@ -13,6 +13,13 @@
 //! caches (a thread holding any of the others may be capturing a stack), and last the record of
 //! the program's mappings (its holder takes no other lock); let go of in the reverse order. Not covered: a stack allocator's lock (a stack allocator belongs to one
 //! thread).
+//!
+//! A `fork` from a signal handler that interrupted the tracker on its own thread takes none of
+//! them: the interrupted code may hold any, and would let go only after the handler returns
+//! (the fork waited forever: a crash handler that forks a reporter, a timer that forks). The
+//! fork goes ahead unprepared: the parent's tracker goes on as it was; the child inherits it
+//! as it was, which is safe to `exec` or `_exit` from, and to allocate in unless another thread
+//! was inside the tracker at that instant too.
 
 use super::guard::Inside;
 use super::live_list::{self, StoppedWorld};
@@ -101,6 +108,9 @@ thread_local! {
 extern "C" fn prepare() {
     // First: a thread inside the loader may need the world (its `malloc`) to come out.
     wait_for_loader_calls();
+    if interrupted_the_tracker() {
+        return; // unprepared (see the module docs); `release` finds nothing held
+    }
     let _inside = Inside::enter(); // the guard list is the tracker's own memory
     let mut guards: Vec<Box<dyn Any>> = Vec::new();
     crate::engine::hold_registry_for_fork(&mut guards);
@@ -117,6 +127,14 @@ extern "C" fn prepare() {
     guards.push(Box::new(crate::stack::lock_caches_for_fork()));
     guards.push(Box::new(crate::report::mappings::lock_for_fork()));
     HELD.with(|held| held.set(Box::into_raw(Box::new((world, guards)))));
+}
+
+/// Whether the calling thread is a signal handler that interrupted the tracker: inside it, or
+/// in the middle of a change of its own shard.
+fn interrupted_the_tracker() -> bool {
+    let me = super::guard::thread_number();
+    super::guard::inside()
+        || super::guard::own_shard().is_some_and(|shard| live_list::is_changing(me, shard))
 }
 
 fn release() {
@@ -142,12 +160,17 @@ extern "C" fn release_in_parent() {
 
 /// The other threads are gone in the child, and so is their ownership of shards.
 extern "C" fn release_in_child() {
-    crate::report::note_forked_child();
-    crate::report::threads::forget_others();
-    crate::symbolize::modules::note_forked_child();
-    crate::stack::note_forked_child();
-    let me = super::guard::thread_number();
     let held = HELD.with(Cell::get);
+    // Unprepared (see the module docs): what the others' going would change is behind locks
+    // a thread now gone may hold.
+    let prepared = !held.is_null();
+    if prepared {
+        crate::report::note_forked_child();
+        crate::report::threads::forget_others();
+        crate::symbolize::modules::note_forked_child();
+        crate::stack::note_forked_child();
+    }
+    let me = super::guard::thread_number();
     // SAFETY: `prepare` on this thread left it there, and only `release` below takes it.
     if let Some((world, _)) = unsafe { held.as_ref() } {
         world.forget_other_owners(me);
@@ -160,7 +183,9 @@ extern "C" fn release_in_child() {
     IN_LOADER.store(MY_LOADER_CALLS.with(Cell::get), Ordering::SeqCst);
     FORKS_UNDER_WAY.store(1, Ordering::SeqCst); // this one, which `release` ends
     release();
-    errors::forget_inherited();
+    if prepared {
+        errors::forget_inherited();
+    }
 }
 
 /// Registered once, at the tracker's first use.

@@ -220,6 +220,11 @@ fn me_of(t: &ThreadState) -> Me {
     }
 }
 
+/// The calling thread's shard, if it has one (none is claimed).
+pub fn own_shard() -> Option<ThreadShard> {
+    this_thread().shard.get()
+}
+
 /// A thread's first use of the live lists (or its first after giving its shard back at exit).
 #[cold]
 fn join(t: &ThreadState) -> Me {
