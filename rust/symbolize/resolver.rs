@@ -41,9 +41,12 @@ pub(crate) struct Location {
 /// The DWARF of one file and what has been built from it so far.
 struct Dwarf {
     sections: gimli::DwarfSections<Slice>,
-    /// `(start, end, unit offset)` of every `.debug_aranges` entry (and, once `scanned`, of
-    /// the units it leaves out), sorted by start.
+    /// `(start, end, unit offset)` of every `.debug_aranges` entry (of those that hold a
+    /// probe, where the probes are known), and, once `scanned`, of the units it leaves out;
+    /// sorted by start.
     ranges: Vec<(u64, u64, usize)>,
+    /// The units `.debug_aranges` lists.
+    listed: HashSet<usize>,
     /// The units `.debug_aranges` leaves out, when known from a walk over the unit headers
     /// (`None`: to be found by walking `.debug_info`).
     unlisted: Option<Vec<usize>>,
@@ -111,22 +114,39 @@ impl Dwarf {
             Ok(EndianSlice::new(data, endian))
         })
         .ok()?;
-        // An entry takes 16 bytes with 8-byte addresses: no regrowth (yaml-cpp's tests: 10,000
-        // entries, 0.4 ms of which copies and faults of the growing vector).
-        let mut ranges = Vec::with_capacity(sections.debug_aranges.reader().len() / 16);
+        // With the probes known, only the entries that hold one are kept: yaml-cpp's tests have
+        // 10,800 entries, whose vector (a quarter of a MiB, 64 page faults) and sort cost 2.5 M
+        // instructions for the 10 or so a report's stacks need.
+        let sorted = probes.map(|probes| {
+            let mut sorted = probes.to_vec();
+            sorted.sort_unstable();
+            sorted
+        });
+        let wanted = |range: gimli::Range| {
+            sorted.as_ref().is_none_or(|sorted| {
+                let at = sorted.partition_point(|&p| p < range.begin);
+                sorted.get(at).is_some_and(|&p| p < range.end)
+            })
+        };
+        let mut ranges = Vec::new();
+        let mut listed = HashSet::new();
         let mut headers = sections.debug_aranges.headers();
         while let Ok(Some(header)) = headers.next() {
             let unit = header.debug_info_offset().0;
+            listed.insert(unit);
             let mut entries = header.entries();
             while let Ok(Some(entry)) = entries.next() {
                 let range = entry.range();
-                ranges.push((range.begin, range.end, unit));
+                if wanted(range) {
+                    ranges.push((range.begin, range.end, unit));
+                }
             }
         }
         ranges.sort_unstable_by_key(|r| r.0);
         let mut dwarf = Dwarf {
             sections,
             ranges,
+            listed,
             unlisted: None,
             scanned: false,
             units: Vec::new(),
@@ -161,7 +181,7 @@ impl Dwarf {
             Section::InPlace(_) => None,
         };
         let mut info = compressed(storage, ".debug_info")?;
-        let listed: HashSet<usize> = self.ranges.iter().map(|r| r.2).collect();
+        let listed = &self.listed;
         let mut wanted: HashSet<usize> = probes
             .iter()
             .filter_map(|&p| unit_at(&self.ranges, p))
@@ -397,7 +417,7 @@ impl Dwarf {
                 }
             }
             None => {
-                let listed: HashSet<usize> = self.ranges.iter().map(|r| r.2).collect();
+                let listed = &self.listed;
                 let mut headers = dwarf.units();
                 let mut walked = 0;
                 while let Ok(Some(header)) = headers.next() {
