@@ -131,6 +131,30 @@ fn handlers_that_allocate_while_their_thread_exits_never_hang() {
     }
 }
 
+/// `main` returns while another thread forks without pause: the program's module is finalized
+/// at exit, which took the tracker's fork handlers (registered through `pthread_atfork`) off
+/// glibc's list; a fork whose `prepare` had run then ran no `release`, and the world it had
+/// stopped stayed stopped: the exit's report and the child waited forever (before: 20 runs in
+/// 200 hung; plain glibc none). No hang, and the report is written.
+#[test]
+fn a_fork_under_way_at_exit_never_hangs() {
+    let dir = support::scratch("lifecycle_fork_at_exit");
+    let exe = support::build(&dir, "fork_at_exit", &["tests/cpp/fork_at_exit.cpp"], &[]);
+    for run in 0..60 {
+        let log = dir.join(format!("run{run}.log"));
+        let options = format!("log_path={}", log.display());
+        let delay_us = (run % 20 * 10).to_string();
+        let output = run_bounded(&exe, &options, &[&delay_us]);
+        assert!(
+            output.status.success(),
+            "run {run} ({delay_us} us): {:?} (137: hung and killed)",
+            output.status
+        );
+        let text = std::fs::read_to_string(&log).expect("the report is written");
+        assert!(text.contains("SUMMARY: k15-memory"), "run {run}: {text}");
+    }
+}
+
 /// A timer's handler forks (a child that allocates and `_exit`s; the parent reaps it) while
 /// threads churn: a fork from a handler that interrupted the tracker on its own thread took the
 /// tracker's locks the interrupted code held (and the child, locks other threads held), and
