@@ -37,6 +37,15 @@ namespace {
 constexpr int kept_blocks = 100;
 int* kept[kept_blocks];
 
+// Runs `handler` on `signal`, restarting the calls it interrupts.
+void handle(int signal, void (*handler)(int)) {
+    struct sigaction action;
+    std::memset(&action, 0, sizeof action);
+    action.sa_handler = handler;
+    action.sa_flags = SA_RESTART;
+    sigaction(signal, &action, nullptr);
+}
+
 // One new/delete of a size that changes, so that every size class and the large-block path are
 // interrupted now and then.
 inline void churn_once(unsigned& step) {
@@ -141,11 +150,7 @@ void new_delete_in_handler(int) {
 }
 
 int run_exits(int threads, int waves) {
-    struct sigaction action;
-    std::memset(&action, 0, sizeof action);
-    action.sa_handler = new_delete_in_handler;
-    action.sa_flags = SA_RESTART;
-    sigaction(SIGALRM, &action, nullptr);
+    handle(SIGALRM, new_delete_in_handler);
     for (int i = 0; i < kept_blocks; ++i) kept[i] = new int(i);
     const k15::memory::Stats before = k15::memory::stats();
     const itimerval every{{0, 50}, {0, 50}};
@@ -176,11 +181,7 @@ int run_exits(int threads, int waves) {
 
 int run_alloc(int threads, long ms) {
     if (threads < 1 || threads > max_threads) return 2;
-    struct sigaction action;
-    std::memset(&action, 0, sizeof action);
-    action.sa_handler = allocate_in_handler;
-    action.sa_flags = SA_RESTART;
-    sigaction(SIGUSR1, &action, nullptr);
+    handle(SIGUSR1, allocate_in_handler);
     for (int i = 0; i < kept_blocks; ++i) kept[i] = new int(i);
     const k15::memory::Stats before = k15::memory::stats();
     run_threads(threads, ms);
@@ -213,11 +214,7 @@ void fork_in_handler(int) {
 }
 
 int run_forks(int waves) {
-    struct sigaction action;
-    std::memset(&action, 0, sizeof action);
-    action.sa_handler = fork_in_handler;
-    action.sa_flags = SA_RESTART;
-    sigaction(SIGALRM, &action, nullptr);
+    handle(SIGALRM, fork_in_handler);
     const itimerval every{{0, 1500}, {0, 1500}};
     setitimer(ITIMER_REAL, &every, nullptr);
     for (int wave = 0; wave < waves; ++wave) {
