@@ -57,8 +57,9 @@ std::thread_local! {
     static INSIDE_GLIBC: core::cell::Cell<bool> = const { core::cell::Cell::new(false) };
 }
 
-/// Runs `call` (a call of glibc's allocator) with the thread marked as inside it.
-fn marked_inside_glibc<R>(call: impl FnOnce() -> R) -> R {
+/// Runs `call` (a call of glibc's allocator, or of a glibc function that calls it) with the
+/// thread marked as inside it.
+pub(crate) fn marked_inside_glibc<R>(call: impl FnOnce() -> R) -> R {
     let was = INSIDE_GLIBC.replace(true);
     let result = call();
     INSIDE_GLIBC.set(was);
