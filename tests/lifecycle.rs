@@ -155,35 +155,6 @@ fn a_fork_under_way_at_exit_never_hangs() {
     }
 }
 
-/// A timer's handler forks (a child that allocates and `_exit`s; the parent reaps it) while
-/// threads churn: a fork from a handler that interrupted the tracker on its own thread took the
-/// tracker's locks the interrupted code held (and the child, locks other threads held), and
-/// waited forever (before: every run hung). No hang, every child exits cleanly, and the
-/// parent's report is whole.
-#[test]
-fn handlers_that_fork_never_hang() {
-    let dir = support::scratch("lifecycle_handlers_fork");
-    let exe = support::build(&dir, "signals", &["tests/cpp/signals.cpp"], &[]);
-    for round in 0..3 {
-        let log = dir.join(format!("forks{round}.log"));
-        let options = format!("log_path={}", log.display());
-        let output = run_bounded(&exe, &options, &["forks", "150"]);
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        assert!(
-            output.status.success(),
-            "round {round}: {:?} (137: hung and killed)\n{stdout}",
-            output.status
-        );
-        assert!(
-            printed(&output, "forks:") >= 20.0,
-            "round {round}: {stdout}"
-        );
-        let json = json_of(&log.with_extension("log.json"));
-        assert_eq!(json["summary"]["errors"], 0, "round {round}");
-        assert_eq!(live_at_exit(&json), 0, "round {round}: {stdout}");
-    }
-}
-
 /// A handler doing new/delete every 100 us on every thread, while the threads churn and free
 /// each other's blocks: no hang, and the counts stay exact (before, thousands of blocks a second
 /// freed in handlers were counted as leaks). Frees a handler cannot complete are deferred.

@@ -9,15 +9,11 @@
 //                                other's blocks, then exit (settling those frees stops the world),
 //                                while SIGALRM every 50 us lands on any thread, exiting ones too,
 //                                and its handler runs new/delete
-//   signals forks WAVES          WAVES waves of 3 threads that churn, while SIGALRM every 1.5 ms
-//                                lands on any thread and its handler forks a child that runs
-//                                new/delete and _exits (the parent reaps it); prints the forks
 #include <k15/memory.h>
 
 #include <pthread.h>
 #include <signal.h>
 #include <sys/time.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -196,51 +192,12 @@ int run_alloc(int threads, long ms) {
     return 0;
 }
 
-std::atomic<long> forks{0};
-
-void fork_in_handler(int) {
-    const int saved_errno = errno;
-    const pid_t child = fork();
-    if (child == 0) {
-        char* p = new char[40];
-        p[0] = 1;
-        delete[] p;
-        _exit(0);
-    }
-    int status = 0;
-    if (child > 0 && waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        forks.fetch_add(1, std::memory_order_relaxed);
-    errno = saved_errno;
-}
-
-int run_forks(int waves) {
-    handle(SIGALRM, fork_in_handler);
-    const itimerval every{{0, 1500}, {0, 1500}};
-    setitimer(ITIMER_REAL, &every, nullptr);
-    for (int wave = 0; wave < waves; ++wave) {
-        std::vector<std::thread> wave_threads;
-        for (int t = 0; t < 3; ++t) {
-            wave_threads.emplace_back([t, wave] {
-                unsigned step = 7u + static_cast<unsigned>(t + 31 * wave);
-                for (int i = 0; i < 3000; ++i) churn_once(step);
-            });
-        }
-        for (auto& w : wave_threads) w.join();
-    }
-    const itimerval off{};
-    setitimer(ITIMER_REAL, &off, nullptr);
-    signal(SIGALRM, SIG_IGN);
-    std::printf("forks: %ld\n", forks.load());
-    return 0;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
     if (argc >= 3 && std::strcmp(argv[1], "exit") == 0) return run_exit(std::atol(argv[2]));
     if (argc >= 4 && std::strcmp(argv[1], "alloc") == 0) return run_alloc(std::atoi(argv[2]), std::atol(argv[3]));
     if (argc >= 4 && std::strcmp(argv[1], "exits") == 0) return run_exits(std::atoi(argv[2]), std::atoi(argv[3]));
-    if (argc >= 3 && std::strcmp(argv[1], "forks") == 0) return run_forks(std::atoi(argv[2]));
-    std::fprintf(stderr, "usage: signals exit DELAY_US | signals alloc THREADS MS | signals exits THREADS WAVES | signals forks WAVES\n");
+    std::fprintf(stderr, "usage: signals exit DELAY_US | signals alloc THREADS MS | signals exits THREADS WAVES\n");
     return 2;
 }
