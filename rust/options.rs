@@ -3,12 +3,54 @@
 //! The first `operator new` can come before `main` and before any static constructor, so the
 //! options are parsed lazily, without allocating, into fixed-size fields.
 
-use crate::report::scan::LeakKind;
-use crate::stack::UnwindMode;
 use crate::sys::{self, StackBuffer};
 use core::cell::UnsafeCell;
 use core::fmt::Write;
 use core::sync::atomic::{AtomicU8, Ordering};
+
+/// The most frames a stack capture records (the upper bound of `stack_depth=`); larger depths are clamped to it.
+pub const MAX_DEPTH: usize = 64;
+
+/// How the stack capture walks the stack (`unwinder=`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum UnwindMode {
+    /// DWARF CFI (`.eh_frame`) with cached rules: complete stacks through code built
+    /// without frame pointers. The default.
+    #[default]
+    Dwarf,
+    /// Follow the rbp chain only: a few ns cheaper per frame, but frames are lost (or the
+    /// walk stops) in code without frame pointers. Opt-in.
+    FramePointer,
+}
+
+/// What the scan found a block to be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum LeakKind {
+    /// Not reachable, and no other lost block points to it: the culprit.
+    Direct,
+    /// Reachable only through lost blocks: freed when its direct leak would have been.
+    Indirect,
+    /// Reachable from a root: kept on purpose, or not freed before exit.
+    Reachable,
+}
+
+impl LeakKind {
+    pub const ALL: [LeakKind; 3] = [LeakKind::Direct, LeakKind::Indirect, LeakKind::Reachable];
+
+    /// The name in `leak_kinds=`, the JSON and the text.
+    pub fn name(self) -> &'static str {
+        match self {
+            LeakKind::Direct => "direct",
+            LeakKind::Indirect => "indirect",
+            LeakKind::Reachable => "reachable",
+        }
+    }
+
+    /// This kind's bit in a `leak_kinds=` set.
+    pub const fn bit(self) -> u8 {
+        1 << self as u8
+    }
+}
 
 pub const ENV_VAR: &core::ffi::CStr = c"K15_MEMORY_OPTIONS";
 const MAX_PATH: usize = 1024;
@@ -210,11 +252,7 @@ const KEYS: &[Key] = &[
     Key {
         name: "stack_depth",
         expected: "must be 0..64",
-        apply: |o, v| {
-            set_int(v, 0, crate::stack::MAX_DEPTH as i64, |d| {
-                o.stack_depth = d as usize
-            })
-        },
+        apply: |o, v| set_int(v, 0, MAX_DEPTH as i64, |d| o.stack_depth = d as usize),
         show: |o, w| {
             let _ = write!(w, "{}", o.stack_depth);
         },
@@ -590,7 +628,7 @@ mod tests {
                 let mut options = Options::DEFAULT;
                 let taken = (key.apply)(&mut options, &value);
                 let what = format!("{}={}", key.name, String::from_utf8_lossy(&value));
-                assert!(options.stack_depth <= crate::stack::MAX_DEPTH, "{what}");
+                assert!(options.stack_depth <= MAX_DEPTH, "{what}");
                 assert!((0..=255).contains(&options.exitcode), "{what}");
                 assert!(options.budget <= MAX_BUDGET, "{what}");
                 if !taken {

@@ -23,36 +23,8 @@
 
 use core::ffi::{c_int, c_void};
 
+pub use crate::options::LeakKind;
 use crate::sys::{self, PAGE_SIZE};
-
-/// What the scan found a block to be.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum LeakKind {
-    /// Not reachable, and no other lost block points to it: the culprit.
-    Direct,
-    /// Reachable only through lost blocks: freed when its direct leak would have been.
-    Indirect,
-    /// Reachable from a root: kept on purpose, or not freed before exit.
-    Reachable,
-}
-
-impl LeakKind {
-    pub const ALL: [LeakKind; 3] = [LeakKind::Direct, LeakKind::Indirect, LeakKind::Reachable];
-
-    /// The name in `leak_kinds=`, the JSON and the text.
-    pub fn name(self) -> &'static str {
-        match self {
-            LeakKind::Direct => "direct",
-            LeakKind::Indirect => "indirect",
-            LeakKind::Reachable => "reachable",
-        }
-    }
-
-    /// This kind's bit in a `leak_kinds=` set.
-    pub const fn bit(self) -> u8 {
-        1 << self as u8
-    }
-}
 
 /// One block's verdict: its kind and, for an indirect block, the direct leak (an index into
 /// the blocks given to [`classify`]) that holds it.

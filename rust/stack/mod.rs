@@ -23,14 +23,12 @@ pub(crate) mod rules;
 #[cfg(test)]
 mod tests;
 
+pub use crate::options::{UnwindMode, MAX_DEPTH};
 use core::sync::atomic::{AtomicU8, Ordering};
 
 /// A deduplicated call stack; see [`frames`]. `StackId(0)` means "no stack".
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct StackId(pub u32);
-
-/// The most frames [`capture`] records; larger depths are clamped to it.
-pub const MAX_DEPTH: usize = 64;
 
 /// Where unwinding starts: a return address and the stack and frame pointers of the frame
 /// that return address belongs to (the caller of the function being left).
@@ -80,18 +78,6 @@ impl StartFrame {
         }
         capture::caller_of_checked(fp)
     }
-}
-
-/// How [`capture`] walks the stack.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum UnwindMode {
-    /// DWARF CFI (`.eh_frame`) with cached rules: complete stacks through code built
-    /// without frame pointers. The default.
-    #[default]
-    Dwarf,
-    /// Follow the rbp chain only: a few ns cheaper per frame, but frames are lost (or the
-    /// walk stops) in code without frame pointers. Opt-in.
-    FramePointer,
 }
 
 static MODE: AtomicU8 = AtomicU8::new(0);
