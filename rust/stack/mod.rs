@@ -16,6 +16,7 @@
 
 pub mod capture;
 pub mod depot;
+pub mod history;
 mod last_walk;
 mod modules;
 pub(crate) mod rules;
@@ -228,7 +229,7 @@ pub(crate) fn note_forked_child() {
 /// are brought up to date (a library mapped where an unloaded one was must not be walked with
 /// the old one's tables, nor symbolized with its debug info).
 pub fn modules_changed() {
-    crate::symbolize::modules::note_module_set_changed();
+    history::note_module_set_changed();
     depot::new_generation();
     let _ = modules::refresh();
 }

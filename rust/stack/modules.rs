@@ -129,7 +129,7 @@ pub(crate) fn refresh() -> Option<&'static Snapshot> {
     CURRENT.store(snap, Ordering::Release);
     // The symbolizer's history of modules learns of the change too, before any stack can be
     // captured in a module mapped now.
-    crate::symbolize::modules::note_changes();
+    super::history::note_changes();
     current()
 }
 

@@ -12,7 +12,7 @@
 
 mod lean;
 mod line_program;
-pub mod modules;
+mod modules;
 mod names;
 mod resolver;
 mod sections;

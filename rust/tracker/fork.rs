@@ -119,7 +119,7 @@ extern "C" fn prepare() {
     guards.push(Box::new(crate::report::text::lock_symbolizer_for_fork()));
     let world = StoppedWorld::stop(live_list::FORK_HOLDER);
     guards.push(Box::new(crate::stack::lock_modules_for_fork()));
-    guards.push(Box::new(crate::symbolize::modules::lock_for_fork()));
+    guards.push(Box::new(crate::stack::history::lock_for_fork()));
     guards.push(Box::new(quarantine::lock_for_fork()));
     guards.push(Box::new(raw::lock_for_fork()));
     guards.push(Box::new(heap::lock_for_fork()));
@@ -167,7 +167,7 @@ extern "C" fn release_in_child() {
     if prepared {
         crate::report::note_forked_child();
         crate::report::threads::forget_others();
-        crate::symbolize::modules::note_forked_child();
+        crate::stack::history::note_forked_child();
         crate::stack::note_forked_child();
     }
     let me = super::guard::thread_number();
