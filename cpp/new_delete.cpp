@@ -217,6 +217,7 @@ void warn_unless_operator_new_is_ours() {
 void report_at_quick_exit() { k15::memory::detail::report_at_exit(); }
 
 [[gnu::constructor]] void start_up() {
+    k15::memory::detail::start_up();
     static_cast<void>(this_module());
     k15_memory_threads_start_up();
     warn_unless_operator_new_is_ours();

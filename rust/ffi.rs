@@ -148,6 +148,9 @@ pub mod bridge {
         unsafe fn check_heap(frame_address: usize) -> usize;
         /// Writes the text and JSON reports now; null means the configured `log_path`.
         unsafe fn write_leak_report(path: *const c_char) -> bool;
+        /// Called once by the constructor in `cpp/new_delete.cpp`: the upper layers join the
+        /// tracker (see `process::start_up`).
+        fn start_up();
         /// Called once by the exit hook in `cpp/new_delete.cpp`, after every static destructor.
         fn report_at_exit();
         /// `ignore_leak(ptr)`: any pointer; only a live block's is recorded.
@@ -374,8 +377,12 @@ unsafe fn write_leak_report(path: *const c_char) -> bool {
     crate::report::write_now(path)
 }
 
+fn start_up() {
+    crate::process::start_up();
+}
+
 fn report_at_exit() {
-    crate::report::at_exit::run();
+    crate::process::at_exit::run();
 }
 
 /// # Safety
@@ -401,7 +408,7 @@ fn thread_starts() {
 }
 
 fn thread_ends() {
-    crate::report::threads::unregister();
+    crate::tracker::threads::unregister();
 }
 
 fn loader_call_begins() {

@@ -19,6 +19,7 @@
 pub mod engine;
 pub mod ffi;
 pub mod options;
+pub mod process;
 pub mod report;
 mod rust_alloc;
 pub mod stack;

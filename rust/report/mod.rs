@@ -2,14 +2,12 @@
 //! pointer scan, filtered by suppressions, grouped by allocation site, written as text
 //! (LeakSanitizer-like) and as JSON (`k15-leaks/2`).
 
-pub mod at_exit;
 pub mod ignore;
 pub mod json;
 pub mod mappings;
 pub mod scan;
 pub mod suppress;
 pub mod text;
-pub mod threads;
 
 use crate::stack::{self, StackId};
 use crate::symbolize::{Frame, Symbolizer};
@@ -625,7 +623,7 @@ fn buffer_bytes() -> usize {
 /// The report's paths: `%p` becomes the pid; a forked child whose paths have no `%p` writes
 /// beside its parent's, with its pid appended, rather than over them.
 pub fn paths(options: &crate::options::Options) -> (String, String) {
-    let child = FORKED_CHILD.load(core::sync::atomic::Ordering::Relaxed);
+    let child = crate::tracker::fork::is_forked_child();
     let expand = |path: &str| {
         if !path.contains("%p") && child {
             format!("{path}.{}", std::process::id())
@@ -642,13 +640,6 @@ pub fn paths(options: &crate::options::Options) -> (String, String) {
 /// `path` with every `%p` replaced by the pid.
 fn with_pid(path: &str) -> String {
     path.replace("%p", &std::process::id().to_string())
-}
-
-static FORKED_CHILD: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
-
-/// Called in the child after `fork`: its report must not overwrite the parent's.
-pub fn note_forked_child() {
-    FORKED_CHILD.store(true, core::sync::atomic::Ordering::Relaxed);
 }
 
 /// `write_leak_report(path)`: the report now, to `path` (+ `.json`; `%p` is the pid) or the

@@ -56,13 +56,13 @@ pub fn classify(nodes: &[Node], stack: Option<core::ops::Range<usize>>) -> Vec<V
     // caller's free lists and deferred frees, the shards' queues of settled frees). A compact
     // block's header address is the user address of the block in front, so such a word would
     // keep a leak in front "reachable".
-    let others = super::threads::others();
+    let others = crate::tracker::threads::others();
     let mut excluded = vec![
         crate::stack::tracker_thread_state(),
         crate::tracker::guard::thread_state_range(),
         crate::tracker::thread_heap_range(),
         crate::tracker::integrity::found_log_range(),
-        super::threads::record_range(),
+        crate::tracker::threads::record_range(),
     ];
     excluded.extend(crate::tracker::live_list::shards_ranges());
     excluded.extend(others.own_state);

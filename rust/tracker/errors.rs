@@ -2,6 +2,7 @@
 
 use super::BlockKind;
 use crate::stack::StackId;
+use core::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -185,12 +186,37 @@ fn log() -> MutexGuard<'static, ErrorLog> {
     ERRORS.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// How a memory error is printed the moment it happens: symbolizing it is the report layer's
+/// work, which installs its printer at start-up ([`set_printer`]).
+pub type Printer = fn(&MemoryError);
+
+static PRINTER: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
+/// Errors recorded before a printer was installed (a library's constructor freeing badly before
+/// the tracker's own ran): the first ones of the log, printed when the printer comes.
+static UNPRINTED: AtomicUsize = AtomicUsize::new(0);
+
+fn printer() -> Option<Printer> {
+    let printer = PRINTER.load(Ordering::Acquire);
+    // SAFETY: only `set_printer` stores here, and it stores a `Printer`.
+    (!printer.is_null()).then(|| unsafe { core::mem::transmute::<*mut (), Printer>(printer) })
+}
+
+/// Installs the printer of memory errors, and prints those recorded before it.
+pub fn set_printer(print: Printer) {
+    PRINTER.store(print as *mut (), Ordering::Release);
+    let early = UNPRINTED.swap(0, Ordering::AcqRel);
+    if early > 0 {
+        let kept: Vec<MemoryError> = log().kept.iter().take(early).cloned().collect();
+        kept.iter().for_each(print);
+    }
+}
+
 /// Records the error, prints it on stderr, and aborts if `halt_on_error` is set.
 /// Called inside the tracker (its reentrancy guard held), never with a shard lock held.
 #[cold]
 #[inline(never)]
 pub fn report(error: MemoryError) {
-    crate::report::text::print_error(&error);
+    let printed = printer().map(|print| print(&error)).is_some();
     if crate::options::get().halt_on_error {
         crate::sys::write_fd(2, b"k15-memory: halt_on_error=1, aborting\n");
         crate::sys::abort();
@@ -199,6 +225,9 @@ pub fn report(error: MemoryError) {
     log.total += 1;
     if log.kept.len() < MAX_KEPT_ERRORS {
         log.kept.push(error);
+        if !printed {
+            UNPRINTED.fetch_add(1, Ordering::AcqRel);
+        }
     }
 }
 
@@ -226,7 +255,7 @@ pub(crate) fn forget_inherited() {
     };
 }
 
-/// Held by `fork` (see `tracker::fork`).
+/// Held by `fork` (see `fork`).
 pub(crate) fn lock_for_fork() -> MutexGuard<'static, ErrorLog> {
     log()
 }

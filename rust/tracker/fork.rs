@@ -24,7 +24,7 @@
 use super::guard::Inside;
 use super::live_list::{self, StoppedWorld};
 use super::{errors, heap, integrity, quarantine, raw};
-use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
 use std::any::Any;
 use std::cell::Cell;
 
@@ -35,6 +35,57 @@ static FORKED: AtomicBool = AtomicBool::new(false);
 static FORKING_THREAD: AtomicU32 = AtomicU32::new(0);
 static FORKING_THREAD_SEQ: AtomicU32 = AtomicU32::new(0);
 static FIRST_THREAD_AFTER: AtomicU32 = AtomicU32::new(0);
+
+/// Whether this process is a child forked from a tracked parent (after a prepared fork).
+pub fn is_forked_child() -> bool {
+    FORKED.load(Ordering::Relaxed)
+}
+
+/// When, in a fork's `prepare`, a participant's locks are taken (see the module docs for why
+/// in this order): before the error log (the engine registry and its names, whose holders may
+/// allocate and so report errors), before the shards are stopped (the error symbolizer, whose
+/// holder prints errors), or last (the record of the program's mappings, whose holder takes no
+/// other lock). Within a phase, in the order the participants joined.
+#[derive(Clone, Copy)]
+pub enum ForkPhase {
+    BeforeErrors,
+    BeforeShards,
+    Last,
+}
+
+/// Takes a participant's locks for a fork, pushing a guard per lock (dropped after the fork,
+/// in the reverse order).
+pub type HoldForFork = fn(&mut Vec<Box<dyn Any>>);
+
+const PARTICIPANTS_PER_PHASE: usize = 4;
+static PARTICIPANTS: [[AtomicPtr<()>; PARTICIPANTS_PER_PHASE]; 3] =
+    [const { [const { AtomicPtr::new(core::ptr::null_mut()) }; PARTICIPANTS_PER_PHASE] }; 3];
+
+/// A layer above the tracker whose locks a fork must hold (the tracker cannot name them: it
+/// lies below). Joined once, at start-up (`process::start_up`).
+pub fn take_part(phase: ForkPhase, hold: HoldForFork) {
+    let free = PARTICIPANTS[phase as usize].iter().find(|slot| {
+        slot.compare_exchange(
+            core::ptr::null_mut(),
+            hold as *mut (),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        )
+        .is_ok()
+    });
+    assert!(free.is_some(), "more fork participants than slots");
+}
+
+fn hold_participants(phase: ForkPhase, guards: &mut Vec<Box<dyn Any>>) {
+    for slot in &PARTICIPANTS[phase as usize] {
+        let hold = slot.load(Ordering::Acquire);
+        if !hold.is_null() {
+            // SAFETY: only `take_part` stores here, and it stores a `HoldForFork`.
+            let hold = unsafe { core::mem::transmute::<*mut (), HoldForFork>(hold) };
+            hold(guards);
+        }
+    }
+}
 
 /// Whether a block of `thread`/`seq` was allocated before this process was forked from its
 /// parent, which reports it: a child reports only its own blocks, so that a child exiting
@@ -113,10 +164,9 @@ extern "C" fn prepare() {
     }
     let _inside = Inside::enter(); // the guard list is the tracker's own memory
     let mut guards: Vec<Box<dyn Any>> = Vec::new();
-    crate::engine::hold_registry_for_fork(&mut guards);
-    guards.push(Box::new(crate::engine::lock_names_for_fork()));
+    hold_participants(ForkPhase::BeforeErrors, &mut guards);
     guards.push(Box::new(errors::lock_for_fork()));
-    guards.push(Box::new(crate::report::text::lock_symbolizer_for_fork()));
+    hold_participants(ForkPhase::BeforeShards, &mut guards);
     let world = StoppedWorld::stop(live_list::FORK_HOLDER);
     guards.push(Box::new(crate::stack::lock_modules_for_fork()));
     guards.push(Box::new(crate::stack::history::lock_for_fork()));
@@ -125,7 +175,7 @@ extern "C" fn prepare() {
     guards.push(Box::new(heap::lock_for_fork()));
     guards.push(Box::new(integrity::lock_for_fork()));
     guards.push(Box::new(crate::stack::lock_caches_for_fork()));
-    guards.push(Box::new(crate::report::mappings::lock_for_fork()));
+    hold_participants(ForkPhase::Last, &mut guards);
     HELD.with(|held| held.set(Box::into_raw(Box::new((world, guards)))));
 }
 
@@ -165,8 +215,7 @@ extern "C" fn release_in_child() {
     // a thread now gone may hold.
     let prepared = !held.is_null();
     if prepared {
-        crate::report::note_forked_child();
-        crate::report::threads::forget_others();
+        super::threads::forget_others();
         crate::stack::history::note_forked_child();
         crate::stack::note_forked_child();
     }

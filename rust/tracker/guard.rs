@@ -239,7 +239,7 @@ fn join(t: &ThreadState) -> Me {
 /// Puts the calling thread in the record of threads that reports scan (once; again after it
 /// left), with where the tracker's own state lies in it.
 pub fn record_thread() {
-    crate::report::threads::register([
+    super::threads::register([
         crate::stack::tracker_thread_state(),
         thread_state_range(),
         super::thread_heap_range(),
@@ -284,7 +284,7 @@ extern "C" fn at_thread_exit(_: *mut libc::c_void) {
     }
     give_back_thread_lists(number, shard);
     live_list::leave_shard(number, shard);
-    crate::report::threads::unregister();
+    super::threads::unregister();
 }
 
 /// The heap's lists that thread `number` keeps on `shard` go back to their classes.

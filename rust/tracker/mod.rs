@@ -21,6 +21,7 @@ mod quarantine;
 pub mod raw;
 mod site;
 mod spans;
+pub mod threads;
 
 pub use heap::thread_heap_range;
 pub use kind::BlockKind;

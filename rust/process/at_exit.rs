@@ -4,18 +4,10 @@
 //! tracker was linked (proven by `tests/exit_order.rs` and `tests/shared_engine.rs`). Frees that
 //! come later still work.
 
-use core::sync::atomic::{AtomicBool, Ordering};
-
-static DONE: AtomicBool = AtomicBool::new(false);
-
-/// Whether the report at exit has begun: the process is going, what a report does to its other
-/// threads (stopping each for a moment) no longer matters to it.
-pub fn begun() -> bool {
-    DONE.load(Ordering::Acquire)
-}
+use crate::report::{self, text, Report};
 
 pub fn run() {
-    if DONE.swap(true, Ordering::AcqRel) {
+    if !crate::tracker::threads::begin_exit_report() {
         return;
     }
     let options = crate::options::get();
@@ -44,15 +36,15 @@ pub fn run() {
         return; // nothing was ever tracked (a Rust test binary that links the library, say)
     }
     // Collected even with report=0: the exit code depends on what it finds.
-    let report = super::Report::collect(stack_of_exits_caller());
+    let report = Report::collect(stack_of_exits_caller());
     if options.report {
-        let (text_path, json_path) = super::paths(options);
-        let line = match super::write(&report, &text_path, &json_path) {
+        let (text_path, json_path) = report::paths(options);
+        let line = match report::write(&report, &text_path, &json_path) {
             Ok(()) => format!("{}: see {text_path}\n", summary_line(&report)),
             Err(failed) if failed.path == text_path => {
                 // The report must not be lost: all of it goes to stderr instead.
                 let mut err = std::io::BufWriter::new(std::io::stderr().lock());
-                let _ = super::text::write(&mut err, &report);
+                let _ = text::write(&mut err, &report);
                 let _ = std::io::Write::flush(&mut err);
                 format!(
                     "k15-memory: could not write the leak report to {}: {} (the report is above)\n{}\n",
@@ -123,10 +115,10 @@ fn symbol_of(pc: usize) -> (usize, Option<&'static core::ffi::CStr>) {
 }
 
 /// `k15-memory: 3 leaked blocks (1336 bytes), 2 reachable blocks (96 bytes), 0 memory errors`.
-fn summary_line(report: &super::Report) -> String {
-    use super::text::count;
+fn summary_line(report: &Report) -> String {
+    use text::count;
     let leaked = report.leaked();
-    let reachable = report.total(super::scan::LeakKind::Reachable);
+    let reachable = report.total(crate::options::LeakKind::Reachable);
     let mut line = format!(
         "k15-memory: {} ({})",
         count(leaked.blocks, "leaked block"),

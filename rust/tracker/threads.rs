@@ -10,7 +10,21 @@
 //! that allocated, with where the tracker's state lies in each.
 
 use core::ops::Range;
-use core::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+
+/// Set once the report at exit has begun: the process is going, and what a report does to its
+/// other threads (naming itself their tracer for a moment) no longer matters to it.
+static EXIT_REPORT_BEGUN: AtomicBool = AtomicBool::new(false);
+
+/// Marks the report at exit as begun; false if it had begun already (it runs once).
+pub fn begin_exit_report() -> bool {
+    !EXIT_REPORT_BEGUN.swap(true, Ordering::AcqRel)
+}
+
+/// Whether the report at exit has begun.
+pub fn exit_report_begun() -> bool {
+    EXIT_REPORT_BEGUN.load(Ordering::Acquire)
+}
 
 /// Threads alive at once that the record keeps (one more goes unscanned).
 const CAPACITY: usize = 4096;
@@ -126,7 +140,7 @@ pub fn others() -> OtherThreads {
     found.registers = match tracing() {
         Tracing::Open => registers_of(&tids, false),
         // Naming a tracer replaces the one the program may have named: only once it exits.
-        Tracing::ByNamedTracer if super::at_exit::begun() => registers_of(&tids, true),
+        Tracing::ByNamedTracer if exit_report_begun() => registers_of(&tids, true),
         _ => Vec::new(),
     };
     let maps = Mappings::read();
