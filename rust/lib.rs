@@ -1,18 +1,28 @@
 //! k15-memory: leak tracking for C++ `new`/`delete` and Rust allocations.
 //!
-//! The architecture, in the order a block meets it:
+//! The crate is built in layers; a module imports only from the layers below it (checked by
+//! `shared/tools/layers.py`). Where a lower layer must call a higher one at run time, it calls
+//! a function the higher one registered ([`tracker::errors::set_printer`],
+//! [`tracker::fork::take_part`]), never an import. Bottom to top:
 //!
-//! - [`ffi`] and `cpp/`: the C++ glue. Every global `operator new`/`delete` form and the
-//!   `K15_NEW` placement forms call [`tracker::allocate`] / [`tracker::deallocate`] through two
-//!   plain `extern "C"` entry points (the hot path); the rest of the API through the one cxx
-//!   bridge. [`TrackedAlloc`] calls the tracker directly for Rust.
-//! - [`tracker`]: the allocation path: a header in front of each block, the small-block heap
-//!   under it, per-thread live-list shards, counters, and the classification of bad frees.
-//! - [`stack`]: return addresses captured at allocation, stored once per distinct stack.
-//! - [`symbolize`]: addresses to functions, files and lines, only at report time.
-//! - [`report`]: the text and JSON leak logs, written at exit or on demand.
-//! - [`engine`]: the game-engine allocators (pool, stack, block, typed pools) on top.
-//! - [`options`]: `K15_MEMORY_OPTIONS`, read once at first use; [`sys`]: the OS edge.
+//! 1. [`sys`]: the OS edge (mappings, raw syscalls, fault-safe reads, glibc's allocator).
+//! 2. [`options`]: `K15_MEMORY_OPTIONS`, read once at first use, and the value types it owns
+//!    (`LeakKind`, `UnwindMode`, `MAX_DEPTH`).
+//! 3. [`stack`]: return addresses captured at allocation, the depot that stores each distinct
+//!    stack once, and the history of mapped modules that stack ids date.
+//! 4. [`tracker`]: the allocation path (the hot path): a header in front of each block, the
+//!    small-block heap, per-thread live-list shards, counters, bad frees and heap damage kept
+//!    as records, the C family's entry points, the thread registry, and the `fork` protocol.
+//! 5. [`symbolize`]: addresses to functions, files and lines, only at report time.
+//! 6. [`engine`]: the game-engine allocators (pool, stack, block, typed pools), over the tracker.
+//! 7. [`report`]: the leak scan (direct, indirect, reachable), suppressions, the text and JSON
+//!    reports, and the printing of memory errors as they happen.
+//! 8. [`process`]: process-wide orchestration: start-up (the upper layers join the tracker)
+//!    and the report at exit.
+//! 9. [`ffi`] and `cpp/`: the C++ glue. Every global `operator new`/`delete` form and the
+//!    `K15_NEW` placement forms call [`tracker::allocate`] / [`tracker::deallocate`] through two
+//!    plain `extern "C"` entry points (the hot path); the rest of the API through the one cxx
+//!    bridge. [`TrackedAlloc`] calls the tracker directly for Rust.
 
 #![warn(clippy::undocumented_unsafe_blocks)]
 
