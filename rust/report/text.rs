@@ -69,7 +69,7 @@ pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
     if unrecorded > 0 {
         writeln!(
             out,
-            "{} could not be applied (see the limits in README): their blocks are in no list and still counted live.",
+            "{} could not be applied (see docs/limits.md, \"Threads, signals and fork\"): their blocks are in no list and still counted live.",
             count(unrecorded as usize, "free")
         )?;
     }

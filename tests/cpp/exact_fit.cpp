@@ -36,7 +36,7 @@
 
 namespace {
 
-// The header in front of every block (README, "Block header"): an exact fit's neighbour starts
+// The header in front of every block (docs/design.md, "The block header"): an exact fit's neighbour starts
 // this far behind its last byte. A compact header is 16 bytes.
 std::uintptr_t kHeader = 32;
 bool compact = false;
