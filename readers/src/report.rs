@@ -220,26 +220,12 @@ impl Report {
 
     /// Parses a report and checks that every index in it points inside its table.
     pub fn from_json(text: &str) -> Result<Report, LoadError> {
-        let value: Value = serde_json::from_str(text).map_err(|e| {
-            if e.is_eof() {
-                LoadError(format!("truncated JSON (ends at line {})", e.line()))
-            } else {
-                LoadError(format!("not JSON: {e}"))
-            }
-        })?;
-        let format = value.get("format").and_then(Value::as_str);
-        match format {
-            Some(f) if FORMATS.contains(&f) => {}
-            Some(f) => {
-                return Err(LoadError(format!(
-                    "format {f:?} is not one this reader knows ({})",
-                    FORMATS.join(", ")
-                )))
-            }
-            None => return Err(LoadError("not a k15-memory report (no \"format\")".into())),
+        // Straight into the model (a million leaks are read once); what went wrong is worked
+        // out only when something did.
+        let report = serde_json::from_str::<Report>(text).map_err(|e| why_not(text, e))?;
+        if !FORMATS.contains(&report.format.as_str()) {
+            return Err(other_format(&report.format));
         }
-        let report: Report = serde_json::from_value(value)
-            .map_err(|e| LoadError(format!("malformed report: {e}")))?;
         report.check_indices()?;
         Ok(report)
     }
@@ -343,6 +329,29 @@ impl Frame {
             (None, None) => "??".to_owned(),
         }
     }
+}
+
+/// Why `text` is not a report: truncated, not JSON, another format, or a malformed report.
+fn why_not(text: &str, error: serde_json::Error) -> LoadError {
+    let value: Value = match serde_json::from_str(text) {
+        Err(e) if e.is_eof() => {
+            return LoadError(format!("truncated JSON (ends at line {})", e.line()))
+        }
+        Err(e) => return LoadError(format!("not JSON: {e}")),
+        Ok(value) => value,
+    };
+    match value.get("format").and_then(Value::as_str) {
+        Some(format) if !FORMATS.contains(&format) => other_format(format),
+        None => LoadError("not a k15-memory report (no \"format\")".into()),
+        Some(_) => LoadError(format!("malformed report: {error}")),
+    }
+}
+
+fn other_format(format: &str) -> LoadError {
+    LoadError(format!(
+        "format {format:?} is not one this reader knows ({})",
+        FORMATS.join(", ")
+    ))
 }
 
 /// Direct leaks first, then indirect, then reachable (the text report's order).
