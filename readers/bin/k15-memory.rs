@@ -93,6 +93,10 @@ fn main() -> ExitCode {
             let _ = e.print(); // --help, --version
             return ExitCode::SUCCESS;
         }
+        Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            eprintln!("k15-memory: a command is required: show, diff, merge, html or export (see k15-memory --help)");
+            return ExitCode::from(2);
+        }
         Err(e) => {
             // clap's first paragraph (an error and the arguments it names), on one line.
             let rendered = e.render().to_string();

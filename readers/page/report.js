@@ -17,7 +17,7 @@ function bytes(n) {
   while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
   return (i ? n.toFixed(1) : String(n)) + " " + units[i];
 }
-const plural = (n, thing) => n.toLocaleString("en") + " " + thing + (n === 1 ? "" : "s");
+const plural = (n, thing) => n.toLocaleString("en") + " " + thing + (n === 1 ? "" : thing.endsWith("s") ? "es" : "s");
 const frameText = (f) => f[0] + (f[1] ? "  " + f[1] + ":" + f[2] : "");
 
 function stackView(stack) {

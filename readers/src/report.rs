@@ -395,7 +395,12 @@ impl Report {
     }
 }
 
-/// `n thing` or `n things`.
+/// `n thing` or `n things` (`processes`).
 pub fn count(n: u64, thing: &str) -> String {
-    format!("{n} {thing}{}", if n == 1 { "" } else { "s" })
+    let plural = match (n, thing.ends_with('s')) {
+        (1, _) => "",
+        (_, true) => "es",
+        (_, false) => "s",
+    };
+    format!("{n} {thing}{plural}")
 }

@@ -88,8 +88,8 @@ fn write_text(out: &mut String, report: &Report, filter: &Filter) -> std::fmt::R
         let rest = &sites[listed..];
         writeln!(
             out,
-            "\n... and {} more, {} ({}), not listed (--top {})",
-            count(rest.len() as u64, "site"),
+            "\n... and {}, {} ({}), not listed (--top {})",
+            count(rest.len() as u64, "more site"),
             count(rest.iter().map(|t| t.blocks).sum(), "block"),
             count(rest.iter().map(|t| t.bytes).sum(), "byte"),
             filter.top

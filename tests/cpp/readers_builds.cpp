@@ -7,6 +7,11 @@ struct Texture {
     char pixels[256];
 };
 
+struct SceneNode {
+    SceneNode* child = nullptr;
+    char name[40] = {};
+};
+
 #ifdef NEW_BUILD
 // These lines push every site below to another line number.
 static int frames_loaded = 0;
@@ -23,6 +28,16 @@ __attribute__((noinline)) void load_meshes() {
     for (int i = 0; i < 3; i++) keep(new char[100]);  // leak: meshes
 }
 
+// A direct leak holding an indirect one: the tree of the HTML page.
+__attribute__((noinline)) SceneNode* make_child() {
+    return new SceneNode;  // leak: scene child
+}
+
+__attribute__((noinline)) void load_scene() {
+    SceneNode* root = keep(new SceneNode);  // leak: scene root
+    root->child = make_child();
+}
+
 #ifdef NEW_BUILD
 __attribute__((noinline)) void load_sounds() {
     keep(new double[32]);  // leak: sounds
@@ -32,6 +47,7 @@ __attribute__((noinline)) void load_sounds() {
 int main() {
     load_textures();
     load_meshes();
+    load_scene();
 #ifdef NEW_BUILD
     count_frame();
     load_sounds();
