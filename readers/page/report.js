@@ -57,7 +57,11 @@ function siteRow(site, nested) {
   const label = el("summary", {}, head, el("span", { class: "size" }, bytes(site.bytes)), " in " + plural(site.blocks, "block") +
     " (" + (site.with || "new") + ")" + (site.tag ? " [" + site.tag + "]" : "") + (site.at ? " at " + site.at : "") +
     " " + (site.stack !== null && D.stacks[site.stack].length ? D.frames[D.stacks[site.stack][0]][0] : ""));
-  const details = el("details", {}, label, stackView(site.stack));
+  const details = el("details", {}, label);
+  // A site's stack is drawn when it is opened: a thousand sites' frames would slow the page.
+  const stack = el("div", {});
+  details.append(stack);
+  details.addEventListener("toggle", () => { if (details.open && !stack.firstChild) stack.append(stackView(site.stack)); });
   if (site.processes.length) details.append(el("div", { class: "stack" }, "in " + site.processes.join(", ")));
   const row = el("div", { class: "site " + site.kind }, details);
   row.dataset.words = stackWords(site.stack) + "\n" + (site.at || "").toLowerCase() + "\n" + (site.tag || "").toLowerCase();
@@ -78,6 +82,9 @@ function leaks() {
   const listed = D.sites.filter((s, i) => s.kind === "direct" || (s.kind === "indirect" && !heldSomewhere.has(i)));
   if (!listed.length) $("leaks").append(el("p", { class: "none" }, "No leaks."));
   for (const site of listed) $("leaks").append(siteRow(site, false));
+  // The largest leak opened: its stack is what a reader looks at first.
+  const first = $("leaks").querySelector("details");
+  if (first) first.open = true;
   const reachable = D.sites.filter((s) => s.kind === "reachable");
   if (!reachable.length) $("reachable-section").style.display = "none";
   for (const site of reachable) $("reachable").append(siteRow(site, false));
@@ -155,6 +162,9 @@ function timeline() {
 // The icicle graph: callers on top, each frame as wide as its share of the chosen figure.
 const METRICS = { leaked: "Leaked bytes", peak: "Live at peak", allocations: "Allocations", temporary: "Temporary allocations" };
 let metric = "leaked", focus = null;
+// Frames narrower than this share of the graph (about 2 pixels) are left out: thousands of
+// invisible bars would slow the page; zooming in shows them.
+const MIN_WIDTH = 0.2;
 
 function tree(name) {
   const root = { name: "all", value: 0, children: new Map(), parent: null };
@@ -187,7 +197,7 @@ function flame() {
   for (let n = top; n; n = n.parent) path.unshift(n);
   let depth = 0, maxDepth = 0;
   const place = (node, left, width, d) => {
-    if (width < 0.1) return;
+    if (width < MIN_WIDTH) return;
     maxDepth = Math.max(maxDepth, d);
     const text = node.name + " (" + unit(node.value) + ", " + (node.value / root.value * 100).toFixed(1) + "%)";
     const div = el("div", { class: "node", title: node.frame ? frameText(node.frame) + "\n" + text : text }, text);
