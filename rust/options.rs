@@ -474,6 +474,7 @@ mod tests {
         let o = Options::parse(b"");
         assert_eq!(o.log_path.as_str(), "k15_leaks.log");
         assert_eq!(o.json_path(), "k15_leaks.log.json");
+        assert!(o.html_path.is_none(), "no page unless asked for");
         assert_eq!(o.stack_depth, 32);
         assert!(o.report && !o.halt_on_error);
         assert_eq!(o.exitcode, 0);
