@@ -98,6 +98,8 @@ pub struct Options {
     pub log_path: PathOption,
     /// `None`: `log_path` + `.json`.
     pub json_path: Option<PathOption>,
+    /// `html_path=`: the report as one HTML page too; `None`: no page.
+    pub html_path: Option<PathOption>,
     pub stack_depth: usize,
     pub report: bool,
     pub exitcode: i32,
@@ -135,6 +137,7 @@ impl Options {
     const DEFAULT: Options = Options {
         log_path: PathOption::from_static("k15_leaks.log"),
         json_path: None,
+        html_path: None,
         stack_depth: 32,
         report: true,
         exitcode: 0,
@@ -222,6 +225,16 @@ macro_rules! flag_key {
     };
 }
 
+/// Sets an optional path option; false, changing nothing, when `value` is not a valid path.
+fn set_path(value: &[u8], option: &mut Option<PathOption>) -> bool {
+    let mut path = PathOption::from_static("");
+    let valid = path.set(value);
+    if valid {
+        *option = Some(path);
+    }
+    valid
+}
+
 /// The largest `budget=`: 1 TiB (more is a typo, not a budget).
 const MAX_BUDGET: usize = 1 << 40;
 
@@ -237,16 +250,17 @@ const KEYS: &[Key] = &[
     Key {
         name: "json_path",
         expected: "must be a UTF-8 path of 1..1023 bytes",
-        apply: |o, v| {
-            let mut path = PathOption::from_static("");
-            let valid = path.set(v);
-            if valid {
-                o.json_path = Some(path);
-            }
-            valid
-        },
+        apply: |o, v| set_path(v, &mut o.json_path),
         show: |o, w| {
             let _ = w.write_str(&o.json_path());
+        },
+    },
+    Key {
+        name: "html_path",
+        expected: "must be a UTF-8 path of 1..1023 bytes",
+        apply: |o, v| set_path(v, &mut o.html_path),
+        show: |o, w| {
+            let _ = w.write_str(o.html_path.as_ref().map_or("(none)", PathOption::as_str));
         },
     },
     Key {
@@ -498,6 +512,7 @@ mod tests {
         let o = Options::parse(b"");
         assert_eq!(o.log_path.as_str(), "k15_leaks.log");
         assert_eq!(o.json_path(), "k15_leaks.log.json");
+        assert!(o.html_path.is_none(), "no page unless asked for");
         assert_eq!(o.stack_depth, 32);
         assert!(o.report && !o.halt_on_error);
         assert_eq!(o.exitcode, 0);

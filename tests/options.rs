@@ -119,6 +119,10 @@ fn out_of_range_values_of_every_key_are_refused_and_the_defaults_kept() {
             "must be dwarf or frame_pointer, using dwarf",
         ),
         ("json_path=", "must be a UTF-8 path"),
+        (
+            "html_path=",
+            "must be a UTF-8 path of 1..1023 bytes, using (none)",
+        ),
     ];
     let options: Vec<&str> = bad.iter().map(|(pair, _)| *pair).collect();
     let run = support::run(&exe, &options.join(":"));

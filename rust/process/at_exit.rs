@@ -40,7 +40,18 @@ pub fn run() {
     if options.report {
         let (text_path, json_path) = report::paths(options);
         let line = match report::write(&report, &text_path, &json_path) {
-            Ok(()) => format!("{}: see {text_path}\n", summary_line(&report)),
+            Ok(()) => match report::html_path(options)
+                .map(|html| report::page::write(&json_path, &html).map(|()| html))
+            {
+                None => format!("{}: see {text_path}\n", summary_line(&report)),
+                Some(Ok(html)) => {
+                    format!("{}: see {text_path} and {html}\n", summary_line(&report))
+                }
+                Some(Err(why)) => format!(
+                    "k15-memory: could not write the HTML page: {why}\n{}: see {text_path}\n",
+                    summary_line(&report)
+                ),
+            },
             Err(failed) if failed.path == text_path => {
                 // The report must not be lost: all of it goes to stderr instead.
                 let mut err = std::io::BufWriter::new(std::io::stderr().lock());

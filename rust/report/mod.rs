@@ -5,6 +5,7 @@
 pub mod ignore;
 pub mod json;
 pub mod mappings;
+pub mod page;
 pub mod scan;
 pub mod suppress;
 pub mod text;
@@ -623,18 +624,24 @@ fn buffer_bytes() -> usize {
 /// The report's paths: `%p` becomes the pid; a forked child whose paths have no `%p` writes
 /// beside its parent's, with its pid appended, rather than over them.
 pub fn paths(options: &crate::options::Options) -> (String, String) {
-    let child = crate::tracker::fork::is_forked_child();
-    let expand = |path: &str| {
-        if !path.contains("%p") && child {
-            format!("{path}.{}", std::process::id())
-        } else {
-            with_pid(path)
-        }
-    };
     (
         expand(options.log_path.as_str()),
         expand(&options.json_path()),
     )
+}
+
+/// Where `html_path=` puts the page at exit, expanded as [`paths`] does; `None`: no page.
+pub fn html_path(options: &crate::options::Options) -> Option<String> {
+    options.html_path.as_ref().map(|path| expand(path.as_str()))
+}
+
+/// `path` with `%p` as the pid, or, in a forked child, with its pid appended when it has none.
+fn expand(path: &str) -> String {
+    if !path.contains("%p") && crate::tracker::fork::is_forked_child() {
+        format!("{path}.{}", std::process::id())
+    } else {
+        with_pid(path)
+    }
 }
 
 /// `path` with every `%p` replaced by the pid.

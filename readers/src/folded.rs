@@ -1,0 +1,30 @@
+//! `k15-memory export --folded`: leaked bytes (direct and indirect) as folded stacks (`outer;...;inner bytes`), the
+//! input of flamegraph.pl, inferno and speedscope.
+
+use crate::report::Report;
+use std::collections::BTreeMap;
+
+/// One line per stack: its frames outermost first, `;`-separated, then its leaked bytes.
+pub fn text(report: &Report) -> String {
+    let mut bytes: BTreeMap<String, u64> = BTreeMap::new();
+    for total in report
+        .site_totals()
+        .iter()
+        .filter(|t| t.kind != "reachable")
+    {
+        let site = &report.sites[total.site];
+        let mut frames: Vec<String> = report
+            .frames_of(site.stack)
+            .map(|f| f.name().replace(';', ":"))
+            .collect();
+        frames.reverse();
+        if frames.is_empty() {
+            frames.push("(no call stack)".to_owned());
+        }
+        *bytes.entry(frames.join(";")).or_default() += total.bytes;
+    }
+    bytes
+        .into_iter()
+        .map(|(stack, n)| format!("{stack} {n}\n"))
+        .collect()
+}

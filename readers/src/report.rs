@@ -1,0 +1,406 @@
+//! The JSON leak report (`k15-leaks/2`, `k15-leaks/3`) as a serde model, loaded with one-line errors.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use std::collections::HashMap;
+use std::fmt;
+
+/// The formats this reader understands; `merge` writes the newest of its inputs'.
+pub const FORMATS: [&str; 2] = ["k15-leaks/2", "k15-leaks/3"];
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Report {
+    pub format: String,
+    #[serde(default)]
+    pub program: Option<String>,
+    #[serde(default)]
+    pub pid: u64,
+    #[serde(default)]
+    pub summary: Map<String, Value>,
+    pub sites: Vec<Site>,
+    pub leaks: Vec<Leak>,
+    #[serde(default)]
+    pub errors: Vec<MemoryError>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub suppressions: Vec<Value>,
+    pub frames: Vec<Frame>,
+    pub stacks: Vec<Vec<usize>>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<Tag>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<Profile>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<Value>,
+    /// Written by `merge`: the processes whose reports it joined.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub processes: Vec<Process>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Process {
+    pub program: Option<String>,
+    pub pid: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Site {
+    pub stack: Option<usize>,
+    #[serde(default)]
+    pub array: bool,
+    #[serde(default)]
+    pub file: Option<String>,
+    #[serde(default)]
+    pub line: u64,
+    #[serde(default)]
+    pub language: Option<String>,
+    #[serde(default)]
+    pub allocated_with: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
+    /// Written by `merge`: the processes that leaked from this site.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub processes: Vec<Process>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Leak {
+    pub site: usize,
+    pub leak_kind: String,
+    pub size: u64,
+    #[serde(default)]
+    pub seq: u64,
+    #[serde(default)]
+    pub thread: u64,
+    #[serde(default)]
+    pub address: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_by: Option<String>,
+}
+
+/// A memory error: its kind and stacks; the kind-specific fields are kept as written.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MemoryError {
+    pub kind: String,
+    #[serde(flatten)]
+    pub fields: Map<String, Value>,
+}
+
+/// The fields of an error that index `stacks`, in the order a reader shows them.
+pub const ERROR_STACKS: [&str; 4] = ["stack", "alloc_stack", "free_stack", "previous_free_stack"];
+
+impl MemoryError {
+    pub fn stack(&self, field: &str) -> Option<usize> {
+        self.fields.get(field)?.as_u64().map(|i| i as usize)
+    }
+    /// The stack that says where the error happened: the one that did it (a free, an access, an
+    /// allocation over budget), else where the block came from.
+    pub fn main_stack(&self) -> Option<usize> {
+        ["free_stack", "stack", "alloc_stack"]
+            .iter()
+            .find_map(|f| self.stack(f))
+    }
+    pub fn size(&self) -> u64 {
+        self.fields.get("size").and_then(Value::as_u64).unwrap_or(0)
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Frame {
+    pub function: Option<String>,
+    pub file: Option<String>,
+    #[serde(default)]
+    pub line: u64,
+    #[serde(default)]
+    pub inlined: bool,
+    #[serde(default)]
+    pub address: Option<String>,
+    #[serde(default)]
+    pub module: Option<String>,
+}
+
+impl Frame {
+    /// The function's name, else `module+address` (a frame without symbols).
+    pub fn name(&self) -> String {
+        match (&self.function, &self.module, &self.address) {
+            (Some(f), _, _) => f.clone(),
+            (None, Some(m), Some(a)) => format!("{}+{a}", base_name(m)),
+            (None, _, Some(a)) => a.clone(),
+            _ => "??".to_owned(),
+        }
+    }
+    /// Whether the frame is the program's own code: it has a source file outside the system's.
+    pub fn is_user(&self) -> bool {
+        matches!(&self.file, Some(f) if self.line > 0 && !f.starts_with("/usr/"))
+    }
+}
+
+/// The last component of a path.
+pub fn base_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Tag {
+    pub name: String,
+    #[serde(default)]
+    pub live_blocks: u64,
+    #[serde(default)]
+    pub live_bytes: u64,
+    #[serde(default)]
+    pub peak_bytes: u64,
+    #[serde(default)]
+    pub total_allocations: u64,
+    #[serde(default)]
+    pub total_bytes: u64,
+    #[serde(default)]
+    pub budget_bytes: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Profile {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak: Option<Peak>,
+    #[serde(default)]
+    pub sites: Vec<ProfileSite>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Peak {
+    #[serde(default)]
+    pub bytes: u64,
+    #[serde(default)]
+    pub frame: Option<u64>,
+    #[serde(default)]
+    pub sites: Vec<PeakSite>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PeakSite {
+    pub stack: Option<usize>,
+    #[serde(default)]
+    pub tag: Option<String>,
+    #[serde(default)]
+    pub blocks: u64,
+    #[serde(default)]
+    pub bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProfileSite {
+    pub stack: Option<usize>,
+    #[serde(default)]
+    pub tag: Option<String>,
+    #[serde(default)]
+    pub allocations: u64,
+    #[serde(default)]
+    pub bytes: u64,
+    #[serde(default)]
+    pub temporary: u64,
+}
+
+/// Why a report could not be read: one line for the user.
+#[derive(Debug)]
+pub struct LoadError(pub String);
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for LoadError {}
+
+impl Report {
+    /// Reads the report at `path`.
+    pub fn load(path: &str) -> Result<Report, LoadError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| LoadError(format!("{path}: cannot read: {e}")))?;
+        Report::from_json(&text).map_err(|LoadError(why)| LoadError(format!("{path}: {why}")))
+    }
+
+    /// Parses a report and checks that every index in it points inside its table.
+    pub fn from_json(text: &str) -> Result<Report, LoadError> {
+        // Straight into the model (a million leaks are read once); what went wrong is worked
+        // out only when something did.
+        let report = serde_json::from_str::<Report>(text).map_err(|e| why_not(text, e))?;
+        if !FORMATS.contains(&report.format.as_str()) {
+            return Err(other_format(&report.format));
+        }
+        report.check_indices()?;
+        Ok(report)
+    }
+
+    fn check_indices(&self) -> Result<(), LoadError> {
+        let bad = |what: &str, i: usize| {
+            Err(LoadError(format!(
+                "malformed report: {what} {i} out of range"
+            )))
+        };
+        for stack in &self.stacks {
+            if let Some(&f) = stack.iter().find(|&&f| f >= self.frames.len()) {
+                return bad("frame", f);
+            }
+        }
+        let stack_ok = |s: Option<usize>| s.is_none_or(|s| s < self.stacks.len());
+        if let Some(s) = self.sites.iter().find(|s| !stack_ok(s.stack)) {
+            return bad("stack", s.stack.unwrap_or(0));
+        }
+        if let Some(l) = self.leaks.iter().find(|l| l.site >= self.sites.len()) {
+            return bad("site", l.site);
+        }
+        for e in &self.errors {
+            if let Some(s) = ERROR_STACKS
+                .iter()
+                .filter_map(|f| e.stack(f))
+                .find(|&s| s >= self.stacks.len())
+            {
+                return bad("stack", s);
+            }
+        }
+        let profile_stacks = self.profile.iter().flat_map(|p| {
+            let peak = p
+                .peak
+                .iter()
+                .flat_map(|peak| peak.sites.iter().map(|s| s.stack));
+            peak.chain(p.sites.iter().map(|s| s.stack))
+        });
+        for s in profile_stacks {
+            if !stack_ok(s) {
+                return bad("stack", s.unwrap_or(0));
+            }
+        }
+        Ok(())
+    }
+
+    /// The frames of stack `index`, innermost first (none for a stack not recorded).
+    pub fn frames_of(&self, index: Option<usize>) -> impl Iterator<Item = &Frame> {
+        index
+            .map(|i| self.stacks[i].as_slice())
+            .unwrap_or_default()
+            .iter()
+            .map(|&f| &self.frames[f])
+    }
+
+    /// A summary figure (0 when the report lacks it).
+    pub fn figure(&self, name: &str) -> u64 {
+        self.summary.get(name).and_then(Value::as_u64).unwrap_or(0)
+    }
+
+    /// The leaks grouped by site and kind, largest bytes first.
+    pub fn site_totals(&self) -> Vec<SiteTotal> {
+        let mut totals: HashMap<(usize, &str), SiteTotal> = HashMap::new();
+        for leak in &self.leaks {
+            let total = totals
+                .entry((leak.site, leak.leak_kind.as_str()))
+                .or_insert_with(|| SiteTotal {
+                    site: leak.site,
+                    kind: leak.leak_kind.clone(),
+                    blocks: 0,
+                    bytes: 0,
+                });
+            total.blocks += 1;
+            total.bytes += leak.size;
+        }
+        let mut totals: Vec<SiteTotal> = totals.into_values().collect();
+        totals.sort_by(|a, b| {
+            (kind_rank(&a.kind), b.bytes, a.site).cmp(&(kind_rank(&b.kind), a.bytes, b.site))
+        });
+        totals
+    }
+
+    /// The identity of stack `index` across builds: the functions and file names of its
+    /// frames, never addresses or lines.
+    pub fn stack_key(&self, index: Option<usize>) -> Vec<(String, String)> {
+        self.frames_of(index)
+            .map(|f| {
+                let file = f.file.as_deref().map(base_name).unwrap_or_default();
+                (f.name_for_key(), file.to_owned())
+            })
+            .collect()
+    }
+}
+
+impl Frame {
+    /// A frame's function for matching: without symbols, its module (its address moves).
+    fn name_for_key(&self) -> String {
+        match (&self.function, &self.module) {
+            (Some(f), _) => f.clone(),
+            (None, Some(m)) => base_name(m).to_owned(),
+            (None, None) => "??".to_owned(),
+        }
+    }
+}
+
+/// Why `text` is not a report: truncated, not JSON, another format, or a malformed report.
+fn why_not(text: &str, error: serde_json::Error) -> LoadError {
+    let value: Value = match serde_json::from_str(text) {
+        Err(e) if e.is_eof() => {
+            return LoadError(format!("truncated JSON (ends at line {})", e.line()))
+        }
+        Err(e) => return LoadError(format!("not JSON: {e}")),
+        Ok(value) => value,
+    };
+    match value.get("format").and_then(Value::as_str) {
+        Some(format) if !FORMATS.contains(&format) => other_format(format),
+        None => LoadError("not a k15-memory report (no \"format\")".into()),
+        Some(_) => LoadError(format!("malformed report: {error}")),
+    }
+}
+
+fn other_format(format: &str) -> LoadError {
+    LoadError(format!(
+        "format {format:?} is not one this reader knows ({})",
+        FORMATS.join(", ")
+    ))
+}
+
+/// Direct leaks first, then indirect, then reachable (the text report's order).
+pub fn kind_rank(kind: &str) -> u8 {
+    match kind {
+        "direct" => 0,
+        "indirect" => 1,
+        "reachable" => 2,
+        _ => 3,
+    }
+}
+
+/// The leaked blocks of one site and one kind.
+#[derive(Debug, Clone)]
+pub struct SiteTotal {
+    pub site: usize,
+    pub kind: String,
+    pub blocks: u64,
+    pub bytes: u64,
+}
+
+impl Report {
+    /// For each direct-leak site, the indirect blocks its leaks hold, by the indirect block's
+    /// site: `(direct site, indirect site) -> (blocks, bytes)`.
+    pub fn held(&self) -> HashMap<(usize, usize), (u64, u64)> {
+        let owner: HashMap<&str, usize> = self
+            .leaks
+            .iter()
+            .filter(|l| l.leak_kind == "direct")
+            .filter_map(|l| Some((l.address.as_deref()?, l.site)))
+            .collect();
+        let mut held = HashMap::new();
+        for leak in self.leaks.iter().filter(|l| l.leak_kind == "indirect") {
+            if let Some(&direct) = leak.held_by.as_deref().and_then(|a| owner.get(a)) {
+                let entry = held.entry((direct, leak.site)).or_insert((0, 0));
+                entry.0 += 1;
+                entry.1 += leak.size;
+            }
+        }
+        held
+    }
+}
+
+/// `n thing` or `n things` (`processes`).
+pub fn count(n: u64, thing: &str) -> String {
+    let plural = match (n, thing.ends_with('s')) {
+        (1, _) => "",
+        (_, true) => "es",
+        (_, false) => "s",
+    };
+    format!("{n} {thing}{plural}")
+}

@@ -1,0 +1,168 @@
+//! `k15-memory show`: the text report, from a JSON one, filtered by kind and tag.
+
+use crate::report::{count, Report, SiteTotal};
+use std::fmt::Write;
+
+/// What `show` lists.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    /// Leak kinds (`direct`, `indirect`, `reachable`) or `errors`; empty: all.
+    pub kinds: Vec<String>,
+    /// Only sites of this tag (a parent tag takes in its children: `Render` and `Render/Mesh`).
+    pub tag: Option<String>,
+    /// At most this many leak sites (largest first); 0: all.
+    pub top: usize,
+}
+
+impl Filter {
+    fn wants(&self, kind: &str) -> bool {
+        self.kinds.is_empty() || self.kinds.iter().any(|k| k == kind)
+    }
+    fn wants_tag(&self, tag: Option<&str>) -> bool {
+        match (&self.tag, tag) {
+            (None, _) => true,
+            (Some(want), Some(tag)) => {
+                tag == want
+                    || tag
+                        .strip_prefix(want.as_str())
+                        .is_some_and(|r| r.starts_with('/'))
+            }
+            (Some(_), None) => false,
+        }
+    }
+}
+
+/// The text report of `report`, as `filter` selects.
+pub fn text(report: &Report, filter: &Filter) -> String {
+    let mut out = String::new();
+    let _ = write_text(&mut out, report, filter);
+    out
+}
+
+fn write_text(out: &mut String, report: &Report, filter: &Filter) -> std::fmt::Result {
+    writeln!(
+        out,
+        "================================================================="
+    )?;
+    writeln!(
+        out,
+        "==k15-memory== pid {} program {}",
+        report.pid,
+        report.program.as_deref().unwrap_or("?")
+    )?;
+    writeln!(
+        out,
+        "{} leaked in {} ({} direct, {} indirect), {} reachable, {}; {} allocations, peak {} bytes.",
+        count(report.figure("leaked_bytes"), "byte"),
+        count(report.figure("leaked_blocks"), "block"),
+        report.figure("direct_blocks"),
+        report.figure("indirect_blocks"),
+        count(report.figure("reachable_blocks"), "block"),
+        count(report.errors.len() as u64, "memory error"),
+        report.figure("total_allocations"),
+        report.figure("peak_bytes"),
+    )?;
+    if !report.processes.is_empty() {
+        writeln!(
+            out,
+            "Merged from {}.",
+            count(report.processes.len() as u64, "process")
+        )?;
+    }
+    let sites: Vec<SiteTotal> = report
+        .site_totals()
+        .into_iter()
+        .filter(|t| filter.wants(&t.kind))
+        .filter(|t| filter.wants_tag(report.sites[t.site].tag.as_deref()))
+        .collect();
+    let listed = if filter.top == 0 {
+        sites.len()
+    } else {
+        filter.top.min(sites.len())
+    };
+    for total in &sites[..listed] {
+        writeln!(out)?;
+        write_site(out, report, total)?;
+    }
+    if listed < sites.len() {
+        let rest = &sites[listed..];
+        writeln!(
+            out,
+            "\n... and {}, {} ({}), not listed (--top {})",
+            count(rest.len() as u64, "more site"),
+            count(rest.iter().map(|t| t.blocks).sum(), "block"),
+            count(rest.iter().map(|t| t.bytes).sum(), "byte"),
+            filter.top
+        )?;
+    }
+    if filter.wants("errors") && filter.tag.is_none() {
+        for error in &report.errors {
+            writeln!(out)?;
+            writeln!(
+                out,
+                "Memory error: {} ({})",
+                error.kind,
+                count(error.size(), "byte")
+            )?;
+            for field in crate::report::ERROR_STACKS {
+                if let Some(stack) = error.stack(field) {
+                    writeln!(out, "  {}:", field.replace('_', " "))?;
+                    write_frames(out, report, Some(stack), "    ")?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn write_site(out: &mut String, report: &Report, total: &SiteTotal) -> std::fmt::Result {
+    let site = &report.sites[total.site];
+    let mut kind = total.kind.clone();
+    kind[..1].make_ascii_uppercase();
+    write!(
+        out,
+        "{kind} leak of {} in {} ({})",
+        count(total.bytes, "byte"),
+        count(total.blocks, "block"),
+        site.allocated_with
+            .as_deref()
+            .unwrap_or(if site.array { "new[]" } else { "new" })
+    )?;
+    if let Some(tag) = &site.tag {
+        write!(out, " [{tag}]")?;
+    }
+    writeln!(out, " allocated from:")?;
+    if let Some(file) = &site.file {
+        writeln!(out, "    at {file}:{} (K15_NEW)", site.line)?;
+    }
+    write_frames(out, report, site.stack, "    ")?;
+    if !site.processes.is_empty() {
+        let names: Vec<String> = site.processes.iter().map(process_name).collect();
+        writeln!(out, "    in {}", names.join(", "))?;
+    }
+    Ok(())
+}
+
+/// `program (pid N)`.
+pub fn process_name(p: &crate::report::Process) -> String {
+    format!("{} (pid {})", p.program.as_deref().unwrap_or("?"), p.pid)
+}
+
+fn write_frames(
+    out: &mut String,
+    report: &Report,
+    stack: Option<usize>,
+    indent: &str,
+) -> std::fmt::Result {
+    if stack.is_none() {
+        return writeln!(out, "{indent}(no call stack)");
+    }
+    for (i, frame) in report.frames_of(stack).enumerate() {
+        write!(out, "{indent}#{i} {}", frame.name())?;
+        if let Some(file) = &frame.file {
+            write!(out, " {file}:{}", frame.line)?;
+        }
+        writeln!(out, "{}", if frame.inlined { " (inlined)" } else { "" })?;
+    }
+    Ok(())
+}
