@@ -61,6 +61,15 @@ impl Leak {
         }
     }
 
+    /// Whether the block's memory can still be read: a block of the tracker's heap (named
+    /// allocations included) always; an engine allocator's while its allocator lives (one
+    /// dropped before the report took its memory with it).
+    fn is_readable(&self) -> bool {
+        self.allocator.is_none()
+            || self.kind == BlockKind::Named
+            || crate::engine::allocator_of(self.address as *const u8).is_some()
+    }
+
     /// The function (or engine allocator) that allocated the block: `new[]`, `calloc`, ...
     pub fn allocated_with(&self) -> &'static str {
         self.allocator.unwrap_or_else(|| errors::family(self.kind))
@@ -473,8 +482,7 @@ fn classify(
             address: l.address,
             size: l.size,
             root: l.suppressed.is_some() || by_linker(l),
-            readable: l.allocator.is_none()
-                || crate::engine::allocator_of(l.address as *const u8).is_some(),
+            readable: l.is_readable(),
         })
         .collect();
     for (leak, verdict) in leaks.iter_mut().zip(scan::classify(&nodes, stack)) {
