@@ -90,6 +90,23 @@ impl Leak {
 
 type SiteKey = (u32, usize, u8, usize, u32);
 
+/// For each stack, the first one with the same frames once the allocation wrappers were
+/// trimmed: a hook calling either of two wrappers (`alloc_fns=`) from one line is one site.
+fn stacks_by_frames(stacks: &HashMap<StackId, Vec<Frame>>) -> HashMap<StackId, StackId> {
+    let mut first: HashMap<Vec<(usize, Option<&str>)>, StackId> = HashMap::new();
+    let mut ids: Vec<StackId> = stacks.keys().copied().collect();
+    ids.sort_unstable_by_key(|id| id.0);
+    ids.into_iter()
+        .map(|id| {
+            let frames = stacks[&id]
+                .iter()
+                .map(|f| (f.address, f.function.as_deref()))
+                .collect();
+            (id, *first.entry(frames).or_insert(id))
+        })
+        .collect()
+}
+
 /// Numbers every block's site ([`Leak::site`]) and returns one block of each, by site number.
 fn number_sites(leaks: &mut [Leak]) -> Vec<usize> {
     let mut numbers: HashMap<SiteKey, u32, FastHash> = HashMap::default();
@@ -227,6 +244,11 @@ impl Report {
         let before = leaks.len();
         leaks.retain(|leak| !is_rust_runtime_setup(&stacks[&leak.stack]));
         let runtime_blocks = before - leaks.len();
+
+        let same_frames = stacks_by_frames(&stacks);
+        for leak in &mut leaks {
+            leak.stack = same_frames[&leak.stack];
+        }
 
         let ignored = ignore::IgnoreSet::now();
         let mut rules: Vec<RuleCount> = IGNORE_RULES

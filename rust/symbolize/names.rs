@@ -87,6 +87,25 @@ pub fn is_allocator_frame(function: &str) -> bool {
         || (name.starts_with("btAlignedObjectArray<") && last == "allocate")
 }
 
+/// The patterns of `alloc_fns=` (by commas; blanks around them and empty ones dropped).
+pub fn alloc_fn_patterns(text: &str) -> Vec<String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Whether `function` (demangled) is one of the program's own allocation wrappers: a pattern of
+/// `alloc_fns=` matches its whole qualified name (parameters and return type left out, as
+/// valgrind's `--alloc-fns` matches) or its whole name as shown.
+pub fn is_alloc_fn(function: &str, patterns: &[String]) -> bool {
+    let name = qualified_name(function);
+    patterns
+        .iter()
+        .any(|p| super::glob::matches_whole(p, name) || super::glob::matches_whole(p, function))
+}
+
 /// `__rust_alloc` and friends: the symbols rustc generates to reach `#[global_allocator]`.
 fn is_rust_alloc_shim(name: &str) -> bool {
     ["__rust_", "__rg_", "__rdl_"].iter().any(|prefix| {
@@ -159,6 +178,24 @@ fn is_ident_byte(byte: Option<u8>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn alloc_fns_match_whole_qualified_names() {
+        let patterns = alloc_fn_patterns(" JPH::*AllocateImpl , JPH::STLAllocator*,,my_alloc");
+        assert_eq!(patterns.len(), 3);
+        for name in [
+            "JPH::AllocateImpl(unsigned long)",
+            "JPH::AlignedAllocateImpl(unsigned long, unsigned long)",
+            "JPH::STLAllocator<JPH::Body*>::allocate(unsigned long)",
+            "my_alloc",
+            "my_alloc(unsigned long)",
+        ] {
+            assert!(is_alloc_fn(name, &patterns), "{name} should be dropped");
+        }
+        for name in ["JPH::Body::Body()", "my_alloc_checked(int)", "not_my_alloc"] {
+            assert!(!is_alloc_fn(name, &patterns), "{name} should be kept");
+        }
+    }
 
     #[test]
     fn only_the_trackers_thread_start_is_hidden_anywhere() {
