@@ -7,7 +7,19 @@ use std::borrow::Cow;
 /// Rust is tried first: legacy Rust names (`_ZN...17h<hash>E`) are valid Itanium names too,
 /// and only the Rust demangler drops the `::h<hash>` suffix (style anchors 9.6).
 pub(crate) fn demangle_symbol(raw: &str) -> String {
-    addr2line::demangle_auto(Cow::Borrowed(raw), None).into_owned()
+    demangle(Cow::Borrowed(raw), None)
+}
+
+/// Demangles a mangled name (`_Z...`: C++ and legacy Rust; `_R...`: Rust v0) of `language` (as
+/// DWARF gives it; `None`: unknown) and returns any other name as it is: a C function `f`,
+/// `i` or `Pc` is itself, not the type (`float`, `int`, `char*`) an Itanium demangler reads
+/// into it, so the report shows it and suppressions match it by its name.
+pub(crate) fn demangle(raw: Cow<'_, str>, language: Option<addr2line::gimli::DwLang>) -> String {
+    if raw.starts_with("_Z") || raw.starts_with("_R") {
+        addr2line::demangle_auto(raw, language).into_owned()
+    } else {
+        raw.into_owned()
+    }
 }
 
 /// Whether a frame is the tracker's own thread start (`cpp/threads.cpp`), which lies between
@@ -319,5 +331,22 @@ mod tests {
             "k15_memory::tracker::allocate"
         );
         assert_eq!(demangle_symbol("atoi"), "atoi");
+        assert_eq!(
+            demangle_symbol("_RNvCs15kBYyAo9fc_7mycrate7example"),
+            "mycrate::example"
+        );
+    }
+
+    #[test]
+    fn c_names_that_read_as_type_codes_stay_themselves() {
+        for name in ["f", "i", "v", "Pc", "Sa", "St", "d", "Ss"] {
+            assert_eq!(demangle_symbol(name), name);
+            assert_eq!(demangle(Cow::Borrowed(name), Some(gimli_cpp())), name);
+        }
+        assert_eq!(demangle(Cow::Borrowed("_Z1fv"), Some(gimli_cpp())), "f()");
+    }
+
+    fn gimli_cpp() -> addr2line::gimli::DwLang {
+        addr2line::gimli::DW_LANG_C_plus_plus
     }
 }
