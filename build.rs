@@ -31,7 +31,7 @@ fn main() {
     // libk15_memory.so for LD_PRELOAD: rustc's version script exports only Rust symbols, and GNU
     // ld refuses a second one; gold merges ours (cpp/exports.map: the C++ operators) with it.
     let manifest_dir = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
-    println!("cargo:rustc-cdylib-link-arg=-fuse-ld=gold");
+    println!("cargo:rustc-cdylib-link-arg={}", gold_linker_arg(&out_dir));
     println!("cargo:rustc-cdylib-link-arg=-Wl,--version-script={manifest_dir}/cpp/exports.map");
     for path in sources.iter().chain(&[
         "rust/ffi.rs",
@@ -44,4 +44,24 @@ fn main() {
     ]) {
         println!("cargo:rerun-if-changed={path}");
     }
+}
+
+/// The link argument that makes the C++ driver link with gold: `-B` a directory whose `ld` is
+/// `ld.gold`. (With `-fuse-ld=gold` rustc prints a deprecation warning on every build that
+/// users would read as a problem of theirs; gold is needed for the one `.so` alone, see above.)
+/// Without `ld.gold` in `PATH`, `-fuse-ld=gold`, whose link then says what is missing.
+fn gold_linker_arg(out_dir: &str) -> String {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let Some(gold) = std::env::split_paths(&path)
+        .map(|dir| dir.join("ld.gold"))
+        .find(|candidate| candidate.is_file())
+    else {
+        return "-fuse-ld=gold".to_owned();
+    };
+    let dir = std::path::Path::new(out_dir).join("gold-linker");
+    std::fs::create_dir_all(&dir).expect("OUT_DIR is writable");
+    let ld = dir.join("ld");
+    let _ = std::fs::remove_file(&ld);
+    std::os::unix::fs::symlink(&gold, &ld).expect("a symlink in OUT_DIR");
+    format!("-B{}", dir.display())
 }

@@ -6,7 +6,11 @@
 # the executable's operators).
 include_guard(GLOBAL)
 
+# The project's sources include no header of ours: its executables get link options alone
+# (k15_memory_link_only), so injecting into an existing build recompiles no object. Nothing of
+# k15-memory is installed with the project.
 if(NOT TARGET k15::memory)
+  set(K15_MEMORY_INSTALL OFF)
   add_subdirectory("${CMAKE_CURRENT_LIST_DIR}/.." "${CMAKE_BINARY_DIR}/k15-memory")
 endif()
 
@@ -17,7 +21,7 @@ function(k15_memory_inject_into directory)
     if(type STREQUAL "EXECUTABLE")
       # The property itself, not target_link_libraries: a project may already have used either
       # of that command's signatures on the target, and they cannot be mixed.
-      set_property(TARGET ${target} APPEND PROPERTY LINK_LIBRARIES k15::memory)
+      set_property(TARGET ${target} APPEND PROPERTY LINK_LIBRARIES k15_memory_link_only)
     endif()
   endforeach()
   get_property(subdirectories DIRECTORY "${directory}" PROPERTY SUBDIRECTORIES)

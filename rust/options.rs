@@ -131,6 +131,9 @@ pub struct Options {
     /// Whether the C family (`malloc`, `calloc`, `realloc`, ...) is tracked; off, it goes to
     /// glibc and only `free`s of tracked blocks are checked.
     pub malloc: bool,
+    /// `alloc_fns=PATTERN[,PATTERN...]`: the program's own allocation wrappers, globs on whole
+    /// function names (as the symbolizer matches them), kept as written.
+    pub alloc_fns: Option<PathOption>,
 }
 
 impl Options {
@@ -153,13 +156,15 @@ impl Options {
         leak_kinds: LeakKind::Direct.bit() | LeakKind::Indirect.bit(),
         max_leaks: 0,
         malloc: true,
+        alloc_fns: None,
     };
 
     /// Applies `key=value:key=value`, warning once on stderr for each bad pair (the value
-    /// in force is kept: a bad value is never reinterpreted).
+    /// in force is kept: a bad value is never reinterpreted). A `::` is part of a value (C++
+    /// names in `alloc_fns=`), never a separator.
     pub fn parse(text: &[u8]) -> Options {
         let mut options = Options::DEFAULT;
-        for pair in text.split(|&b| b == b':').filter(|p| !p.is_empty()) {
+        for pair in pairs(text).filter(|p| !p.is_empty()) {
             let (key, value) = match pair.iter().position(|&b| b == b'=') {
                 Some(eq) => (&pair[..eq], &pair[eq + 1..]),
                 None => (pair, &b""[..]),
@@ -197,6 +202,25 @@ impl Options {
             None => format!("{}.json", self.log_path.as_str()),
         }
     }
+}
+
+/// The `key=value` pairs of `text`: split at each `:` that is not part of a `::`.
+fn pairs(text: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let colon = |i: usize| text.get(i) == Some(&b':');
+    let mut start = 0;
+    let mut at = 0;
+    core::iter::from_fn(move || {
+        while start <= text.len() {
+            if at == text.len() || (colon(at) && !colon(at + 1) && (at == 0 || !colon(at - 1))) {
+                let pair = &text[start..at];
+                at += 1;
+                start = at;
+                return Some(pair);
+            }
+            at += 1;
+        }
+        None
+    })
 }
 
 /// One key of `K15_MEMORY_OPTIONS`: a new key declares its parser and its range here, and
@@ -359,6 +383,21 @@ const KEYS: &[Key] = &[
         },
         show: |o, w| {
             let _ = w.write_str(o.suppressions.as_ref().map_or("none", |p| p.as_str()));
+        },
+    },
+    Key {
+        name: "alloc_fns",
+        expected: "must be UTF-8 patterns of 1..1023 bytes in all, by commas",
+        apply: |o, v| {
+            let mut patterns = PathOption::from_static("");
+            let valid = patterns.set(v);
+            if valid {
+                o.alloc_fns = Some(patterns);
+            }
+            valid
+        },
+        show: |o, w| {
+            let _ = w.write_str(o.alloc_fns.as_ref().map_or("none", |p| p.as_str()));
         },
     },
     flag_key!(show_reachable),
@@ -556,6 +595,17 @@ mod tests {
         ] {
             assert_eq!(Options::parse(bad).break_on, None);
         }
+    }
+
+    #[test]
+    fn alloc_fns_keeps_cpp_names_whole() {
+        let o = Options::parse(b"alloc_fns=JPH::*AllocateImpl,JPH::STLAllocator*:malloc=0");
+        let patterns = o.alloc_fns.as_ref().map(PathOption::as_str);
+        assert_eq!(patterns, Some("JPH::*AllocateImpl,JPH::STLAllocator*"));
+        assert!(!o.malloc);
+        assert!(Options::parse(b"alloc_fns=").alloc_fns.is_none());
+        let pairs: Vec<&[u8]> = pairs(b"a=1:b=x::y::z:c=2").collect();
+        assert_eq!(pairs, [&b"a=1"[..], b"b=x::y::z", b"c=2"]);
     }
 
     #[test]

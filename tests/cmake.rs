@@ -175,3 +175,78 @@ fn inject_into_an_untouched_project_tracks_its_executable() {
         "{functions:?}"
     );
 }
+
+/// The project's object files and their modification times.
+fn objects(build: &Path) -> Vec<(std::path::PathBuf, std::time::SystemTime)> {
+    fn walk(dir: &Path, found: &mut Vec<(std::path::PathBuf, std::time::SystemTime)>) {
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() && !path.ends_with("k15-memory") {
+                walk(&path, found);
+            } else if path.extension().is_some_and(|e| e == "o") {
+                found.push((path, entry.metadata().unwrap().modified().unwrap()));
+            }
+        }
+    }
+    let mut found = Vec::new();
+    walk(build, &mut found);
+    found.sort();
+    found
+}
+
+/// Every file under `dir`, relative to it.
+fn files_under(dir: &Path) -> Vec<String> {
+    let mut files: Vec<String> = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(at) = pending.pop() {
+        for entry in std::fs::read_dir(&at).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else {
+                let relative = path.strip_prefix(dir).unwrap();
+                files.push(relative.display().to_string());
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+#[test]
+fn inject_into_an_existing_build_recompiles_nothing_and_installs_only_the_project() {
+    let dir = support::scratch("cmake_inject_existing");
+    let project = support::repo().join("tests/cmake/untouched");
+    let build = dir.join("build");
+    cmake_build(&project, &build, &[]);
+    let before = objects(&build);
+    assert_eq!(before.len(), 3, "{before:?}");
+    // Timestamps of a rebuild would differ even within the same second.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let inject = support::repo().join("cmake/k15_inject.cmake");
+    cmake_build(
+        &project,
+        &build,
+        &[format!("-DCMAKE_PROJECT_INCLUDE={}", inject.display())],
+    );
+    assert_eq!(objects(&build), before, "an object was recompiled");
+    // The relinked executable is tracked.
+    let run = support::run(&build.join("untouched"), "");
+    assert!(run.output.status.success(), "{}", run.stderr());
+    assert_eq!(
+        run.leak_set(),
+        vec![(11, true, None, 0), (36, true, None, 0)],
+        "{}",
+        run.text
+    );
+
+    let prefix = dir.join("prefix");
+    run_command(
+        Command::new("cmake")
+            .arg("--install")
+            .arg(&build)
+            .arg("--prefix")
+            .arg(&prefix),
+    );
+    assert_eq!(files_under(&prefix), ["bin/untouched", "lib/libaudio.so"]);
+}

@@ -60,6 +60,15 @@ impl Leak {
         }
     }
 
+    /// Whether the block's memory can still be read: a block of the tracker's heap (named
+    /// allocations included) always; an engine allocator's while its allocator lives (one
+    /// dropped before the report took its memory with it).
+    fn is_readable(&self) -> bool {
+        self.allocator.is_none()
+            || self.kind == BlockKind::Named
+            || crate::engine::allocator_of(self.address as *const u8).is_some()
+    }
+
     /// The function (or engine allocator) that allocated the block: `new[]`, `calloc`, ...
     pub fn allocated_with(&self) -> &'static str {
         self.allocator.unwrap_or_else(|| errors::family(self.kind))
@@ -79,6 +88,23 @@ impl Leak {
 }
 
 type SiteKey = (u32, usize, u8, usize, u32);
+
+/// For each stack, the first one with the same frames once the allocation wrappers were
+/// trimmed: a hook calling either of two wrappers (`alloc_fns=`) from one line is one site.
+fn stacks_by_frames(stacks: &HashMap<StackId, Vec<Frame>>) -> HashMap<StackId, StackId> {
+    let mut first: HashMap<Vec<(usize, Option<&str>)>, StackId> = HashMap::new();
+    let mut ids: Vec<StackId> = stacks.keys().copied().collect();
+    ids.sort_unstable_by_key(|id| id.0);
+    ids.into_iter()
+        .map(|id| {
+            let frames = stacks[&id]
+                .iter()
+                .map(|f| (f.address, f.function.as_deref()))
+                .collect();
+            (id, *first.entry(frames).or_insert(id))
+        })
+        .collect()
+}
 
 /// Numbers every block's site ([`Leak::site`]) and returns one block of each, by site number.
 fn number_sites(leaks: &mut [Leak]) -> Vec<usize> {
@@ -217,6 +243,11 @@ impl Report {
         let before = leaks.len();
         leaks.retain(|leak| !is_rust_runtime_setup(&stacks[&leak.stack]));
         let runtime_blocks = before - leaks.len();
+
+        let same_frames = stacks_by_frames(&stacks);
+        for leak in &mut leaks {
+            leak.stack = same_frames[&leak.stack];
+        }
 
         let ignored = ignore::IgnoreSet::now();
         let mut rules: Vec<RuleCount> = IGNORE_RULES
@@ -472,8 +503,7 @@ fn classify(
             address: l.address,
             size: l.size,
             root: l.suppressed.is_some() || by_linker(l),
-            readable: l.allocator.is_none()
-                || crate::engine::allocator_of(l.address as *const u8).is_some(),
+            readable: l.is_readable(),
         })
         .collect();
     for (leak, verdict) in leaks.iter_mut().zip(scan::classify(&nodes, stack)) {

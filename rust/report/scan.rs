@@ -14,12 +14,14 @@
 //! Any aligned word whose value falls inside a block (`[start, start + size)`, one byte for a
 //! 0-byte block) counts as a pointer to it, interior pointers included.
 //!
-//! Cycles follow memcheck's rule, so both tools name the same block: unreached blocks are taken
-//! in address order; each one not yet marked starts a clique (a direct leak) and marks every
-//! unreached block it points to, directly or not, as indirect and held by it; a block that had
-//! started a clique of its own and is reached this way becomes indirect too, with its clique.
-//! A cycle with no outside pointer is thus one direct leak, its lowest address, and the rest of
-//! the cycle indirect.
+//! Cycles name their owner: unreached blocks are taken in allocation order (thread, then
+//! sequence: the order of the given nodes); each one not yet marked starts a clique (a direct
+//! leak) and marks every unreached block it points to, directly or not, as indirect and held by
+//! it; an earlier clique reached this way, through any of its members, joins the new one. A
+//! cycle with no outside pointer is thus one direct leak, its earliest allocation (the owner
+//! whose constructor made the children that point back, as a rule), the rest indirect; the
+//! heap's address order plays no part. memcheck takes blocks in address order instead, so the
+//! two name the same block of a cycle only where the owner also lies lowest.
 
 use core::ffi::{c_int, c_void};
 
@@ -72,7 +74,7 @@ pub fn classify(nodes: &[Node], stack: Option<core::ops::Range<usize>>) -> Vec<V
     classify_from(nodes, &roots, &mapped, &excluded)
 }
 
-/// [`classify`] from the given root ranges and the `mapped` ones (the program's mappings and
+/// [`classify`] of `nodes` given in allocation order (earliest first), from the given root ranges and the `mapped` ones (the program's mappings and
 /// the other threads' stacks: read only where they hold memory, and as far as they can be
 /// read), skipping the words of the `excluded` ranges (the tracker's own state).
 pub fn classify_from(
@@ -125,9 +127,9 @@ pub fn classify_from(
             held_by: None,
         })
         .collect();
-    // Cliques, in address order (memcheck's rule, see the module doc).
+    // Cliques, in allocation order (see the module doc).
     let mut clique_of: Vec<Option<usize>> = vec![None; nodes.len()];
-    for &leader in &graph.by_address {
+    for leader in 0..nodes.len() {
         if reached[leader] || clique_of[leader].is_some() {
             continue;
         }
@@ -135,7 +137,7 @@ pub fn classify_from(
         work.push(leader);
         while let Some(i) = work.pop() {
             graph.scan_block(i, &mut |j| {
-                if reached[j] || j == leader {
+                if reached[j] {
                     return;
                 }
                 match clique_of[j] {
@@ -143,22 +145,22 @@ pub fn classify_from(
                         clique_of[j] = Some(leader);
                         work.push(j);
                     }
-                    // The head of an earlier clique: it and its clique join this one.
-                    Some(head) if head == j => clique_of[j] = Some(leader),
-                    Some(_) => {}
+                    // A member of an earlier clique: that clique joins this one.
+                    Some(_) => {
+                        let head = clique_head(&clique_of, j);
+                        if head != leader {
+                            clique_of[head] = Some(leader);
+                        }
+                    }
                 }
             });
         }
     }
-    // An earlier clique's members still name their old head: follow to the final one.
     for i in 0..nodes.len() {
         if reached[i] {
             continue;
         }
-        let mut head = clique_of[i].unwrap_or(i);
-        while clique_of[head] != Some(head) {
-            head = clique_of[head].unwrap_or(head);
-        }
+        let head = clique_head(&clique_of, i);
         if head != i {
             verdicts[i] = Verdict {
                 kind: LeakKind::Indirect,
@@ -167,6 +169,16 @@ pub fn classify_from(
         }
     }
     verdicts
+}
+
+/// The direct leak that holds unreached block `i` in the end: its clique's head, or the head of
+/// the clique that one joined, and so on.
+fn clique_head(clique_of: &[Option<usize>], i: usize) -> usize {
+    let mut head = clique_of[i].unwrap_or(i);
+    while clique_of[head] != Some(head) {
+        head = clique_of[head].unwrap_or(head);
+    }
+    head
 }
 
 /// The blocks sorted by address, for finding the block a word points into.
@@ -399,18 +411,46 @@ mod tests {
 
     /// Blocks laid out in a plain buffer: `links[i]` lists the blocks block `i` points to.
     fn verdicts(links: &[&[usize]], roots: &[usize]) -> Vec<Verdict> {
-        let memory: Vec<Box<[usize; 4]>> = links.iter().map(|_| Box::new([0usize; 4])).collect();
-        let nodes = nodes_of(&memory);
-        let mut memory = memory;
+        verdicts_at(links, roots, Layout::Ascending)
+    }
+
+    /// Where the blocks of [`verdicts_at`] lie, by allocation order.
+    #[derive(Clone, Copy, Debug)]
+    enum Layout {
+        /// The earliest allocation lowest.
+        Ascending,
+        /// The earliest allocation highest.
+        Descending,
+    }
+
+    /// [`verdicts`] with the blocks laid out in one buffer in the given address order.
+    fn verdicts_at(links: &[&[usize]], roots: &[usize], layout: Layout) -> Vec<Verdict> {
+        const WORDS: usize = 4;
+        let mut memory = vec![0usize; WORDS * links.len()];
+        let base = memory.as_ptr() as usize;
+        let slot_of = |i: usize| match layout {
+            Layout::Ascending => i,
+            Layout::Descending => links.len() - 1 - i,
+        };
+        let nodes: Vec<Node> = (0..links.len())
+            .map(|i| Node {
+                address: base + 8 * WORDS * slot_of(i),
+                size: 8 * WORDS,
+                root: false,
+                readable: true,
+            })
+            .collect();
         for (i, targets) in links.iter().enumerate() {
             for (slot, &t) in targets.iter().enumerate() {
                 // Interior pointers count too.
-                memory[i][slot] = nodes[t].address + 8 * slot;
+                memory[WORDS * slot_of(i) + slot] = nodes[t].address + 8 * slot;
             }
         }
         let root_words: Vec<usize> = roots.iter().map(|&r| nodes[r].address).collect();
         let root = root_words.as_ptr() as usize..root_words.as_ptr() as usize + 8 * roots.len();
-        classify_from(&nodes, &[root], &[], &[])
+        let verdicts = classify_from(&nodes, &[root], &[], &[]);
+        drop(memory);
+        verdicts
     }
 
     fn kinds(v: &[Verdict]) -> Vec<(LeakKind, Option<usize>)> {
@@ -434,22 +474,47 @@ mod tests {
     }
 
     #[test]
-    fn a_cycle_with_no_outside_pointer_is_one_direct_leak_at_its_lowest_address() {
-        let v = verdicts(&[&[1], &[2], &[0]], &[]);
-        let directs: Vec<usize> = (0..3).filter(|&i| v[i].kind == LeakKind::Direct).collect();
-        assert_eq!(directs.len(), 1, "{v:?}");
-        assert!(v
-            .iter()
-            .all(|x| x.kind == LeakKind::Direct || x.held_by == Some(directs[0])));
+    fn a_cycle_with_no_outside_pointer_is_one_direct_leak_its_earliest_allocation() {
+        use LeakKind::*;
+        for layout in [Layout::Ascending, Layout::Descending] {
+            // An owner (0) whose children (1, 2) point back to it, and a grandchild (3).
+            let v = verdicts_at(&[&[1, 2], &[0, 3], &[0], &[1]], &[], layout);
+            assert_eq!(
+                kinds(&v),
+                [
+                    (Direct, None),
+                    (Indirect, Some(0)),
+                    (Indirect, Some(0)),
+                    (Indirect, Some(0))
+                ],
+                "{layout:?}"
+            );
+        }
     }
 
     #[test]
     fn an_earlier_clique_reached_later_joins_the_later_one() {
         // Whatever the address order, block 2 owns 0 and 1: one direct leak.
-        let v = verdicts(&[&[1], &[], &[0]], &[]);
-        assert_eq!(v[2].kind, LeakKind::Direct);
-        assert_eq!(v[0].held_by, Some(2));
-        assert_eq!(v[1].held_by, Some(2));
+        for layout in [Layout::Ascending, Layout::Descending] {
+            let v = verdicts_at(&[&[1], &[], &[0]], &[], layout);
+            assert_eq!(v[2].kind, LeakKind::Direct, "{layout:?}");
+            assert_eq!(v[0].held_by, Some(2), "{layout:?}");
+            assert_eq!(v[1].held_by, Some(2), "{layout:?}");
+        }
+    }
+
+    #[test]
+    fn a_clique_reached_through_any_member_joins_the_block_that_reaches_it() {
+        use LeakKind::*;
+        for layout in [Layout::Ascending, Layout::Descending] {
+            // 0 and 1 point to each other; 2, allocated later, points to 1 (not 0, the head).
+            let v = verdicts_at(&[&[1], &[0], &[1]], &[], layout);
+            assert_eq!(
+                kinds(&v),
+                [(Indirect, Some(2)), (Indirect, Some(2)), (Direct, None)],
+                "{layout:?}"
+            );
+        }
     }
 
     #[test]

@@ -68,7 +68,7 @@ pub(super) fn locate_in_unit(
         let function = &read[at].1;
         let name = |raw: Option<Slice>| {
             let raw = raw?.to_string_lossy();
-            Some(addr2line::demangle_auto(raw, lang).into_owned())
+            Some(super::names::demangle(raw, lang))
         };
         let mut frames = Vec::new();
         let mut location = location;

@@ -10,6 +10,7 @@
 //! its stacks first and resolves them a module at a time, each module's debug info read for
 //! those addresses alone ([`sections`]) and dropped before the next.
 
+pub mod glob;
 mod lean;
 mod line_program;
 mod modules;
@@ -64,6 +65,8 @@ pub struct Symbolizer {
     /// Symbol-table names found for a module before its debug info was loaded (by probe), for
     /// the debug info loaded next: a pass over a large program's symbol table is milliseconds.
     names_found: HashMap<usize, HashMap<u64, Option<String>>>,
+    /// The program's own allocation wrappers (`alloc_fns=`), trimmed like the known ones.
+    alloc_fns: Vec<String>,
 }
 
 impl Symbolizer {
@@ -76,6 +79,11 @@ impl Symbolizer {
             debug,
             cache: HashMap::new(),
             names_found: HashMap::new(),
+            alloc_fns: crate::options::get()
+                .alloc_fns
+                .as_ref()
+                .map(|patterns| names::alloc_fn_patterns(patterns.as_str()))
+                .unwrap_or_default(),
         }
     }
 
@@ -267,7 +275,8 @@ impl Symbolizer {
 
     /// All frames of one captured stack (innermost call first), each against the module mapped
     /// at its address when the stack was captured, with the tracker's own and the allocator
-    /// wrappers' frames ([`is_allocator_frame`]) trimmed from the top. Only the top run goes:
+    /// wrappers' frames ([`is_allocator_frame`], and those `alloc_fns=` names) trimmed from the
+    /// top. Only the top run goes:
     /// after the first user frame everything stays but the tracker's thread start
     /// ([`is_thread_start_of_ours`]). A stack made only of such frames is returned whole
     /// rather than empty.
@@ -284,7 +293,11 @@ impl Symbolizer {
         }
         let own = frames
             .iter()
-            .take_while(|frame| frame.function.as_deref().is_some_and(is_allocator_frame))
+            .take_while(|frame| {
+                frame.function.as_deref().is_some_and(|function| {
+                    is_allocator_frame(function) || names::is_alloc_fn(function, &self.alloc_fns)
+                })
+            })
             .count();
         if own < frames.len() {
             frames.drain(..own);

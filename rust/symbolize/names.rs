@@ -7,7 +7,19 @@ use std::borrow::Cow;
 /// Rust is tried first: legacy Rust names (`_ZN...17h<hash>E`) are valid Itanium names too,
 /// and only the Rust demangler drops the `::h<hash>` suffix (style anchors 9.6).
 pub(crate) fn demangle_symbol(raw: &str) -> String {
-    addr2line::demangle_auto(Cow::Borrowed(raw), None).into_owned()
+    demangle(Cow::Borrowed(raw), None)
+}
+
+/// Demangles a mangled name (`_Z...`: C++ and legacy Rust; `_R...`: Rust v0) of `language` (as
+/// DWARF gives it; `None`: unknown) and returns any other name as it is: a C function `f`,
+/// `i` or `Pc` is itself, not the type (`float`, `int`, `char*`) an Itanium demangler reads
+/// into it, so the report shows it and suppressions match it by its name.
+pub(crate) fn demangle(raw: Cow<'_, str>, language: Option<addr2line::gimli::DwLang>) -> String {
+    if raw.starts_with("_Z") || raw.starts_with("_R") {
+        addr2line::demangle_auto(raw, language).into_owned()
+    } else {
+        raw.into_owned()
+    }
 }
 
 /// Whether a frame is the tracker's own thread start (`cpp/threads.cpp`), which lies between
@@ -87,6 +99,25 @@ pub fn is_allocator_frame(function: &str) -> bool {
         || (name.starts_with("btAlignedObjectArray<") && last == "allocate")
 }
 
+/// The patterns of `alloc_fns=` (by commas; blanks around them and empty ones dropped).
+pub fn alloc_fn_patterns(text: &str) -> Vec<String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Whether `function` (demangled) is one of the program's own allocation wrappers: a pattern of
+/// `alloc_fns=` matches its whole qualified name (parameters and return type left out, as
+/// valgrind's `--alloc-fns` matches) or its whole name as shown.
+pub fn is_alloc_fn(function: &str, patterns: &[String]) -> bool {
+    let name = qualified_name(function);
+    patterns
+        .iter()
+        .any(|p| super::glob::matches_whole(p, name) || super::glob::matches_whole(p, function))
+}
+
 /// `__rust_alloc` and friends: the symbols rustc generates to reach `#[global_allocator]`.
 fn is_rust_alloc_shim(name: &str) -> bool {
     ["__rust_", "__rg_", "__rdl_"].iter().any(|prefix| {
@@ -159,6 +190,24 @@ fn is_ident_byte(byte: Option<u8>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn alloc_fns_match_whole_qualified_names() {
+        let patterns = alloc_fn_patterns(" JPH::*AllocateImpl , JPH::STLAllocator*,,my_alloc");
+        assert_eq!(patterns.len(), 3);
+        for name in [
+            "JPH::AllocateImpl(unsigned long)",
+            "JPH::AlignedAllocateImpl(unsigned long, unsigned long)",
+            "JPH::STLAllocator<JPH::Body*>::allocate(unsigned long)",
+            "my_alloc",
+            "my_alloc(unsigned long)",
+        ] {
+            assert!(is_alloc_fn(name, &patterns), "{name} should be dropped");
+        }
+        for name in ["JPH::Body::Body()", "my_alloc_checked(int)", "not_my_alloc"] {
+            assert!(!is_alloc_fn(name, &patterns), "{name} should be kept");
+        }
+    }
 
     #[test]
     fn only_the_trackers_thread_start_is_hidden_anywhere() {
@@ -282,5 +331,22 @@ mod tests {
             "k15_memory::tracker::allocate"
         );
         assert_eq!(demangle_symbol("atoi"), "atoi");
+        assert_eq!(
+            demangle_symbol("_RNvCs15kBYyAo9fc_7mycrate7example"),
+            "mycrate::example"
+        );
+    }
+
+    #[test]
+    fn c_names_that_read_as_type_codes_stay_themselves() {
+        for name in ["f", "i", "v", "Pc", "Sa", "St", "d", "Ss"] {
+            assert_eq!(demangle_symbol(name), name);
+            assert_eq!(demangle(Cow::Borrowed(name), Some(gimli_cpp())), name);
+        }
+        assert_eq!(demangle(Cow::Borrowed("_Z1fv"), Some(gimli_cpp())), "f()");
+    }
+
+    fn gimli_cpp() -> addr2line::gimli::DwLang {
+        addr2line::gimli::DW_LANG_C_plus_plus
     }
 }

@@ -11,7 +11,6 @@
 //! they fall into (with their abbreviations and line programs), resolves them unit by unit and
 //! lets each unit's memory go before the next. Everything is released with the [`DebugInfo`].
 
-use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -20,7 +19,7 @@ use addr2line::gimli::{self, EndianSlice, Reader, RunTimeEndian, Section};
 use addr2line::{Context, LookupResult};
 use object::{Object, ObjectSection, SymbolMap, SymbolMapName};
 
-use super::names::demangle_symbol;
+use super::names::{demangle, demangle_symbol};
 use super::sections::{initial_length, word, End, Storage};
 
 /// Where debug files of stripped modules live (Debian's `-dbg`/`-dbgsym` packages).
@@ -869,8 +868,7 @@ impl DebugInfo {
                 let function = frame
                     .function
                     .as_ref()
-                    .and_then(|name| name.demangle().ok())
-                    .map(Cow::into_owned);
+                    .and_then(|name| Some(demangle(name.raw_name().ok()?, name.language)));
                 let (file, line) = frame.location.map_or((None, 0), |location| {
                     (location.file.map(str::to_owned), location.line.unwrap_or(0))
                 });

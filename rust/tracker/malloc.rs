@@ -263,6 +263,8 @@ pub fn release_runtime_caches() {
 }
 
 fn other_threads_running() -> bool {
+    // Reading the file allocates: the tracker's own memory, not the program's (nor its budget's).
+    let _inside = Inside::enter();
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let threads = status
         .lines()

@@ -3,6 +3,7 @@
 #![allow(dead_code)] // each test binary uses its own part of this module
 
 use serde_json::Value;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
@@ -343,4 +344,68 @@ pub fn valgrind_lost(valgrind_output: &str) -> (u64, u64) {
     let direct = valgrind_summary(valgrind_output, "definitely lost:");
     let indirect = valgrind_summary(valgrind_output, "indirectly lost:");
     (direct.0 + indirect.0, direct.1 + indirect.1)
+}
+
+/// (leak kind, size) -> blocks: what a test compares with valgrind's loss records.
+pub type Census = BTreeMap<(String, u64), u64>;
+
+/// valgrind's loss records (`--show-leak-kinds=all`) whose stack passes through `file`.
+pub fn valgrind_census(plain: &Path, args: &[&str], file: &str) -> (Census, String) {
+    let text = valgrind_leak_check(plain, plain.parent().unwrap(), args);
+    let lines: Vec<&str> = text
+        .lines()
+        .map(|l| l.split_once("== ").map_or(l, |x| x.1))
+        .collect();
+    let mut census = Census::new();
+    for (i, line) in lines.iter().enumerate() {
+        let Some((head, kind)) = line
+            .split_once(" are ")
+            .and_then(|(head, rest)| Some((head, rest.split(" in loss record").next()?)))
+        else {
+            continue;
+        };
+        let mut stack = lines[i + 1..]
+            .iter()
+            .take_while(|l| l.trim_start().starts_with("at ") || l.trim_start().starts_with("by "));
+        if !stack.any(|l| l.contains(file)) {
+            continue;
+        }
+        // "120 (16 direct, 104 indirect) bytes in 1 blocks": the record's own blocks are the
+        // direct part.
+        let numbers: Vec<u64> = head
+            .split(|c: char| !c.is_ascii_digit() && c != ',')
+            .filter_map(|w| w.replace(',', "").parse().ok())
+            .collect();
+        let (bytes, blocks) = match head.contains("direct,") {
+            true => (numbers[1], numbers[3]),
+            false => (numbers[0], numbers[1]),
+        };
+        assert_eq!(bytes % blocks, 0, "mixed sizes in one record: {line}");
+        let kind = match kind {
+            "definitely lost" => "direct",
+            "indirectly lost" => "indirect",
+            "still reachable" => "reachable",
+            other => panic!("valgrind classes a block '{other}':\n{text}"),
+        };
+        *census.entry((kind.to_owned(), bytes / blocks)).or_default() += blocks;
+    }
+    (census, text)
+}
+
+/// The report's blocks (reachable ones included) whose stack passes through `file`.
+pub fn k15_census(run: &Run, file: &str) -> Census {
+    let mut census = Census::new();
+    for leak in run.leaks() {
+        let frames = leak["stack"].as_array().unwrap();
+        if frames
+            .iter()
+            .any(|f| f["file"].as_str().is_some_and(|f| f.ends_with(file)))
+        {
+            let kind = leak["leak_kind"].as_str().unwrap().to_owned();
+            *census
+                .entry((kind, leak["size"].as_u64().unwrap()))
+                .or_default() += 1;
+        }
+    }
+    census
 }
