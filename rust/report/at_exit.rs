@@ -23,7 +23,8 @@ pub fn run() {
         return; // nothing to write, nothing to decide
     }
     let me = crate::tracker::guard::me();
-    if crate::tracker::in_tracker(me) {
+    let interrupted_the_tracker = crate::tracker::in_tracker(me);
+    if interrupted_the_tracker {
         // `exit` from a signal handler that interrupted this thread inside the tracker: what
         // the thread was changing is read as it stands, and nothing is settled (see
         // `live_list::stop_settling`).
@@ -37,18 +38,39 @@ pub fn run() {
     let _inside = crate::tracker::guard::Inside::enter();
     let stats = crate::tracker::stats();
     let errors = crate::tracker::errors::all().1;
-    if stats.total_allocations == 0
+    if options.malloc
+        && stats.total_allocations == 0
         && errors == 0
         && !crate::engine::any_tracked_allocator_created()
     {
-        return; // nothing was ever tracked (a Rust test binary that links the library, say)
+        // Nothing was ever tracked, not even the C runtime's `malloc`s (a Rust test binary that
+        // links the library, say). With `malloc=0` a program may well have made no `new`: its
+        // report is written all the same.
+        return;
     }
+    // A handler that interrupted the tracker called `exit`: the interrupted frames are live
+    // (the thread's locals, a block between its `new` and its store), and the walk through
+    // them cannot be asked for (the tracker's own walk may be what was interrupted).
+    let live_stack = if interrupted_the_tracker {
+        let here = 0u8;
+        crate::stack::stack_above(core::ptr::addr_of!(here) as usize)
+    } else {
+        stack_of_exits_caller()
+    };
     // Collected even with report=0: the exit code depends on what it finds.
-    let report = super::Report::collect(stack_of_exits_caller());
+    let report = super::Report::collect(live_stack);
     if options.report {
-        let (text_path, json_path) = super::paths(options);
+        let (text_path, json_path, taken) = super::paths(options);
+        let beside = if taken {
+            format!(
+                " ({} was written by another process of this run)",
+                options.log_path.as_str()
+            )
+        } else {
+            String::new()
+        };
         let line = match super::write(&report, &text_path, &json_path) {
-            Ok(()) => format!("{}: see {text_path}\n", summary_line(&report)),
+            Ok(()) => format!("{}: see {text_path}{beside}\n", summary_line(&report)),
             Err(failed) if failed.path == text_path => {
                 // The report must not be lost: all of it goes to stderr instead.
                 let mut err = std::io::BufWriter::new(std::io::stderr().lock());
