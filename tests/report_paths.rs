@@ -175,3 +175,97 @@ fn write_leak_report_expands_percent_p_too() {
         "{written:?}"
     );
 }
+
+/// Runs `command` in `dir` with the tracker preloaded and its report at `<dir>/launch.log`.
+fn preloaded(dir: &Path, command: &[&str], options: &str) -> std::process::Output {
+    let log = dir.join("launch.log");
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        if entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with("launch.log")
+        {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+    std::process::Command::new("timeout")
+        .args(["--signal=KILL", "60"])
+        .args(command)
+        .current_dir(dir)
+        .env("LD_PRELOAD", support::preload_lib())
+        .env(
+            "K15_MEMORY_OPTIONS",
+            format!("log_path={}{options}", log.display()),
+        )
+        .output()
+        .expect("the launcher runs")
+}
+
+/// A launcher under `LD_PRELOAD` (`/usr/bin/time`, a bash script that forks the program) ends after
+/// its program and wrote its own report over the program's: the user read "No leaks ...
+/// program /usr/bin/time". Now the program's report stays at the configured path, the
+/// launcher's goes beside it with its pid appended, and its stderr line says why.
+#[test]
+fn a_launcher_under_ld_preload_never_hides_the_programs_report() {
+    let dir = support::scratch("report_paths_launcher");
+    let exe = support::build(
+        &dir,
+        "live_table",
+        &["tests/cpp/live_table.cpp"],
+        &["-DK15_MEMORY_DISABLED"],
+    );
+    let program = exe.to_str().unwrap();
+    let script = format!("{program} parked; true");
+    for launcher in [
+        vec!["/usr/bin/time", program, "parked"],
+        vec!["bash", "-c", script.as_str()],
+    ] {
+        let output = preloaded(&dir, &launcher, "");
+        assert!(output.status.success(), "{launcher:?}: {output:?}");
+        let report = read(&dir.join("launch.log"));
+        assert!(
+            report.contains(&format!("program {program}\n")),
+            "{launcher:?}: {report}"
+        );
+        assert!(
+            report.contains("Direct leak of 4242 bytes in 1 block"),
+            "{report}"
+        );
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let beside = format!(
+            "({} was written by another process of this run)",
+            dir.join("launch.log").display()
+        );
+        let launcher_line = stderr
+            .lines()
+            .find(|l| l.contains(&beside))
+            .unwrap_or_else(|| panic!("{launcher:?}: {stderr}"));
+        let launcher_log = launcher_line
+            .split("see ")
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next())
+            .unwrap();
+        let launchers_report = read(Path::new(launcher_log));
+        assert!(
+            launchers_report.contains("==k15-memory== pid ")
+                && !launchers_report.contains(&format!("program {program}\n")),
+            "{launchers_report}"
+        );
+    }
+}
+
+/// With `malloc=0`, a process that never made a `new` (here `/bin/true`) writes its report and
+/// its stderr line all the same (before: neither).
+#[test]
+fn a_process_without_a_new_writes_its_report_with_malloc_off() {
+    let dir = support::scratch("report_paths_no_new");
+    let output = preloaded(&dir, &["/bin/true"], ":malloc=0");
+    assert!(output.status.success(), "{output:?}");
+    let report = read(&dir.join("launch.log"));
+    assert!(report.contains("No leaks"), "{report}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("k15-memory: 0 leaked blocks (0 bytes), 0 memory errors: see "),
+        "{stderr}"
+    );
+}

@@ -15,7 +15,8 @@ pub fn run() {
         return; // nothing to write, nothing to decide
     }
     let me = crate::tracker::guard::me();
-    if crate::tracker::in_tracker(me) {
+    let interrupted_the_tracker = crate::tracker::in_tracker(me);
+    if interrupted_the_tracker {
         // `exit` from a signal handler that interrupted this thread inside the tracker: what
         // the thread was changing is read as it stands, and nothing is settled (see
         // `live_list::stop_settling`).
@@ -29,26 +30,48 @@ pub fn run() {
     let _inside = crate::tracker::guard::Inside::enter();
     let stats = crate::tracker::stats();
     let errors = crate::tracker::errors::all().1;
-    if stats.total_allocations == 0
+    if options.malloc
+        && stats.total_allocations == 0
         && errors == 0
         && !crate::engine::any_tracked_allocator_created()
     {
-        return; // nothing was ever tracked (a Rust test binary that links the library, say)
+        // Nothing was ever tracked, not even the C runtime's `malloc`s (a Rust test binary that
+        // links the library, say). With `malloc=0` a program may well have made no `new`: its
+        // report is written all the same.
+        return;
     }
+    // A handler that interrupted the tracker called `exit`: the interrupted frames are live
+    // (the thread's locals, a block between its `new` and its store), and the walk through
+    // them cannot be asked for (the tracker's own walk may be what was interrupted).
+    let live_stack = if interrupted_the_tracker {
+        let here = 0u8;
+        crate::stack::stack_above(core::ptr::addr_of!(here) as usize)
+    } else {
+        stack_of_exits_caller()
+    };
     // Collected even with report=0: the exit code depends on what it finds.
-    let report = Report::collect(stack_of_exits_caller());
+    let report = Report::collect(live_stack);
     if options.report {
-        let (text_path, json_path) = report::paths(options);
+        let (text_path, json_path, taken) = report::paths(options);
+        let beside = if taken {
+            format!(
+                " ({} was written by another process of this run)",
+                options.log_path.as_str()
+            )
+        } else {
+            String::new()
+        };
         let line = match report::write(&report, &text_path, &json_path) {
-            Ok(()) => match report::html_path(options)
+            Ok(()) => match report::html_path(options, taken)
                 .map(|html| report::page::write(&json_path, &html).map(|()| html))
             {
-                None => format!("{}: see {text_path}\n", summary_line(&report)),
-                Some(Ok(html)) => {
-                    format!("{}: see {text_path} and {html}\n", summary_line(&report))
-                }
+                None => format!("{}: see {text_path}{beside}\n", summary_line(&report)),
+                Some(Ok(html)) => format!(
+                    "{}: see {text_path} and {html}{beside}\n",
+                    summary_line(&report)
+                ),
                 Some(Err(why)) => format!(
-                    "k15-memory: could not write the HTML page: {why}\n{}: see {text_path}\n",
+                    "k15-memory: could not write the HTML page: {why}\n{}: see {text_path}{beside}\n",
                     summary_line(&report)
                 ),
             },

@@ -30,7 +30,7 @@ pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
     writeln!(out, "  \"pid\": {},", std::process::id())?;
     writeln!(
         out,
-        "  \"summary\": {{ \"leaked_blocks\": {}, \"leaked_bytes\": {}, \"direct_blocks\": {}, \"direct_bytes\": {}, \"indirect_blocks\": {}, \"indirect_bytes\": {}, \"reachable_blocks\": {}, \"reachable_bytes\": {}, \"suppressed_blocks\": {}, \"suppressed_bytes\": {}, \"errors\": {}, \"total_allocations\": {}, \"peak_bytes\": {}, \"runtime_blocks\": {}, \"unsettled_threads\": {:?}, \"unlisted_engine_allocators\": [{}], \"unrecorded_frees\": {} }},",
+        "  \"summary\": {{ \"leaked_blocks\": {}, \"leaked_bytes\": {}, \"direct_blocks\": {}, \"direct_bytes\": {}, \"indirect_blocks\": {}, \"indirect_bytes\": {}, \"reachable_blocks\": {}, \"reachable_bytes\": {}, \"suppressed_blocks\": {}, \"suppressed_bytes\": {}, \"errors\": {}, \"total_allocations\": {}, \"peak_bytes\": {}, \"runtime_blocks\": {}, \"unsettled_threads\": {:?}, \"unlisted_engine_allocators\": [{}], \"unrecorded_frees\": {}, \"unreadable_blocks\": {}, \"unsuspended_threads\": {:?} }},",
         leaked.blocks,
         leaked.bytes,
         direct.blocks,
@@ -52,7 +52,9 @@ pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
             .map(|name| quoted(name))
             .collect::<Vec<_>>()
             .join(", "),
-        crate::tracker::unrecorded_frees()
+        crate::tracker::unrecorded_frees(),
+        report.unreadable_blocks,
+        report.unsuspended_threads,
     )?;
     let mut stacks = StackTable::default();
     // Blocks in report order: direct sites, each followed by what it holds, then reachable ones.

@@ -17,7 +17,9 @@ use crate::tracker::guard::Inside;
 use crate::tracker::header::BlockHeader;
 use crate::tracker::integrity::{self, FoundBy};
 use crate::tracker::live_list::StoppedWorld;
+use crate::tracker::suspend::Suspension;
 use crate::tracker::BlockKind;
+use core::sync::atomic::{AtomicBool, Ordering};
 use scan::{LeakKind, Node};
 use std::collections::HashMap;
 use std::io::Write;
@@ -218,6 +220,10 @@ pub struct Report {
     /// Engine allocators whose live blocks are left out: their lock stayed held at exit
     /// ([`crate::engine::Busy`]); [`EVERY_ENGINE_ALLOCATOR`] when the registry's did.
     pub unlisted_allocators: Vec<&'static str>,
+    /// Live blocks with a page that could not be read (see `scan::Classified`).
+    pub unreadable_blocks: usize,
+    /// Threads the scan could not suspend (see `tracker::suspend`): read as they ran.
+    pub unsuspended_threads: Vec<u32>,
     /// The suppression rules in force, with what each kept out (see [`Report::rules_used`]).
     rules: Vec<RuleCount>,
     /// One block of each site ([`Leak::site`]), by site number.
@@ -230,9 +236,16 @@ impl Report {
     /// the blocks, applies the suppressions and symbolizes every stack they name. `stack`: the
     /// caller's live stack, scanned as a root (during the run; not at exit).
     pub fn collect(stack: Option<core::ops::Range<usize>>) -> Report {
-        let mut symbolizer = Symbolizer::new();
-        let (mut leaks, unsettled_threads, unlisted_allocators) = live_blocks(&symbolizer);
+        // First: a thread the snapshot suspends may hold the log's lock.
         let (mut all_errors, mut error_count) = errors::all();
+        let mut symbolizer = Symbolizer::new();
+        let Snapshot {
+            mut leaks,
+            unsettled_threads,
+            unlisted_allocators,
+            unreadable_blocks,
+            unsuspended_threads,
+        } = snapshot(&symbolizer, stack);
         let ids = leaks.iter().map(|l| l.stack).chain(
             all_errors
                 .iter()
@@ -240,16 +253,15 @@ impl Report {
         );
         let stacks = symbolizer.symbolize_stacks(ids);
         drop(symbolizer);
-        let before = leaks.len();
-        leaks.retain(|leak| !is_rust_runtime_setup(&stacks[&leak.stack]));
-        let runtime_blocks = before - leaks.len();
+        let runtime_blocks = remove_leaks(&mut leaks, |leak| {
+            is_rust_runtime_setup(&stacks[&leak.stack])
+        });
 
         let same_frames = stacks_by_frames(&stacks);
         for leak in &mut leaks {
             leak.stack = same_frames[&leak.stack];
         }
 
-        let ignored = ignore::IgnoreSet::now();
         let mut rules: Vec<RuleCount> = IGNORE_RULES
             .into_iter()
             .map(str::to_owned)
@@ -259,14 +271,6 @@ impl Report {
                 ..RuleCount::default()
             })
             .collect();
-        if !ignored.is_empty() {
-            for leak in &mut leaks {
-                leak.suppressed = ignored
-                    .rule_for(leak.address, leak.thread, leak.seq)
-                    .and_then(|rule| IGNORE_RULES.iter().position(|r| *r == rule));
-            }
-        }
-        classify(&mut leaks, stack, &stacks);
         suppress_leaks(&mut leaks, &stacks);
         for leak in &leaks {
             if let Some(rule) = leak.suppressed {
@@ -292,6 +296,8 @@ impl Report {
             stats: crate::tracker::stats(),
             unsettled_threads,
             unlisted_allocators,
+            unreadable_blocks,
+            unsuspended_threads,
             rules,
             stacks,
         }
@@ -418,10 +424,45 @@ impl Report {
 /// be read.
 pub const EVERY_ENGINE_ALLOCATOR: &str = "*";
 
-/// Every live tracked block (by thread, then sequence) and every engine allocator's live block;
-/// the threads whose blocks could not be settled and the engine allocators that could not be
-/// walked. `__FILE__` strings of unloaded modules are dropped rather than read.
-fn live_blocks(symbolizer: &Symbolizer) -> (Vec<Leak>, Vec<u32>, Vec<&'static str>) {
+/// The live blocks at one moment, classified.
+struct Snapshot {
+    /// By thread, then sequence; then the engine allocators' blocks.
+    leaks: Vec<Leak>,
+    unsettled_threads: Vec<u32>,
+    unlisted_allocators: Vec<&'static str>,
+    unreadable_blocks: usize,
+    unsuspended_threads: Vec<u32>,
+}
+
+/// Every live tracked block and every engine allocator's live block, classified by a scan of
+/// one moment: the world stopped (no block is allocated or freed) from the walk of the lists
+/// through the scan, and the other threads suspended for the scan (no pointer moves between a
+/// register and memory, nothing is unmapped). What a suspended thread may hold a lock on is
+/// read first: the engine allocators' blocks (their memory, freed meanwhile, is only read while
+/// their allocator still has it), the roots, the ignored blocks. `__FILE__` strings of unloaded
+/// modules are dropped rather than read. `stack`: the caller's live stack, a root.
+fn snapshot(symbolizer: &Symbolizer, stack: Option<core::ops::Range<usize>>) -> Snapshot {
+    let mut engine_leaks = Vec::new();
+    let unlisted_allocators = crate::engine::for_each_live_block(&mut |info, block| {
+        engine_leaks.push(Leak {
+            address: block.address,
+            size: block.size,
+            kind: BlockKind::New,
+            file: None,
+            line: 0,
+            seq: 0,
+            thread: 0,
+            stack: StackId(block.tag),
+            allocator: Some(info.name),
+            leak_kind: LeakKind::Direct,
+            held_by: None,
+            suppressed: None,
+            site: 0,
+        })
+    })
+    .unwrap_or_else(|_| vec![EVERY_ENGINE_ALLOCATOR]);
+    let roots = scan::Roots::gather(stack);
+    let ignored = ignore::IgnoreSet::now();
     let mut leaks = Vec::new();
     let mut problems = Vec::new();
     let mut file_names: HashMap<usize, Option<&'static str>> = HashMap::new();
@@ -457,59 +498,84 @@ fn live_blocks(symbolizer: &Symbolizer) -> (Vec<Leak>, Vec<u32>, Vec<&'static st
         })
     });
     let unsettled_threads = world.unsettled_threads();
+    leaks.retain(|l| !crate::tracker::fork::inherited(l.thread, l.seq));
+    leaks.sort_unstable_by_key(|l| (l.thread, l.seq));
+    leaks.append(&mut engine_leaks);
+    if !ignored.is_empty() {
+        for leak in &mut leaks {
+            leak.suppressed = ignored
+                .rule_for(leak.address, leak.thread, leak.seq)
+                .and_then(|rule| IGNORE_RULES.iter().position(|r| *r == rule));
+        }
+    }
+    let nodes = nodes_of(&leaks);
+    // Inside another stop (a signal handler's report), threads may be suspended already.
+    let suspension = if world.is_outermost() {
+        Suspension::suspend_others()
+    } else {
+        Suspension::none()
+    };
+    let classified = scan::classify(&nodes, roots, &suspension);
+    let unsuspended_threads = suspension.running.clone();
+    drop(suspension);
     drop(world);
     integrity::report_found();
     integrity::report_all(problems, StackId(0), BlockKind::New);
     integrity::check_quarantine(FoundBy::Report);
-    leaks.retain(|l| !crate::tracker::fork::inherited(l.thread, l.seq));
-    leaks.sort_unstable_by_key(|l| (l.thread, l.seq));
-    let unlisted = crate::engine::for_each_live_block(&mut |info, block| {
-        leaks.push(Leak {
-            address: block.address,
-            size: block.size,
-            kind: BlockKind::New,
-            file: None,
-            line: 0,
-            seq: 0,
-            thread: 0,
-            stack: StackId(block.tag),
-            allocator: Some(info.name),
-            leak_kind: LeakKind::Direct,
-            held_by: None,
-            suppressed: None,
-            site: 0,
-        })
-    })
-    .unwrap_or_else(|_| vec![EVERY_ENGINE_ALLOCATOR]);
-    (leaks, unsettled_threads, unlisted)
+    for (leak, verdict) in leaks.iter_mut().zip(classified.verdicts) {
+        leak.leak_kind = verdict.kind;
+        leak.held_by = verdict.held_by;
+    }
+    Snapshot {
+        leaks,
+        unsettled_threads,
+        unlisted_allocators,
+        unreadable_blocks: classified.unreadable_blocks,
+        unsuspended_threads,
+    }
 }
 
-/// Sets every block's kind from a scan of the roots. Ignored blocks count as roots, and so do
-/// the blocks the dynamic linker allocated (as LeakSanitizer counts them): it keeps a loaded
-/// library's records and `thread_local` blocks in memory it maps itself, which no scan sees.
-fn classify(
-    leaks: &mut [Leak],
-    stack: Option<core::ops::Range<usize>>,
-    stacks: &HashMap<StackId, Vec<Frame>>,
-) {
+/// The blocks as the scan sees them. Ignored blocks are roots, and so are the blocks the dynamic
+/// linker allocated (as LeakSanitizer counts them): it keeps a loaded library's records and
+/// `thread_local` blocks in memory it maps itself, which no scan sees.
+fn nodes_of(leaks: &[Leak]) -> Vec<Node> {
     let linker = scan::dynamic_linker();
     let by_linker = |l: &Leak| {
-        let innermost = stacks.get(&l.stack).and_then(|frames| frames.first());
-        innermost.is_some_and(|f| linker.contains(&f.address))
+        let innermost = crate::stack::frames(l.stack).iter().next().copied();
+        innermost.is_some_and(|address| linker.contains(&address))
     };
-    let nodes: Vec<Node> = leaks
+    leaks
         .iter()
         .map(|l| Node {
             address: l.address,
             size: l.size,
             root: l.suppressed.is_some() || by_linker(l),
             readable: l.is_readable(),
+            whole: true,
         })
-        .collect();
-    for (leak, verdict) in leaks.iter_mut().zip(scan::classify(&nodes, stack)) {
-        leak.leak_kind = verdict.kind;
-        leak.held_by = verdict.held_by;
+        .collect()
+}
+
+/// Takes the leaks `gone` picks out of `leaks`; an indirect leak keeps the block it is held by
+/// (by its new index), or is held by none when that one went. How many went.
+fn remove_leaks(leaks: &mut Vec<Leak>, gone: impl Fn(&Leak) -> bool) -> usize {
+    let mut new_index = Vec::with_capacity(leaks.len());
+    let mut kept = 0;
+    for leak in leaks.iter() {
+        let stays = !gone(leak);
+        new_index.push(stays.then_some(kept));
+        kept += usize::from(stays);
     }
+    let before = leaks.len();
+    let mut at = 0;
+    leaks.retain(|_| {
+        at += 1;
+        new_index[at - 1].is_some()
+    });
+    for leak in leaks.iter_mut() {
+        leak.held_by = leak.held_by.and_then(|d| new_index[d]);
+    }
+    before - leaks.len()
 }
 
 /// The rules of `ignore_leak` and `ScopedLeakIgnore`: the report's first rules, before those of
@@ -651,27 +717,75 @@ fn buffer_bytes() -> usize {
     }
 }
 
-/// The report's paths: `%p` becomes the pid; a forked child whose paths have no `%p` writes
-/// beside its parent's, with its pid appended, rather than over them.
-pub fn paths(options: &crate::options::Options) -> (String, String) {
-    (
-        expand(options.log_path.as_str()),
-        expand(&options.json_path()),
-    )
-}
-
-/// Where `html_path=` puts the page at exit, expanded as [`paths`] does; `None`: no page.
-pub fn html_path(options: &crate::options::Options) -> Option<String> {
-    options.html_path.as_ref().map(|path| expand(path.as_str()))
-}
-
-/// `path` with `%p` as the pid, or, in a forked child, with its pid appended when it has none.
-fn expand(path: &str) -> String {
-    if !path.contains("%p") && crate::tracker::fork::is_forked_child() {
-        format!("{path}.{}", std::process::id())
-    } else {
-        with_pid(path)
+/// The report's paths: `%p` becomes the pid; a process whose paths have no `%p` writes beside
+/// the report there, with its pid appended, rather than over it, when it is a forked child
+/// (its parent writes there) or another process wrote that report since this one started (a
+/// launcher under `LD_PRELOAD` — `/usr/bin/time`, a shell script, ctest — whose program wrote
+/// its report first). The second value: whether the pid was appended for that reason.
+pub fn paths(options: &crate::options::Options) -> (String, String, bool) {
+    let child = crate::tracker::fork::is_forked_child();
+    let (text, json) = (options.log_path.as_str(), options.json_path());
+    if text.contains("%p") {
+        return (with_pid(text), with_pid(&json), false);
     }
+    let taken = !child && !WROTE_OWN_PATHS.load(Ordering::Relaxed) && written_since_start(text);
+    if child || taken {
+        let pid = std::process::id();
+        return (format!("{text}.{pid}"), format!("{json}.{pid}"), taken);
+    }
+    (text.to_owned(), json, false)
+}
+
+/// Set once this process wrote its report at the configured paths (a report midway): a later
+/// one goes over it.
+static WROTE_OWN_PATHS: AtomicBool = AtomicBool::new(false);
+
+/// Whether `path` was written after this process started (by another process, then): its
+/// modification time against the process's start in `/proc/self/stat`, both counted from boot.
+/// The start is known to a clock tick (10 ms): a report written within one tick of it counts
+/// as older.
+fn written_since_start(path: &str) -> bool {
+    let Ok(modified) = std::fs::metadata(path).and_then(|m| m.modified()) else {
+        return false;
+    };
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Field 22, `starttime`, is the 20th after the command's closing parenthesis.
+    let start_ticks = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(19)?.parse::<u64>().ok());
+    // SAFETY: sysconf takes a plain value.
+    let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let (Some(start_ticks), Ok(ticks_per_second @ 1..)) =
+        (start_ticks, u64::try_from(ticks_per_second))
+    else {
+        return false;
+    };
+    let since_boot = |clock| {
+        let mut now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes the local it is given.
+        unsafe { libc::clock_gettime(clock, &mut now) };
+        std::time::Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
+    };
+    let boot = std::time::SystemTime::now() - since_boot(libc::CLOCK_BOOTTIME);
+    let started =
+        boot + std::time::Duration::from_millis((start_ticks + 1) * 1000 / ticks_per_second);
+    modified > started
+}
+
+/// Where `html_path=` puts the page at exit, expanded as [`paths`] expanded the report's (its
+/// pid appended where theirs had it appended); `None`: no page.
+pub fn html_path(options: &crate::options::Options, pid_appended: bool) -> Option<String> {
+    let path = options.html_path.as_ref()?.as_str();
+    Some(
+        if !path.contains("%p") && (pid_appended || crate::tracker::fork::is_forked_child()) {
+            format!("{path}.{}", std::process::id())
+        } else {
+            with_pid(path)
+        },
+    )
 }
 
 /// `path` with every `%p` replaced by the pid.
@@ -693,8 +807,10 @@ pub fn write_now(path: Option<&str>) -> bool {
             write(&report, &p, &format!("{p}.json"))
         }
         None => {
-            let (text_path, json_path) = paths(crate::options::get());
-            write(&report, &text_path, &json_path)
+            let (text_path, json_path, _) = paths(crate::options::get());
+            let written = write(&report, &text_path, &json_path);
+            WROTE_OWN_PATHS.store(true, Ordering::Relaxed);
+            written
         }
     };
     result.is_ok()

@@ -9,8 +9,9 @@
 //! scanned; after the program called `exit` itself, its callers' frames are live and are
 //! scanned (`at_exit`). A report written during the run (`write_leak_report`) scans the calling
 //! thread's live stack, above its own frame, so the caller's locals keep their blocks
-//! reachable. Other threads still alive are
-//! scanned from where they stand, their `thread_local`s with them; their registers are not.
+//! reachable. Other threads still alive are suspended for the scan (`tracker::suspend`) and
+//! scanned from where they stand, their `thread_local`s and registers with them. A block with a
+//! page the program made unreadable is read around that page.
 //! Any aligned word whose value falls inside a block (`[start, start + size)`, one byte for a
 //! 0-byte block) counts as a pointer to it, interior pointers included.
 //!
@@ -27,6 +28,7 @@ use core::ffi::{c_int, c_void};
 
 pub use crate::options::LeakKind;
 use crate::sys::{self, PAGE_SIZE};
+use crate::tracker::suspend::Suspension;
 
 /// One block's verdict: its kind and, for an indirect block, the direct leak (an index into
 /// the blocks given to [`classify`]) that holds it.
@@ -37,41 +39,119 @@ pub struct Verdict {
 }
 
 /// A block to classify: where it lies, whether it is a root itself (an ignored block: what it
-/// points to is reachable), and whether its memory can be read (not so for the blocks an engine
-/// allocator left live when it was dropped: its memory is gone).
+/// points to is reachable), whether its memory can be read (not so for the blocks an engine
+/// allocator left live when it was dropped: its memory is gone), and whether every page of it
+/// can (else it is read page by page, around the pages that cannot: see [`classify`]).
 #[derive(Clone, Copy)]
 pub struct Node {
     pub address: usize,
     pub size: usize,
     pub root: bool,
     pub readable: bool,
+    pub whole: bool,
 }
 
-/// Classifies `nodes` against the process's roots now (see the module doc), and `stack`: the
-/// live part of the calling thread's stack for a report written during the run.
-pub fn classify(nodes: &[Node], stack: Option<core::ops::Range<usize>>) -> Vec<Verdict> {
-    let mut roots: Vec<core::ops::Range<usize>> = stack.into_iter().collect();
-    // SAFETY: the callback matches what dl_iterate_phdr expects and `roots` outlives the call.
-    unsafe { libc::dl_iterate_phdr(Some(add_roots), (&raw mut roots).cast::<c_void>()) };
+/// The roots gathered before the other threads are suspended, each behind a lock one of them
+/// may hold: the modules' writable segments and the calling thread's TLS (the loader's lock),
+/// and the program's mappings (their record's lock). Scanned once the threads are suspended.
+pub struct Roots {
+    ranges: Vec<core::ops::Range<usize>>,
+    mapped: Vec<core::ops::Range<usize>>,
+}
+
+impl Roots {
+    /// The roots now, and `stack`: the live part of the calling thread's stack for a report
+    /// written during the run.
+    pub fn gather(stack: Option<core::ops::Range<usize>>) -> Roots {
+        let mut ranges: Vec<core::ops::Range<usize>> = stack.into_iter().collect();
+        // SAFETY: the callback matches what dl_iterate_phdr expects and `ranges` outlives the
+        // call.
+        unsafe { libc::dl_iterate_phdr(Some(add_roots), (&raw mut ranges).cast::<c_void>()) };
+        Roots {
+            ranges,
+            mapped: super::mappings::ranges(),
+        }
+    }
+}
+
+/// What [`classify`] found.
+pub struct Classified {
+    pub verdicts: Vec<Verdict>,
+    /// Blocks with a page that could not be read (the program made it `PROT_NONE`): read
+    /// around it.
+    pub unreadable_blocks: usize,
+}
+
+/// Classifies `nodes` against `roots` and the other threads (see the module doc), those of
+/// `suspension` by the registers and stack pointer they were suspended with.
+pub fn classify(nodes: &[Node], roots: Roots, suspension: &Suspension) -> Classified {
     // The tracker's own state holds addresses that are not the program's pointers: copies of
     // stack words (the caller's last walk) and block and header addresses, stale ones too (the
     // caller's free lists and deferred frees, the shards' queues of settled frees). A compact
     // block's header address is the user address of the block in front, so such a word would
     // keep a leak in front "reachable".
-    let others = crate::tracker::threads::others();
+    let others = crate::tracker::threads::others(suspension);
     let mut excluded = vec![
         crate::stack::tracker_thread_state(),
         crate::tracker::guard::thread_state_range(),
         crate::tracker::thread_heap_range(),
         crate::tracker::integrity::found_log_range(),
+        crate::tracker::suspend::records_range(),
         crate::tracker::threads::record_range(),
     ];
     excluded.extend(crate::tracker::live_list::shards_ranges());
     excluded.extend(others.own_state);
-    roots.push(crate::sys::bytes_of(others.registers.as_slice()));
-    let mut mapped = super::mappings::ranges();
+    let mut ranges = roots.ranges;
+    ranges.push(crate::sys::bytes_of(others.registers.as_slice()));
+    let mut mapped = roots.mapped;
     mapped.extend(others.stacks);
-    classify_from(nodes, &roots, &mapped, &excluded)
+    let readable = readable_ranges();
+    let nodes: Vec<Node> = nodes
+        .iter()
+        .map(|node| Node {
+            whole: node.whole && covered(&readable, node.address, node.size.max(1)),
+            ..*node
+        })
+        .collect();
+    Classified {
+        verdicts: classify_from(&nodes, &ranges, &mapped, &excluded),
+        unreadable_blocks: nodes.iter().filter(|n| n.readable && !n.whole).count(),
+    }
+}
+
+/// The readable mappings of the process now (`/proc/self/maps`), sorted, touching ones merged.
+fn readable_ranges() -> Vec<core::ops::Range<usize>> {
+    let text = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let mut ranges: Vec<core::ops::Range<usize>> = Vec::new();
+    for line in text.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(span), Some(perms)) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        let Some((start, end)) = span.split_once('-') else {
+            continue;
+        };
+        let (Ok(start), Ok(end)) = (
+            usize::from_str_radix(start, 16),
+            usize::from_str_radix(end, 16),
+        ) else {
+            continue;
+        };
+        if !perms.starts_with('r') {
+            continue;
+        }
+        match ranges.last_mut() {
+            Some(last) if last.end == start => last.end = end,
+            _ => ranges.push(start..end),
+        }
+    }
+    ranges
+}
+
+/// Whether `[address, address + size)` lies inside one of the sorted `ranges`.
+fn covered(ranges: &[core::ops::Range<usize>], address: usize, size: usize) -> bool {
+    let after = ranges.partition_point(|r| r.start <= address);
+    after > 0 && address.saturating_add(size) <= ranges[after - 1].end
 }
 
 /// [`classify`] of `nodes` given in allocation order (earliest first), from the given root ranges and the `mapped` ones (the program's mappings and
@@ -297,8 +377,10 @@ impl<'a> Graph<'a> {
 
     fn scan_block(&self, i: usize, found: &mut impl FnMut(usize)) {
         let node = self.nodes[i];
-        if node.readable {
+        if node.readable && node.whole {
             self.scan(node.address, node.address + node.size, found);
+        } else if node.readable {
+            self.scan_mapped(node.address, node.address + node.size, found);
         }
     }
 }
@@ -405,6 +487,7 @@ mod tests {
             size: 8 * WORDS,
             root: false,
             readable: true,
+            whole: true,
         };
         blocks.iter().map(|b| node(b)).collect()
     }
@@ -557,12 +640,14 @@ mod tests {
                 size: 16,
                 root: true,
                 readable: true,
+                whole: true,
             },
             Node {
                 address: memory[1].as_ptr() as usize,
                 size: 16,
                 root: false,
                 readable: true,
+                whole: true,
             },
         ];
         let mut memory = memory;

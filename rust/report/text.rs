@@ -55,6 +55,21 @@ pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
             )?,
         }
     }
+    if report.unreadable_blocks > 0 {
+        writeln!(
+            out,
+            "Live blocks with a page that could not be read (made unreadable by the program): {}, scanned around it.",
+            report.unreadable_blocks
+        )?;
+    }
+    if !report.unsuspended_threads.is_empty() {
+        writeln!(
+            out,
+            "Threads {:?} could not be suspended for the scan (they block signal {}): read as they ran.",
+            report.unsuspended_threads,
+            crate::tracker::suspend::suspend_signal()
+        )?;
+    }
     for &name in &report.unlisted_allocators {
         let whose = match name {
             super::EVERY_ENGINE_ALLOCATOR => "engine allocators".to_owned(),

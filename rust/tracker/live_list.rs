@@ -79,10 +79,11 @@ impl SpinLock {
     }
 
     /// Locks, unless the lock stays held for longer than [`PATIENCE`] (its holder is gone or
-    /// stuck): then false.
+    /// stuck), or `gives_way` and another stop waits (see [`WAITING_STOPPERS`]): then false.
     #[cold]
-    fn lock_within(&self, holder: u32) -> bool {
+    fn lock_within(&self, holder: u32, gives_way: bool) -> bool {
         let mut waited = Patience::new();
+        waited.gives_way = gives_way;
         loop {
             if self
                 .0
@@ -634,6 +635,37 @@ const PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
 pub struct StoppedWorld {
     locked: ShardSet,
     unsettled: ShardSet,
+    /// Taken inside the calling thread's own stop (a signal handler interrupted it there): the
+    /// outer stop keeps [`STOPPER`].
+    nested: bool,
+}
+
+/// The one thread stopping the world (its number, [`FORK_HOLDER`], or 0: nobody): two stops at
+/// once waited on each other's shards, each for its whole [`PATIENCE`], and a report started
+/// inside another stop waited for shards its own thread held.
+static STOPPER: SpinLock = SpinLock::new();
+/// Threads waiting to stop the world: a stop under way stops waiting for a busy shard after
+/// [`GIVE_WAY`] (its holder may be the very thread waiting, interrupted by a signal handler
+/// that exits), and leaves that shard unsettled.
+static WAITING_STOPPERS: AtomicU32 = AtomicU32::new(0);
+/// See [`WAITING_STOPPERS`]: far longer than any live holder keeps a shard.
+const GIVE_WAY: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Takes [`STOPPER`] for `holder`; false when `holder` has it already (a nested stop), or it
+/// stays held past [`PATIENCE`] (by a `fork` this very thread was preparing when a signal
+/// handler interrupted it): the stop then goes on without it, as a nested one.
+fn take_stopper(holder: u32) -> bool {
+    if holder != FORK_HOLDER && STOPPER.held_by(holder) {
+        return false;
+    }
+    // Those already waiting go first: a report must not wait behind a stream of stops that
+    // settle frees, each thread taking its turn again as soon as it let go.
+    let mut waited = Patience::new();
+    while WAITING_STOPPERS.load(Ordering::SeqCst) > 0 && waited.more() {}
+    WAITING_STOPPERS.fetch_add(1, Ordering::SeqCst);
+    let taken = STOPPER.lock_within(holder, false);
+    WAITING_STOPPERS.fetch_sub(1, Ordering::SeqCst);
+    taken
 }
 
 impl StoppedWorld {
@@ -642,15 +674,19 @@ impl StoppedWorld {
     /// shard is [`unsettled`](Self::unsettled_threads). `holder` is the calling thread's number,
     /// or [`FORK_HOLDER`].
     pub fn stop(holder: u32) -> StoppedWorld {
+        let nested = !take_stopper(holder);
         let mut world = StoppedWorld {
             locked: ShardSet::default(),
             unsettled: ShardSet::default(),
+            nested,
         };
+        // A fork must hold every shard it can (its child inherits them); other stops give way.
+        let gives_way = holder != FORK_HOLDER;
         // In index order; nobody waits for a second shard lock while holding one otherwise.
         for (index, shard) in SHARDS.iter().enumerate() {
             // Held by this very thread: a signal handler interrupted it inside the tracker.
             let mine = holder != FORK_HOLDER && shard.lock.held_by(holder);
-            if mine || !shard.lock.lock_within(holder) {
+            if mine || !shard.lock.lock_within(holder, gives_way) {
                 world.unsettled.insert(index);
                 continue;
             }
@@ -659,7 +695,7 @@ impl StoppedWorld {
         }
         crate::sys::process_barrier();
         for (index, shard) in SHARDS.iter().enumerate() {
-            if world.locked.contains(index) && !shard.wait_until_idle(holder) {
+            if world.locked.contains(index) && !shard.wait_until_idle(holder, gives_way) {
                 world.unsettled.insert(index);
             }
         }
@@ -667,6 +703,11 @@ impl StoppedWorld {
             world.settle_pending();
         }
         world
+    }
+
+    /// Whether this stop holds the world alone: not taken inside another stop.
+    pub fn is_outermost(&self) -> bool {
+        !self.nested
     }
 
     /// Whether every shard is held: no thread may be in the middle of a change.
@@ -761,6 +802,9 @@ impl Drop for StoppedWorld {
                 shard.lock.unlock();
             }
         }
+        if !self.nested {
+            STOPPER.unlock();
+        }
     }
 }
 
@@ -769,8 +813,9 @@ impl Shard {
     /// a change; false when it never will be: the owner is the calling thread (interrupted by a
     /// signal handler mid-change), has exited mid-change, or does not finish within
     /// [`PATIENCE`].
-    fn wait_until_idle(&self, holder: u32) -> bool {
+    fn wait_until_idle(&self, holder: u32, gives_way: bool) -> bool {
         let mut waited = Patience::new();
+        waited.gives_way = gives_way;
         while self.busy.load(Ordering::Acquire) != 0 {
             let owner = self.owner.load(Ordering::Relaxed);
             if owner == NO_OWNER || owner == holder || !waited.more() {
@@ -785,6 +830,8 @@ impl Shard {
 pub(crate) struct Patience {
     spins: u32,
     since: Option<std::time::Instant>,
+    /// Ends after [`GIVE_WAY`] once another thread waits to stop the world.
+    gives_way: bool,
 }
 
 impl Patience {
@@ -792,6 +839,7 @@ impl Patience {
         Patience {
             spins: 0,
             since: None,
+            gives_way: false,
         }
     }
 
@@ -804,7 +852,11 @@ impl Patience {
         }
         std::thread::yield_now();
         let since = *self.since.get_or_insert_with(std::time::Instant::now);
-        since.elapsed() < PATIENCE
+        let waited = since.elapsed();
+        waited < PATIENCE
+            && !(self.gives_way
+                && waited >= GIVE_WAY
+                && WAITING_STOPPERS.load(Ordering::Relaxed) > 0)
     }
 }
 

@@ -21,6 +21,7 @@ mod quarantine;
 pub mod raw;
 mod site;
 mod spans;
+pub mod suspend;
 pub mod threads;
 
 pub use heap::thread_heap_range;
@@ -716,6 +717,11 @@ fn queue_claimed(header: *mut BlockHeader, me: guard::Me) {
         return;
     }
     drop(held);
+    if live_list::settling_stopped() {
+        // An exit from a signal handler is under way: nothing is settled any more, and a stop
+        // of the world per free would only keep its report waiting. Left claimed.
+        return;
+    }
     let world = StoppedWorld::stop(me.number);
     // SAFETY: claimed, and not queued.
     unsafe { settle_claimed_block(header, &world) };
@@ -860,7 +866,7 @@ pub struct Stats {
 pub fn stats() -> Stats {
     apply_deferred_frees();
     integrity::report_found();
-    if live_list::any_pending() {
+    if live_list::any_pending() && !live_list::settling_stopped() {
         let _inside = Inside::enter();
         drop(StoppedWorld::stop(guard::thread_number())); // settles them
     }

@@ -1,14 +1,17 @@
 //! The process's other threads, so that a report scans what they hold, as valgrind and
 //! LeakSanitizer do: each one's stack from where it stands now (its `thread_local`s lie above,
 //! at the top of its stack's mapping), leaving out the tracker's own state in it, and its
-//! registers ([`registers_of`]; midway only where that needs no tracer named).
+//! registers. A thread the report suspended (`tracker::suspend`) gives both as it was stopped.
 //!
-//! Where a thread stands is asked of the kernel (`/proc/self/task/TID/syscall`: the stack
+//! For a thread still running (it blocks the suspend signal), registers come from
+//! [`registers_of`] (midway only where that needs no tracer named), and where it stands is asked
+//! of the kernel (`/proc/self/task/TID/syscall`: the stack
 //! pointer of a thread blocked in a system call or waiting to run); a thread running on another
 //! core at that moment gives none, and its whole stack mapping is read if the record of threads
 //! knows it: those the program started (recorded as they start, `cpp/threads.cpp`) and those
 //! that allocated, with where the tracker's state lies in each.
 
+use crate::tracker::suspend::Suspension;
 use core::ops::Range;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
@@ -28,6 +31,8 @@ pub fn exit_report_begun() -> bool {
 
 /// Threads alive at once that the record keeps (one more goes unscanned).
 const CAPACITY: usize = 4096;
+/// The bytes below the stack pointer that x86-64's ABI leaves to a leaf function.
+const RED_ZONE: usize = 128;
 /// The tracker's own state in a thread: its stack walk, its guard and its heap lists.
 const OWN_RANGES: usize = 3;
 /// A slot being written.
@@ -120,32 +125,40 @@ pub struct OtherThreads {
     pub registers: Vec<usize>,
 }
 
-/// The process's other threads now (`/proc/self/task`): those in the record with what it
-/// knows of them, and the others, which are scanned where the kernel says they stand (one
-/// running then, which the record does not know, is not).
-pub fn others() -> OtherThreads {
+/// The process's other threads now (`/proc/self/task`): those `suspension` holds from the stack
+/// pointer and with the registers they were suspended with; the others (still running) as the
+/// record knows them, scanned where the kernel says they stand (one running on a core then,
+/// which the record does not know, is not).
+pub fn others(suspension: &Suspension) -> OtherThreads {
     let me = gettid();
     let mut found = OtherThreads {
         stacks: Vec::new(),
         own_state: Vec::new(),
         registers: Vec::new(),
     };
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return found;
-    };
-    let tids: Vec<u32> = tasks
-        .filter_map(|task| task.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&tid| tid != me)
+    let tids = crate::tracker::suspend::other_threads(me);
+    let running: Vec<u32> = tids
+        .iter()
+        .copied()
+        .filter(|&tid| suspension.thread(tid).is_none())
         .collect();
     found.registers = match tracing() {
-        Tracing::Open => registers_of(&tids, false),
+        Tracing::Open => registers_of(&running, false),
         // Naming a tracer replaces the one the program may have named: only once it exits.
-        Tracing::ByNamedTracer if exit_report_begun() => registers_of(&tids, true),
+        Tracing::ByNamedTracer if exit_report_begun() => registers_of(&running, true),
         _ => Vec::new(),
     };
+    for thread in &suspension.threads {
+        found.registers.extend(thread.registers);
+    }
     let maps = Mappings::read();
     for tid in tids {
-        let Some(standing) = stack_pointer_of(tid) else {
+        let standing = match suspension.thread(tid) {
+            // The red zone below the stack pointer may hold a leaf function's locals.
+            Some(thread) => Some(Some(thread.stack_pointer().saturating_sub(RED_ZONE))),
+            None => stack_pointer_of(tid),
+        };
+        let Some(standing) = standing else {
             continue; // gone meanwhile
         };
         let slot = SLOTS
