@@ -521,6 +521,7 @@ mod tests {
                 size: 8 * WORDS,
                 root: false,
                 readable: true,
+                whole: true,
             })
             .collect();
         for (i, targets) in links.iter().enumerate() {
