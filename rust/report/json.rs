@@ -1,6 +1,7 @@
-//! The JSON report, format `k15-leaks/2`: one short entry per block (its allocation site by
-//! index into `sites`) and per error, each site once (its stack by index into `stacks`), each
-//! stack once as a list of indices into `frames`, each distinct frame once; written as it goes.
+//! The JSON report, format `k15-leaks/3`: one short entry per block (its allocation site by
+//! index into `sites`) and per error, each site once (its stack by index into `stacks`, its tag
+//! by name), each stack once as a list of indices into `frames`, each distinct frame once; the
+//! figures of every tag (`tags`); written as it goes. Format 3 keeps every field of format 2.
 
 use super::scan::LeakKind;
 use super::{Leak, Report};
@@ -11,7 +12,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::{self, Write};
 
-pub const FORMAT: &str = "k15-leaks/2";
+pub const FORMAT: &str = "k15-leaks/3";
 
 /// The whole JSON report into `out`.
 pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
@@ -54,6 +55,7 @@ pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
             .join(", "),
         crate::tracker::unrecorded_frees()
     )?;
+    write_tags(out, report)?;
     let mut stacks = StackTable::default();
     // Blocks in report order: direct sites, each followed by what it holds, then reachable ones.
     let mut ordered: Vec<&Leak> = Vec::with_capacity(report.leaks.len());
@@ -78,13 +80,14 @@ pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
         let l = &report.leaks[first];
         writeln!(
             out,
-            "    {{ \"stack\": {}, \"array\": {}, \"file\": {}, \"line\": {}, \"language\": {}, \"allocated_with\": {} }}{}",
+            "    {{ \"stack\": {}, \"array\": {}, \"file\": {}, \"line\": {}, \"language\": {}, \"allocated_with\": {}, \"tag\": {} }}{}",
             stacks.id(l.stack),
             l.kind == crate::tracker::BlockKind::NewArray,
             l.file.map_or("null".to_owned(), quoted),
             l.line,
             quoted(l.language()),
             quoted(l.allocated_with()),
+            l.tag_name().map_or("null".to_owned(), |name| quoted(&name)),
             comma(i, report.site_blocks.len())
         )?;
     }
@@ -189,6 +192,26 @@ pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
     }
     writeln!(out, "  ]")?;
     writeln!(out, "}}")
+}
+
+/// `tags`: every tag's figures, a parent's including its children's.
+fn write_tags(out: &mut dyn Write, report: &Report) -> io::Result<()> {
+    writeln!(out, "  \"tags\": [")?;
+    for (i, t) in report.tags.iter().enumerate() {
+        writeln!(
+            out,
+            "    {{ \"name\": {}, \"live_blocks\": {}, \"live_bytes\": {}, \"peak_bytes\": {}, \"total_allocations\": {}, \"total_bytes\": {}, \"budget_bytes\": {} }}{}",
+            quoted(&t.name),
+            t.live_blocks,
+            t.live_bytes,
+            t.peak_bytes,
+            t.total_allocations,
+            t.total_bytes,
+            t.budget_bytes,
+            comma(i, report.tags.len())
+        )?;
+    }
+    writeln!(out, "  ],")
 }
 
 /// The fields of the error kinds that name bytes or a first free: `offset` and `bytes` (hex

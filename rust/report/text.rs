@@ -171,6 +171,7 @@ pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
             count(report.runtime_blocks, "block")
         )?;
     }
+    write_tags(out, report)?;
     writeln!(out)?;
     writeln!(
         out,
@@ -181,6 +182,47 @@ pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
         count(report.stats.total_allocations as usize, "allocation"),
         count(report.stats.peak_bytes as usize, "byte"),
     )
+}
+
+/// The table of tags (none without tag scopes): a parent's figures include its children's.
+fn write_tags(out: &mut dyn Write, report: &Report) -> io::Result<()> {
+    if report.tags.is_empty() {
+        return Ok(());
+    }
+    let width = report
+        .tags
+        .iter()
+        .map(|t| t.name.len())
+        .max()
+        .unwrap_or(0)
+        .max(3);
+    writeln!(
+        out,
+        "\nMemory by tag (a parent's figures include its children's):"
+    )?;
+    writeln!(
+        out,
+        "  {:width$}  {:>11}  {:>12}  {:>12}  {:>11}  {:>13}  {:>12}",
+        "tag", "live blocks", "live bytes", "peak bytes", "allocations", "total bytes", "budget"
+    )?;
+    for t in &report.tags {
+        let budget = match t.budget_bytes {
+            0 => "-".to_owned(),
+            bytes => bytes.to_string(),
+        };
+        writeln!(
+            out,
+            "  {:width$}  {:>11}  {:>12}  {:>12}  {:>11}  {:>13}  {:>12}",
+            t.name,
+            t.live_blocks,
+            t.live_bytes,
+            t.peak_bytes,
+            t.total_allocations,
+            t.total_bytes,
+            budget
+        )?;
+    }
+    Ok(())
 }
 
 /// `n thing` or `n things`.
@@ -202,6 +244,9 @@ fn write_site(out: &mut dyn Write, what: &str, site: &Site<'_>, indent: &str) ->
     )?;
     if let Some(file) = first.file {
         writeln!(out, "{indent}at {}:{} (K15_NEW)", file, first.line)?;
+    }
+    if let Some(tag) = first.tag_name() {
+        writeln!(out, "{indent}tag: {tag}")?;
     }
     let mut frames = String::new();
     let _ = write_frames(&mut frames, site.frames, indent);
