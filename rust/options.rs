@@ -75,6 +75,8 @@ pub struct Options {
     pub quarantine: usize,
     /// `suppressions=FILE`: leak and error rules (`report::suppress`).
     pub suppressions: Option<PathOption>,
+    /// `budgets=FILE`: a byte budget per tag, `TAG SIZE` a line (`tracker::tag_budgets`).
+    pub budgets: Option<PathOption>,
     /// Whether the text lists reachable blocks (else one line with their total).
     pub show_reachable: bool,
     /// Whether stacks keep the frames below `main` (libc's start-up and `_start`), as
@@ -103,6 +105,7 @@ impl Options {
         break_on: None,
         quarantine: 0,
         suppressions: None,
+        budgets: None,
         show_reachable: true,
         show_below_main: false,
         leak_kinds: LeakKind::Direct.bit() | LeakKind::Indirect.bit(),
@@ -175,6 +178,27 @@ macro_rules! flag_key {
             apply: |o, v| set_flag(v, |f| o.$field = f),
             show: |o, w| {
                 let _ = write!(w, "{}", o.$field as u8);
+            },
+        }
+    };
+}
+
+/// A key for an optional file (`suppressions=FILE`): `None` until given.
+macro_rules! optional_path_key {
+    ($field:ident) => {
+        Key {
+            name: stringify!($field),
+            expected: "must be a UTF-8 path of 1..1023 bytes",
+            apply: |o, v| {
+                let mut path = PathOption::from_static("");
+                let valid = path.set(v);
+                if valid {
+                    o.$field = Some(path);
+                }
+                valid
+            },
+            show: |o, w| {
+                let _ = w.write_str(o.$field.as_ref().map_or("none", |p| p.as_str()));
             },
         }
     };
@@ -294,21 +318,8 @@ const KEYS: &[Key] = &[
             };
         },
     },
-    Key {
-        name: "suppressions",
-        expected: "must be a UTF-8 path of 1..1023 bytes",
-        apply: |o, v| {
-            let mut path = PathOption::from_static("");
-            let valid = path.set(v);
-            if valid {
-                o.suppressions = Some(path);
-            }
-            valid
-        },
-        show: |o, w| {
-            let _ = w.write_str(o.suppressions.as_ref().map_or("none", |p| p.as_str()));
-        },
-    },
+    optional_path_key!(suppressions),
+    optional_path_key!(budgets),
     flag_key!(show_reachable),
     flag_key!(show_below_main),
     Key {
@@ -386,7 +397,7 @@ fn parse_int(value: &[u8]) -> Option<i64> {
 }
 
 /// `64M`, `512K`, `2G` or plain bytes.
-fn parse_size(value: &[u8]) -> Option<usize> {
+pub fn parse_size(value: &[u8]) -> Option<usize> {
     let (digits, unit) = match value.last()? {
         b'K' | b'k' => (&value[..value.len() - 1], 1 << 10),
         b'M' | b'm' => (&value[..value.len() - 1], 1 << 20),

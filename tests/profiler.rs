@@ -126,3 +126,83 @@ fn tag_scopes_compile_to_nothing_when_disabled() {
     assert!(out.status.success());
     assert_eq!(String::from_utf8_lossy(&out.stdout), "tags: 0\n");
 }
+
+#[test]
+fn budgets_are_crossed_by_a_leaf_and_by_a_parent_once_per_crossing() {
+    let dir = support::scratch("profiler_budgets");
+    let exe = support::build(
+        &dir,
+        "profiler_budgets",
+        &["tests/cpp/profiler_budgets.cpp"],
+        &[],
+    );
+    let budgets = dir.join("budgets.txt");
+    std::fs::write(
+        &budgets,
+        "# the test's budgets\n\
+         Render/Textures 10K\n\
+         Physics 1000   # a parent: its children count\n\
+         \n\
+         Audio lots\n",
+    )
+    .unwrap();
+    let run = support::run(&exe, &format!("budgets={}", budgets.display()));
+    let stderr = run.stderr();
+    assert!(run.output.status.success(), "{stderr}");
+    assert!(run.stdout().contains("went on"));
+    // The bad line, once, with its number; the good ones give tag_stats() their budgets.
+    let complaints: Vec<&str> = stderr.lines().filter(|l| l.contains("budgets=")).collect();
+    assert_eq!(complaints.len(), 1, "{stderr}");
+    assert!(complaints[0].contains(":5: `Audio lots`"), "{stderr}");
+    for line in [
+        "budget Render/Textures 10240",
+        "budget Physics 1000",
+        "budget Render 0",
+    ] {
+        assert!(
+            run.stdout().lines().any(|l| l == line),
+            "{line}: {}",
+            run.stdout()
+        );
+    }
+
+    // Printed as they happened, and in the report: the crossings in order.
+    assert_eq!(stderr.matches("tag_over_budget").count(), 3, "{stderr}");
+    let crossings: Vec<(String, u64, u64, u64)> = run
+        .errors()
+        .iter()
+        .map(|e| {
+            assert_eq!(e["kind"], "tag_over_budget", "{e}");
+            (
+                e["tag"].as_str().unwrap().to_owned(),
+                e["budget_bytes"].as_u64().unwrap(),
+                e["live_bytes"].as_u64().unwrap(),
+                e["size"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        crossings,
+        [
+            ("Render/Textures".to_owned(), 10_240, 12_288, 4096),
+            ("Render/Textures".to_owned(), 10_240, 12_288, 4096),
+            ("Physics".to_owned(), 1000, 1200, 600),
+        ]
+    );
+    // Each with the stack of the allocation that crossed the budget.
+    let first_function = |e: &serde_json::Value| {
+        e["alloc_stack"][0]["function"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let functions: Vec<String> = run.errors().iter().map(first_function).collect();
+    assert!(functions[0].contains("load_texture"), "{functions:?}");
+    assert!(functions[2].contains("broadphase"), "{functions:?}");
+    assert!(
+        run.text
+            .contains("tag 'Physics' over its budget of 1000 bytes: 1200 bytes live"),
+        "{}",
+        run.text
+    );
+}

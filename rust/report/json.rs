@@ -214,8 +214,9 @@ fn write_tags(out: &mut dyn Write, report: &Report) -> io::Result<()> {
     writeln!(out, "  ],")
 }
 
-/// The fields of the error kinds that name bytes or a first free: `offset` and `bytes` (hex
-/// pairs as found) for damage, `offset` for a pointer inside a block, `previous_free_stack`.
+/// The fields of the error kinds that name bytes, a first free or a tag: `offset` and `bytes`
+/// (hex pairs as found) for damage, `offset` for a pointer inside a block,
+/// `previous_free_stack`, and a `tag_over_budget`'s `tag`, `budget_bytes` and `live_bytes`.
 fn write_damage_fields(
     out: &mut dyn Write,
     e: &MemoryError,
@@ -230,6 +231,15 @@ fn write_damage_fields(
         )?;
     } else if let Some(offset) = e.interior_offset {
         write!(out, ", \"offset\": {offset}")?;
+    }
+    if let Some(over) = &e.over_budget {
+        write!(
+            out,
+            ", \"tag\": {}, \"budget_bytes\": {}, \"live_bytes\": {}",
+            quoted(&crate::tracker::tags::name(over.tag)),
+            over.budget_bytes,
+            over.live_bytes
+        )?;
     }
     if e.previous_free_stack != StackId(0) {
         write!(

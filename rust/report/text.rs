@@ -362,6 +362,17 @@ fn write_error(out: &mut String, e: &MemoryError, stacks: &ErrorStacks) -> std::
         )?;
         return write_stack(out, "allocation", e, alloc);
     }
+    if let Some(over) = &e.over_budget {
+        writeln!(
+            out,
+            "Memory error: tag_over_budget: tag '{}' over its budget of {}: {} live with an allocation of {} (served)",
+            crate::tracker::tags::name(over.tag),
+            count(over.budget_bytes as usize, "byte"),
+            count(over.live_bytes as usize, "byte"),
+            count(e.size, "byte")
+        )?;
+        return write_stack(out, "allocation", e, alloc);
+    }
     write!(out, "Memory error: {} of {:#x}", e.kind.name(), e.address)?;
     if e.kind.is_damage() {
         return write_damage(out, e, stacks);

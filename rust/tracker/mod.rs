@@ -21,6 +21,7 @@ mod quarantine;
 pub mod raw;
 mod site;
 mod spans;
+pub mod tag_budgets;
 pub mod tags;
 
 pub use heap::thread_heap_range;
@@ -225,9 +226,50 @@ unsafe fn allocate_inside(
     pending_stacks::attach(alloc_stack, header, block.placement);
     held.count_allocation(size);
     if tag != 0 {
-        tags::count_allocation(owner.shard, tag, size);
+        // A return of its own: `held` then needs no drop flag on the common path.
+        return count_tagged_then(held, owner, size, block.user);
     }
     block.user
+}
+
+/// Counts a tagged block against its tag and the tag's parents; reports each budget it
+/// crossed, with the shard let go; returns `user`.
+#[cold]
+#[inline(never)]
+fn count_tagged_then(
+    held: live_list::HeldShard<'_>,
+    owner: Owner,
+    size: usize,
+    user: *mut u8,
+) -> *mut u8 {
+    let crossed = tags::count_allocation(owner.shard, owner.tag, size);
+    drop(held);
+    for &(tag, live_bytes) in crossed.tags() {
+        report_over_budget(tag, live_bytes, size, owner.alloc_stack);
+    }
+    user
+}
+
+/// A `tag_over_budget` error: the allocation of `size` bytes at `alloc_stack` took `tag` over
+/// its budget, to `live_bytes` (it was served all the same).
+#[cold]
+fn report_over_budget(tag: tags::TagId, live_bytes: u64, size: usize, alloc_stack: StackId) {
+    let alloc_stack = pending_stacks::settled(alloc_stack);
+    bad_free(|| MemoryError {
+        size,
+        alloc_stack,
+        over_budget: Some(errors::OverBudget {
+            tag,
+            budget_bytes: tag_budgets::budget_of(tag),
+            live_bytes,
+        }),
+        ..MemoryError::at_free(
+            ErrorKind::TagOverBudget,
+            core::ptr::null_mut(),
+            BlockKind::New,
+            StackId(0),
+        )
+    });
 }
 
 #[inline(always)]
@@ -282,11 +324,11 @@ unsafe fn allocate_elsewhere(
         }
     }
     held.count_allocation(size);
-    if owner.tag != 0 {
-        tags::count_allocation(owner.shard, owner.tag, size);
-    }
     if hot.break_on() {
         integrity::break_if_asked(owner.thread, owner.seq, size);
+    }
+    if owner.tag != 0 {
+        return count_tagged_then(held, owner, size, block.user);
     }
     block.user
 }
@@ -629,9 +671,11 @@ unsafe fn free_on_own_list(
 fn count_free(held: &mut live_list::HeldShard<'_>, h: &BlockHeader) {
     let size = h.size();
     held.count_free(size);
-    let tag = h.tag();
-    if tag != 0 {
-        tags::count_free(h.shard(), tag, size);
+    if tags::any() {
+        let tag = h.tag();
+        if tag != 0 {
+            tags::count_free(h.shard(), tag, size);
+        }
     }
 }
 

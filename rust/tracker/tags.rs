@@ -15,8 +15,9 @@
 //! peak, as the process's own peak is (`live_list`).
 
 use super::live_list::SHARD_COUNT;
+use super::tag_budgets::{self, Crossed};
 use core::cell::UnsafeCell;
-use core::sync::atomic::{AtomicI64, AtomicU16, AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicI64, AtomicU16, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// A tag's id: 0 for none (untagged), else its index in the table.
@@ -48,6 +49,15 @@ static ENTRIES: [AtomicU32; MAX_TAGS] = [const { AtomicU32::new(0) }; MAX_TAGS];
 static PARENTS: [AtomicU16; MAX_TAGS] = [const { AtomicU16::new(0) }; MAX_TAGS];
 /// Open addressing by the name's hash: ids, 0 for an empty slot.
 static INDEX: [AtomicU16; INDEX_SLOTS] = [const { AtomicU16::new(0) }; INDEX_SLOTS];
+/// Whether any tag was interned: until then no block has a tag, and a free reads none.
+static ANY: AtomicBool = AtomicBool::new(false);
+
+/// Whether any block may have a tag. A block's tag was interned before it was allocated, so a
+/// thread that frees it sees this set.
+#[inline(always)]
+pub fn any() -> bool {
+    ANY.load(Ordering::Relaxed)
+}
 
 /// What only interning changes: the ids and name bytes given out so far.
 struct Interned {
@@ -110,6 +120,7 @@ fn intern_locked(interned: &mut Interned, name: &[u8], hash: u64) -> TagId {
     INDEX[slot].store(id, Ordering::Release);
     interned.tags += 1;
     interned.name_bytes += name.len();
+    ANY.store(true, Ordering::Relaxed);
     id
 }
 
@@ -209,10 +220,12 @@ fn bump(counter: &AtomicU64, by: u64) -> u64 {
     value
 }
 
-/// Counts a new block of `size` bytes tagged `tag` (not 0) on `shard`, which the caller holds.
+/// Counts a new block of `size` bytes tagged `tag` (not 0) on `shard`, which the caller holds;
+/// returns the tags whose budgets it crossed (`tag_budgets`).
 #[cold]
 #[inline(never)]
-pub fn count_allocation(shard: u8, tag: TagId, size: usize) {
+pub fn count_allocation(shard: u8, tag: TagId, size: usize) -> Crossed {
+    let mut crossed = Crossed::default();
     let mut tag = tag;
     while tag != 0 {
         let c = &COUNTERS[shard as usize][tag as usize];
@@ -223,8 +236,12 @@ pub fn count_allocation(shard: u8, tag: TagId, size: usize) {
             c.peak_bytes.store(live, Ordering::Relaxed);
         }
         flush_if_moved(c, tag, live);
+        if let Some(live_bytes) = tag_budgets::charge(tag, size) {
+            crossed.push(tag, live_bytes);
+        }
         tag = parent(tag);
     }
+    crossed
 }
 
 /// Counts the free of a block of `size` bytes tagged `tag` (not 0) on `shard`, which the caller
@@ -238,6 +255,7 @@ pub fn count_free(shard: u8, tag: TagId, size: usize) {
         bump(&c.frees, 1);
         let live = bump(&c.live_bytes, (size as u64).wrapping_neg());
         flush_if_moved(c, tag, live);
+        tag_budgets::credit(tag, size);
         tag = parent(tag);
     }
 }
@@ -277,6 +295,7 @@ pub fn stats_of(id: TagId) -> TagStats {
         id,
         name: name(id),
         peak_bytes: FLUSHED_PEAK_BYTES[id as usize].load(Ordering::Relaxed),
+        budget_bytes: tag_budgets::budget_of(id),
         ..TagStats::default()
     };
     let mut frees = 0u64;
@@ -328,8 +347,8 @@ mod tests {
         let leaf = intern(b"CountTest/Leaf");
         let top = parent(leaf);
         let shard = 3;
-        count_allocation(shard, leaf, 100);
-        count_allocation(shard, top, 50);
+        assert!(count_allocation(shard, leaf, 100).tags().is_empty());
+        assert!(count_allocation(shard, top, 50).tags().is_empty());
         count_free(shard, leaf, 100);
         let (l, t) = (stats_of(leaf), stats_of(top));
         assert_eq!((l.live_blocks, l.live_bytes, l.peak_bytes), (0, 0, 100));
