@@ -401,6 +401,12 @@ pub unsafe extern "C" fn k15_memory_scope_push(name: *const c_char) {
     k15_memory_scope_push_tag(unsafe { k15_memory_tag(name) });
 }
 
+/// `k15_memory_frame_mark()`: ends the frame under way (`tracker::frames`).
+#[no_mangle]
+pub extern "C" fn k15_memory_frame_mark() {
+    tracker::frames::mark();
+}
+
 /// `k15_memory_scope_pop()`: closes the thread's innermost scope.
 #[no_mangle]
 pub extern "C" fn k15_memory_scope_pop() {

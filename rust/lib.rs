@@ -41,6 +41,12 @@ pub fn tag_stats() -> Vec<TagStats> {
     tracker::tag_stats()
 }
 
+/// Ends the frame under way, as C++'s `k15::memory::frame_mark()`: the report gives allocations,
+/// frees and bytes per frame, per tag and for the process.
+pub fn frame_mark() {
+    tracker::frames::mark();
+}
+
 /// Opens a tag scope on the calling thread, as C++'s `K15_MEMORY_SCOPE(name)`: every block the
 /// thread allocates until the guard drops (through [`TrackedAlloc`], C++'s `new`, `malloc`)
 /// carries the tag `name` (`"Physics/Broadphase"`: `/` makes a hierarchy) for life.

@@ -91,6 +91,52 @@ fn a_game_loop_s_tags_count_exactly_what_each_subsystem_allocated() {
         run.raw_json["sites"]
     );
 
+    // Per frame: 301 marks, 300 frames; frame 1 (loop round 0) also made a texture.
+    assert_eq!(run.json["summary"]["frames_marked"], 301);
+    let frames = &run.json["per_frame"];
+    assert_eq!(frames["frames"], 300);
+    let per_frame = |v: &serde_json::Value| {
+        (
+            v["mean"].as_f64().unwrap(),
+            v["max"].as_u64().unwrap(),
+            v["max_frame"].as_u64().unwrap(),
+        )
+    };
+    // 4 pairs, a solver state, a command list, two voices: 8 a frame, 9 with a texture.
+    assert_eq!(per_frame(&frames["allocations"]), (8.1, 9, 1), "{frames}");
+    let expected_per_frame = [
+        ("Physics", (5.0, 5, 1), (356.0, 356, 1)),
+        ("Physics/Solver", (1.0, 1, 1), (100.0, 100, 1)),
+        ("Physics/Broadphase", (4.0, 4, 1), (256.0, 256, 1)),
+        ("Render", (1.1, 2, 1), (441.6, 4096 + 32, 1)),
+        ("Render/Textures", (0.1, 1, 1), (409.6, 4096, 1)),
+        ("Audio", (2.0, 2, 1), (8.0, 8, 1)),
+        // First seen after the last mark: in no frame.
+        ("Loading", (0.0, 0, 0), (0.0, 0, 0)),
+        ("Jobs", (0.0, 0, 0), (0.0, 0, 0)),
+    ];
+    for (tag, (name, allocations, bytes)) in run.json["tags"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(expected_per_frame)
+    {
+        assert_eq!(tag["name"], name);
+        assert_eq!(
+            per_frame(&tag["per_frame"]["allocations"]),
+            allocations,
+            "{tag}"
+        );
+        assert_eq!(per_frame(&tag["per_frame"]["bytes"]), bytes, "{tag}");
+    }
+    // The solver's first free was of a null pointer: 299 frees in 300 frames.
+    assert_eq!(
+        per_frame(&run.json["tags"][1]["per_frame"]["frees"]),
+        (1.0, 1, 2),
+        "{}",
+        run.json["tags"][1]
+    );
+
     // The text report's table, a row per tag.
     let table = run
         .text

@@ -70,6 +70,7 @@ namespace k15 {
 namespace memory {
 inline Stats stats() noexcept { return {}; }
 inline std::vector<TagStats> tag_stats() { return {}; }
+inline void frame_mark() noexcept {}
 inline bool write_leak_report(const char* = nullptr) noexcept { return false; }
 inline std::size_t check_heap() noexcept { return 0; }
 inline void ignore_leak(const void*) noexcept {}
@@ -130,6 +131,10 @@ Stats stats() noexcept;
 // Every tag's figures now, in the order the tags were first seen (a parent before its
 // children). Peaks are exact for one thread, within 32 KiB per thread and tag otherwise.
 std::vector<TagStats> tag_stats();
+
+// Ends the frame under way (see k15_memory_frame_mark in memory_c.h): the report gives
+// allocations, frees and bytes per frame, per tag and for the process.
+inline void frame_mark() noexcept { k15_memory_frame_mark(); }
 
 // What K15_MEMORY_SCOPE declares: a tag scope open for the object's life.
 class TagScope {

@@ -55,6 +55,7 @@ static inline uint32_t k15_memory_tag(const char* name) {
 static inline void k15_memory_scope_push_tag(uint32_t tag) { (void)tag; }
 static inline void k15_memory_scope_push(const char* name) { (void)name; }
 static inline void k15_memory_scope_pop(void) {}
+static inline void k15_memory_frame_mark(void) {}
 
 #else
 
@@ -89,6 +90,11 @@ void k15_memory_scope_pop(void);
  * opened often: k15_memory_scope_push_tag(id) takes no look-up at all. */
 uint32_t k15_memory_tag(const char* name);
 void k15_memory_scope_push_tag(uint32_t tag);
+
+/* Ends the frame under way: per frame and tag, the report gives allocations, frees and bytes
+ * allocated (mean, most, and the frame of the most). Frame 1 runs from the first mark to the
+ * second. Reads the counters (a few microseconds), allocates nothing. */
+void k15_memory_frame_mark(void);
 
 /* Links this header's users to the library (see memory.h): a link line with the library before
  * the sources fails with this name. */

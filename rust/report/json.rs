@@ -8,6 +8,7 @@ use super::{Leak, Report};
 use crate::stack::StackId;
 use crate::symbolize::Frame;
 use crate::tracker::errors::{self, MemoryError};
+use crate::tracker::frames::PerFrame;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::{self, Write};
@@ -31,7 +32,7 @@ pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
     writeln!(out, "  \"pid\": {},", std::process::id())?;
     writeln!(
         out,
-        "  \"summary\": {{ \"leaked_blocks\": {}, \"leaked_bytes\": {}, \"direct_blocks\": {}, \"direct_bytes\": {}, \"indirect_blocks\": {}, \"indirect_bytes\": {}, \"reachable_blocks\": {}, \"reachable_bytes\": {}, \"suppressed_blocks\": {}, \"suppressed_bytes\": {}, \"errors\": {}, \"total_allocations\": {}, \"peak_bytes\": {}, \"runtime_blocks\": {}, \"unsettled_threads\": {:?}, \"unlisted_engine_allocators\": [{}], \"unrecorded_frees\": {} }},",
+        "  \"summary\": {{ \"leaked_blocks\": {}, \"leaked_bytes\": {}, \"direct_blocks\": {}, \"direct_bytes\": {}, \"indirect_blocks\": {}, \"indirect_bytes\": {}, \"reachable_blocks\": {}, \"reachable_bytes\": {}, \"suppressed_blocks\": {}, \"suppressed_bytes\": {}, \"errors\": {}, \"total_allocations\": {}, \"peak_bytes\": {}, \"runtime_blocks\": {}, \"unsettled_threads\": {:?}, \"unlisted_engine_allocators\": [{}], \"unrecorded_frees\": {}, \"frames_marked\": {} }},",
         leaked.blocks,
         leaked.bytes,
         direct.blocks,
@@ -53,7 +54,8 @@ pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
             .map(|name| quoted(name))
             .collect::<Vec<_>>()
             .join(", "),
-        crate::tracker::unrecorded_frees()
+        crate::tracker::unrecorded_frees(),
+        report.frames.marks
     )?;
     write_tags(out, report)?;
     let mut stacks = StackTable::default();
@@ -194,13 +196,16 @@ pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
     writeln!(out, "}}")
 }
 
-/// `tags`: every tag's figures, a parent's including its children's.
+/// `tags`: every tag's figures, a parent's including its children's, with what it did per
+/// frame; `per_frame`: the process's figures per frame (`frames` is the table of stack frames).
 fn write_tags(out: &mut dyn Write, report: &Report) -> io::Result<()> {
+    let frames = &report.frames;
     writeln!(out, "  \"tags\": [")?;
     for (i, t) in report.tags.iter().enumerate() {
+        let f = frames.of(t.id);
         writeln!(
             out,
-            "    {{ \"name\": {}, \"live_blocks\": {}, \"live_bytes\": {}, \"peak_bytes\": {}, \"total_allocations\": {}, \"total_bytes\": {}, \"budget_bytes\": {} }}{}",
+            "    {{ \"name\": {}, \"live_blocks\": {}, \"live_bytes\": {}, \"peak_bytes\": {}, \"total_allocations\": {}, \"total_bytes\": {}, \"budget_bytes\": {}, \"per_frame\": {{ \"allocations\": {}, \"frees\": {}, \"bytes\": {} }} }}{}",
             quoted(&t.name),
             t.live_blocks,
             t.live_bytes,
@@ -208,10 +213,31 @@ fn write_tags(out: &mut dyn Write, report: &Report) -> io::Result<()> {
             t.total_allocations,
             t.total_bytes,
             t.budget_bytes,
+            per_frame(&f.allocations, frames.frames()),
+            per_frame(&f.frees, frames.frames()),
+            per_frame(&f.bytes, frames.frames()),
             comma(i, report.tags.len())
         )?;
     }
-    writeln!(out, "  ],")
+    writeln!(out, "  ],")?;
+    writeln!(
+        out,
+        "  \"per_frame\": {{ \"marked\": {}, \"frames\": {}, \"allocations\": {}, \"frees\": {} }},",
+        frames.marks,
+        frames.frames(),
+        per_frame(&frames.process.allocations, frames.frames()),
+        per_frame(&frames.process.frees, frames.frames())
+    )
+}
+
+/// `{ "mean", "max", "max_frame" }` of a count over `frames` frames.
+fn per_frame(figures: &PerFrame, frames: u64) -> String {
+    format!(
+        "{{ \"mean\": {:.2}, \"max\": {}, \"max_frame\": {} }}",
+        figures.mean(frames),
+        figures.max,
+        figures.max_frame
+    )
 }
 
 /// The fields of the error kinds that name bytes, a first free or a tag: `offset` and `bytes`

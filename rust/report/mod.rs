@@ -199,6 +199,8 @@ pub struct Report {
     pub stats: crate::tracker::Stats,
     /// Every tag's figures (`tracker::tags`), a parent before its children.
     pub tags: Vec<tags::TagStats>,
+    /// What the frames did (`frame_mark()`), per tag and for the process.
+    pub frames: crate::tracker::frames::FrameReport,
     /// Threads whose lists could not be settled (see `StoppedWorld`): listed as they were.
     pub unsettled_threads: Vec<u32>,
     /// Engine allocators whose live blocks are left out: their lock stayed held at exit
@@ -272,6 +274,7 @@ impl Report {
             runtime_blocks,
             stats: crate::tracker::stats(),
             tags: crate::tracker::tag_stats(),
+            frames: crate::tracker::frames::report(),
             unsettled_threads,
             unlisted_allocators,
             rules,

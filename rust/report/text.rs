@@ -7,6 +7,7 @@ use super::{Report, Site, Total};
 use crate::stack::StackId;
 use crate::symbolize::{Frame, Symbolizer, UNKNOWN_MODULE};
 use crate::tracker::errors::{self, MemoryError};
+use crate::tracker::frames::{FrameFigures, PerFrame};
 use std::fmt::Write as _;
 use std::io::{self, Write};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -187,7 +188,7 @@ pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
 /// The table of tags (none without tag scopes): a parent's figures include its children's.
 fn write_tags(out: &mut dyn Write, report: &Report) -> io::Result<()> {
     if report.tags.is_empty() {
-        return Ok(());
+        return write_frames_table(out, report, 5);
     }
     let width = report
         .tags
@@ -221,6 +222,45 @@ fn write_tags(out: &mut dyn Write, report: &Report) -> io::Result<()> {
             t.total_bytes,
             budget
         )?;
+    }
+    write_frames_table(out, report, width)
+}
+
+/// Per frame (with frames marked): allocations (mean, most and the frame of the most), frees
+/// and bytes allocated, for the process and each tag.
+fn write_frames_table(out: &mut dyn Write, report: &Report, width: usize) -> io::Result<()> {
+    let frames = &report.frames;
+    let n = frames.frames();
+    if n == 0 {
+        return Ok(());
+    }
+    writeln!(out, "\nPer frame ({}):", count(n as usize, "frame"))?;
+    writeln!(
+        out,
+        "  {:width$}  {:>11}  {:>16}  {:>10}  {:>12}  {:>16}",
+        "tag", "allocations", "most (frame)", "frees", "bytes", "most (frame)"
+    )?;
+    let row = |out: &mut dyn Write, name: &str, f: &FrameFigures, bytes: bool| {
+        let most = |p: &PerFrame| format!("{} ({})", p.max, p.max_frame);
+        let (mean_bytes, most_bytes) = if bytes {
+            (format!("{:.1}", f.bytes.mean(n)), most(&f.bytes))
+        } else {
+            ("-".to_owned(), "-".to_owned())
+        };
+        writeln!(
+            out,
+            "  {:width$}  {:>11.1}  {:>16}  {:>10.1}  {:>12}  {:>16}",
+            name,
+            f.allocations.mean(n),
+            most(&f.allocations),
+            f.frees.mean(n),
+            mean_bytes,
+            most_bytes
+        )
+    };
+    row(out, "(all)", &frames.process, false)?;
+    for t in &report.tags {
+        row(out, &t.name, &frames.of(t.id), true)?;
     }
     Ok(())
 }

@@ -8,6 +8,7 @@
 pub mod budget;
 pub mod errors;
 pub mod fork;
+pub mod frames;
 pub mod guard;
 pub mod header;
 mod heap;

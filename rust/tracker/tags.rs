@@ -288,30 +288,47 @@ pub struct TagStats {
     pub budget_bytes: u64,
 }
 
-/// The figures of tag `id`, summed over the shards without locks (exact once threads are
-/// quiet; see [`PEAK_FLUSH_BYTES`] for the peak).
-pub fn stats_of(id: TagId) -> TagStats {
-    let mut s = TagStats {
-        id,
-        name: name(id),
-        peak_bytes: FLUSHED_PEAK_BYTES[id as usize].load(Ordering::Relaxed),
-        budget_bytes: tag_budgets::budget_of(id),
-        ..TagStats::default()
-    };
-    let mut frees = 0u64;
+/// A tag's counters summed over the shards, read without locks (exact once threads are quiet).
+#[derive(Clone, Copy, Default)]
+pub struct Sums {
+    pub allocations: u64,
+    pub frees: u64,
+    pub total_bytes: u64,
+    pub live_bytes: u64,
+    /// The highest of the shards' peaks.
+    pub shard_peak_bytes: u64,
+}
+
+/// The counters of tag `id`, summed over the shards.
+pub fn sums(id: TagId) -> Sums {
+    let mut s = Sums::default();
     for shard in &COUNTERS {
         let c = &shard[id as usize];
-        s.total_allocations += c.allocations.load(Ordering::Relaxed);
-        frees += c.frees.load(Ordering::Relaxed);
+        s.allocations += c.allocations.load(Ordering::Relaxed);
+        s.frees += c.frees.load(Ordering::Relaxed);
         s.total_bytes += c.total_bytes.load(Ordering::Relaxed);
         s.live_bytes = s
             .live_bytes
             .wrapping_add(c.live_bytes.load(Ordering::Relaxed));
-        s.peak_bytes = s.peak_bytes.max(c.peak_bytes.load(Ordering::Relaxed));
+        s.shard_peak_bytes = s.shard_peak_bytes.max(c.peak_bytes.load(Ordering::Relaxed));
     }
-    s.live_blocks = s.total_allocations.saturating_sub(frees);
-    s.peak_bytes = s.peak_bytes.max(s.live_bytes);
     s
+}
+
+/// The figures of tag `id` (see [`PEAK_FLUSH_BYTES`] for the peak).
+pub fn stats_of(id: TagId) -> TagStats {
+    let s = sums(id);
+    let flushed_peak = FLUSHED_PEAK_BYTES[id as usize].load(Ordering::Relaxed);
+    TagStats {
+        id,
+        name: name(id),
+        live_blocks: s.allocations.saturating_sub(s.frees),
+        live_bytes: s.live_bytes,
+        peak_bytes: flushed_peak.max(s.shard_peak_bytes).max(s.live_bytes),
+        total_allocations: s.allocations,
+        total_bytes: s.total_bytes,
+        budget_bytes: tag_budgets::budget_of(id),
+    }
 }
 
 /// Every tag's figures, in the order the tags were first seen (a parent before its children).

@@ -1,6 +1,7 @@
 // A game loop with three subsystems (Physics, Render, Audio) over 300 frames under tag scopes,
-// plus blocks handed between threads: prints k15::memory::tag_stats() for tests/profiler.rs,
-// which checks every figure against what this program allocates (the numbers in comments).
+// each frame marked, plus blocks handed between threads after the last frame: prints
+// k15::memory::tag_stats() for tests/profiler.rs, which checks every figure, and the report's
+// per-frame ones, against what this program allocates (the numbers in comments).
 
 #include <k15/memory.h>
 
@@ -75,10 +76,12 @@ void threads() {
 }  // namespace
 
 int main() {
+    k15::memory::frame_mark();  // start-up ends: frame 1 begins
     for (int frame = 0; frame < FRAMES; ++frame) {
         physics();
         render(frame);
         audio();
+        k15::memory::frame_mark();
     }
     threads();
     // Read outside any scope: the vector and its strings are untagged.
