@@ -251,4 +251,6 @@ fn budgets_are_crossed_by_a_leaf_and_by_a_parent_once_per_crossing() {
         "{}",
         run.text
     );
+    // Nothing was freed: no free function to name.
+    assert!(run.errors().iter().all(|e| e["freed_with"].is_null()));
 }

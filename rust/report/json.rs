@@ -123,7 +123,7 @@ pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
             e.file.as_deref().map_or("null".to_owned(), quoted),
             e.line,
             e.allocated_with.map_or("null".to_owned(), |k| quoted(errors::family(k))),
-            if e.allocator.is_some() || (e.kind.is_damage() && e.detail.is_some()) { "null".to_owned() } else { quoted(errors::release_family(e.freed_with)) },
+            if e.allocator.is_some() || e.over_budget.is_some() || (e.kind.is_damage() && e.detail.is_some()) { "null".to_owned() } else { quoted(errors::release_family(e.freed_with)) },
             e.allocator.map_or("null".to_owned(), quoted),
             e.detail.map_or("null".to_owned(), quoted),
             stacks.id(e.alloc_stack),
