@@ -27,6 +27,15 @@ Stats stats() noexcept {
     return Stats{s.live_blocks, s.live_bytes, s.peak_bytes, s.total_allocations, s.total_frees};
 }
 
+std::vector<TagStats> tag_stats() {
+    std::vector<TagStats> tags;
+    for (const detail::TagStats& t : detail::tag_stats()) {
+        tags.push_back(TagStats{std::string(t.name), t.live_blocks, t.live_bytes, t.peak_bytes, t.total_allocations,
+                                t.total_bytes, t.budget_bytes});
+    }
+    return tags;
+}
+
 bool write_leak_report(const char* path) noexcept { return detail::write_leak_report(path); }
 
 std::size_t check_heap() noexcept {

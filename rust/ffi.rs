@@ -5,7 +5,8 @@
 
 use crate::engine::{self, AllocatorKind, ClassSpec, PoolConfig, StackMarker, TrackedAllocator};
 use crate::stack::StartFrame;
-use crate::tracker::guard::Inside;
+use crate::tracker::guard::{self, Inside};
+use crate::tracker::tags;
 use crate::tracker::{self, BlockKind};
 use core::ffi::{c_char, CStr};
 
@@ -19,6 +20,17 @@ pub mod bridge {
         pub peak_bytes: u64,
         pub total_allocations: u64,
         pub total_frees: u64,
+    }
+
+    /// One tag's figures (`k15::memory::TagStats`), its children's included.
+    pub struct TagStats {
+        pub name: String,
+        pub live_blocks: u64,
+        pub live_bytes: u64,
+        pub peak_bytes: u64,
+        pub total_allocations: u64,
+        pub total_bytes: u64,
+        pub budget_bytes: u64,
     }
 
     /// Which allocation function made a block (`tracker::BlockKind`, mapped by `core_kind`).
@@ -143,6 +155,7 @@ pub mod bridge {
         fn engine_memstats(reset: bool) -> EngineMemStats;
 
         fn stats() -> Stats;
+        fn tag_stats() -> Vec<TagStats>;
         /// `check_heap()`: the number of problems found, each reported; `frame_address` is the
         /// frame of the C++ `check_heap`, whose caller the reported stack starts at.
         unsafe fn check_heap(frame_address: usize) -> usize;
@@ -194,10 +207,10 @@ pub mod bridge {
 use crate::report::mappings::{
     map as program_mmap, remap as program_mremap, unmap as program_munmap,
 };
-use bridge::Stats;
 use bridge::{
     EngineClassSpec, EngineIdentity, EngineLeaks, EngineMarker, EngineMemStats, EngineStats,
 };
+use bridge::{Stats, TagStats};
 
 // Every `new` and `delete` (`cpp/new_delete.cpp`, `cpp/bullet_hooks.cpp`) calls the two
 // functions below directly (and `cpp/take_over.cpp` the third), declared in `cpp/entry.h`, not
@@ -343,6 +356,64 @@ pub extern "C" fn k15_memory_pass_foreign_blocks_to(
     original_delete: unsafe extern "C" fn(*mut u8),
 ) {
     tracker::pass_foreign_blocks_to(original_delete)
+}
+
+fn tag_stats() -> Vec<TagStats> {
+    tracker::tag_stats()
+        .into_iter()
+        .map(|t| TagStats {
+            name: t.name,
+            live_blocks: t.live_blocks,
+            live_bytes: t.live_bytes,
+            peak_bytes: t.peak_bytes,
+            total_allocations: t.total_allocations,
+            total_bytes: t.total_bytes,
+            budget_bytes: t.budget_bytes,
+        })
+        .collect()
+}
+
+/// `k15_memory_tag(name)` (`memory_c.h`): the tag's id, interned now if new; 0 for none.
+///
+/// # Safety
+/// `name` is null or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn k15_memory_tag(name: *const c_char) -> u32 {
+    if name.is_null() {
+        return 0;
+    }
+    // SAFETY: as the caller guarantees.
+    let name = unsafe { CStr::from_ptr(name) };
+    u32::from(tags::intern(name.to_bytes()))
+}
+
+/// `k15_memory_scope_push_tag(tag)`: opens a scope of a tag from `k15_memory_tag` (any other
+/// number opens an untagged scope, so that pushes and pops still pair up).
+#[no_mangle]
+pub extern "C" fn k15_memory_scope_push_tag(tag: u32) {
+    guard::open_scope(tags::known(tag));
+}
+
+/// `k15_memory_scope_push(name)`: a scope of the tag `name` (see [`k15_memory_tag`]).
+///
+/// # Safety
+/// `name` is null or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn k15_memory_scope_push(name: *const c_char) {
+    // SAFETY: as the caller guarantees.
+    k15_memory_scope_push_tag(unsafe { k15_memory_tag(name) });
+}
+
+/// `k15_memory_frame_mark()`: ends the frame under way (`tracker::frames`).
+#[no_mangle]
+pub extern "C" fn k15_memory_frame_mark() {
+    tracker::frames::mark();
+}
+
+/// `k15_memory_scope_pop()`: closes the thread's innermost scope.
+#[no_mangle]
+pub extern "C" fn k15_memory_scope_pop() {
+    guard::close_scope();
 }
 
 fn stats() -> Stats {

@@ -38,11 +38,47 @@ pub mod sys;
 pub mod tracker;
 
 pub use rust_alloc::TrackedAlloc;
+pub use tracker::tags::TagStats;
 pub use tracker::Stats;
 
 /// Counters of the whole process (live, peak and totals), as C++'s `k15::memory::stats()`.
 pub fn stats() -> Stats {
     tracker::stats()
+}
+
+/// Every tag's figures now, as C++'s `k15::memory::tag_stats()`: in the order the tags were first
+/// seen (a parent before its children), a parent's including its children's.
+pub fn tag_stats() -> Vec<TagStats> {
+    tracker::tag_stats()
+}
+
+/// Ends the frame under way, as C++'s `k15::memory::frame_mark()`: the report gives allocations,
+/// frees and bytes per frame, per tag and for the process.
+pub fn frame_mark() {
+    tracker::frames::mark();
+}
+
+/// Opens a tag scope on the calling thread, as C++'s `K15_MEMORY_SCOPE(name)`: every block the
+/// thread allocates until the guard drops (through [`TrackedAlloc`], C++'s `new`, `malloc`)
+/// carries the tag `name` (`"Physics/Broadphase"`: `/` makes a hierarchy) for life.
+pub fn scope(name: &str) -> Scope {
+    tracker::guard::open_scope(tracker::tags::intern(name.as_bytes()));
+    Scope {
+        _on_this_thread: core::marker::PhantomData,
+    }
+}
+
+/// An open tag scope ([`scope`]); closed when dropped, on the thread that opened it.
+#[must_use = "the scope closes when this guard drops"]
+pub struct Scope {
+    /// Not `Send`: the scope belongs to the opening thread's stack of scopes.
+    _on_this_thread: core::marker::PhantomData<*const ()>,
+}
+
+impl Drop for Scope {
+    fn drop(&mut self) {
+        tracker::guard::close_scope();
+    }
 }
 
 /// Checks every live block now and reports each problem found (see C++'s

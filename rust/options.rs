@@ -119,6 +119,8 @@ pub struct Options {
     pub quarantine: usize,
     /// `suppressions=FILE`: leak and error rules (`report::suppress`).
     pub suppressions: Option<PathOption>,
+    /// `budgets=FILE`: a byte budget per tag, `TAG SIZE` a line (`tracker::tag_budgets`).
+    pub budgets: Option<PathOption>,
     /// Whether the text lists reachable blocks (else one line with their total).
     pub show_reachable: bool,
     /// Whether stacks keep the frames below `main` (libc's start-up and `_start`), as
@@ -151,6 +153,7 @@ impl Options {
         break_on: None,
         quarantine: 0,
         suppressions: None,
+        budgets: None,
         show_reachable: true,
         show_below_main: false,
         leak_kinds: LeakKind::Direct.bit() | LeakKind::Indirect.bit(),
@@ -257,6 +260,20 @@ fn set_path(value: &[u8], option: &mut Option<PathOption>) -> bool {
         *option = Some(path);
     }
     valid
+}
+
+/// A key for an optional file or list (`suppressions=FILE`): `None` until given.
+macro_rules! optional_path_key {
+    ($field:ident, $expected:literal) => {
+        Key {
+            name: stringify!($field),
+            expected: $expected,
+            apply: |o, v| set_path(v, &mut o.$field),
+            show: |o, w| {
+                let _ = w.write_str(o.$field.as_ref().map_or("none", |p| p.as_str()));
+            },
+        }
+    };
 }
 
 /// The largest `budget=`: 1 TiB (more is a typo, not a budget).
@@ -370,36 +387,12 @@ const KEYS: &[Key] = &[
             };
         },
     },
-    Key {
-        name: "suppressions",
-        expected: "must be a UTF-8 path of 1..1023 bytes",
-        apply: |o, v| {
-            let mut path = PathOption::from_static("");
-            let valid = path.set(v);
-            if valid {
-                o.suppressions = Some(path);
-            }
-            valid
-        },
-        show: |o, w| {
-            let _ = w.write_str(o.suppressions.as_ref().map_or("none", |p| p.as_str()));
-        },
-    },
-    Key {
-        name: "alloc_fns",
-        expected: "must be UTF-8 patterns of 1..1023 bytes in all, by commas",
-        apply: |o, v| {
-            let mut patterns = PathOption::from_static("");
-            let valid = patterns.set(v);
-            if valid {
-                o.alloc_fns = Some(patterns);
-            }
-            valid
-        },
-        show: |o, w| {
-            let _ = w.write_str(o.alloc_fns.as_ref().map_or("none", |p| p.as_str()));
-        },
-    },
+    optional_path_key!(suppressions, "must be a UTF-8 path of 1..1023 bytes"),
+    optional_path_key!(budgets, "must be a UTF-8 path of 1..1023 bytes"),
+    optional_path_key!(
+        alloc_fns,
+        "must be UTF-8 patterns of 1..1023 bytes in all, by commas"
+    ),
     flag_key!(show_reachable),
     flag_key!(show_below_main),
     Key {
@@ -477,7 +470,7 @@ fn parse_int(value: &[u8]) -> Option<i64> {
 }
 
 /// `64M`, `512K`, `2G` or plain bytes.
-fn parse_size(value: &[u8]) -> Option<usize> {
+pub fn parse_size(value: &[u8]) -> Option<usize> {
     let (digits, unit) = match value.last()? {
         b'K' | b'k' => (&value[..value.len() - 1], 1 << 10),
         b'M' | b'm' => (&value[..value.len() - 1], 1 << 20),

@@ -52,7 +52,7 @@ fn engine_sample_reports_exactly_its_three_leaks() {
     assert_eq!(summary["errors"], 0);
     assert!(summary["total_allocations"].as_u64().unwrap() > 50);
     assert!(summary["peak_bytes"].as_u64().unwrap() >= 1336);
-    assert_eq!(run.json["format"], "k15-leaks/2");
+    assert_eq!(run.json["format"], "k15-leaks/3");
     assert_eq!(run.json["program"], exe.to_str().unwrap());
 
     // The text report: largest site first, each with its kind.

@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <new>
+#include <string>
+#include <vector>
 
 // Sanitizer builds bring their own operator new: two sets of replacements cannot link.
 #if !defined(K15_MEMORY_DISABLED)
@@ -39,16 +41,36 @@ struct Stats {
     std::uint64_t total_frees = 0;
 };
 
+// One tag's figures (tag_stats()); a parent's include its children's. Bytes as asked for.
+struct TagStats {
+    std::string name;
+    std::uint64_t live_blocks = 0;
+    std::uint64_t live_bytes = 0;
+    std::uint64_t peak_bytes = 0;
+    std::uint64_t total_allocations = 0;
+    std::uint64_t total_bytes = 0;
+    std::uint64_t budget_bytes = 0;  // 0: none
+};
+
 }  // namespace memory
 }  // namespace k15
+
+// The C face (tag scopes among it); K15_MEMORY_DISABLED, set above for sanitizer builds, holds.
+#include "memory_c.h"
+
+#define K15_MEMORY_CONCAT_(a, b) a##b
+#define K15_MEMORY_CONCAT(a, b) K15_MEMORY_CONCAT_(a, b)
 
 #if defined(K15_MEMORY_DISABLED)
 
 #define K15_NEW new
+#define K15_MEMORY_SCOPE(name) static_assert(sizeof("" name "") > 0, "a string literal")
 
 namespace k15 {
 namespace memory {
 inline Stats stats() noexcept { return {}; }
+inline std::vector<TagStats> tag_stats() { return {}; }
+inline void frame_mark() noexcept {}
 inline bool write_leak_report(const char* = nullptr) noexcept { return false; }
 inline std::size_t check_heap() noexcept { return 0; }
 inline void ignore_leak(const void*) noexcept {}
@@ -74,6 +96,17 @@ inline void deallocate(void* ptr) noexcept { std::free(ptr); }
 // K15_NEW T(args), K15_NEW T[n], and over-aligned T all record __FILE__ and __LINE__.
 #define K15_NEW new (__FILE__, __LINE__)
 
+// K15_MEMORY_SCOPE("Physics/Broadphase"): every block this thread allocates until the end of
+// the enclosing C++ scope (new, K15_NEW, the malloc family, Rust's TrackedAlloc) carries the
+// tag, for life, wherever it is freed. The innermost scope wins; '/' makes a hierarchy whose
+// parents include their children's figures (tag_stats(), the report's tags). The name must be
+// a string literal: its id is looked up once per call site, so that opening the scope is a few
+// instructions (k15_memory_scope_push takes any string).
+#define K15_MEMORY_SCOPE(name)                                                                        \
+    static const std::uint32_t K15_MEMORY_CONCAT(k15_memory_tag_, __LINE__) = k15_memory_tag("" name ""); \
+    const ::k15::memory::TagScope K15_MEMORY_CONCAT(k15_memory_scope_, __LINE__)(                      \
+        K15_MEMORY_CONCAT(k15_memory_tag_, __LINE__))
+
 // Defined in the library beside the global replacements (never inline: a block allocated here
 // must be freed by the same allocator). The placement deletes run when a constructor throws.
 // The aligned forms exist where the language has std::align_val_t (C++17, or -faligned-new);
@@ -94,6 +127,23 @@ namespace memory {
 
 // The counters now.
 Stats stats() noexcept;
+
+// Every tag's figures now, in the order the tags were first seen (a parent before its
+// children). Peaks are exact for one thread, within 32 KiB per thread and tag otherwise.
+std::vector<TagStats> tag_stats();
+
+// Ends the frame under way (see k15_memory_frame_mark in memory_c.h): the report gives
+// allocations, frees and bytes per frame, per tag and for the process.
+inline void frame_mark() noexcept { k15_memory_frame_mark(); }
+
+// What K15_MEMORY_SCOPE declares: a tag scope open for the object's life.
+class TagScope {
+public:
+    explicit TagScope(std::uint32_t tag) noexcept { k15_memory_scope_push_tag(tag); }
+    ~TagScope() { k15_memory_scope_pop(); }
+    TagScope(const TagScope&) = delete;
+    TagScope& operator=(const TagScope&) = delete;
+};
 
 // Writes the text report to `path` and the JSON report to `path` + ".json" now (%p in `path`
 // is the pid); nullptr means

@@ -48,6 +48,14 @@ static inline void k15_memory_running_on_stack(const void* lowest, size_t size) 
     (void)lowest;
     (void)size;
 }
+static inline uint32_t k15_memory_tag(const char* name) {
+    (void)name;
+    return 0;
+}
+static inline void k15_memory_scope_push_tag(uint32_t tag) { (void)tag; }
+static inline void k15_memory_scope_push(const char* name) { (void)name; }
+static inline void k15_memory_scope_pop(void) {}
+static inline void k15_memory_frame_mark(void) {}
 
 #else
 
@@ -69,6 +77,24 @@ int k15_memory_write_leak_report(const char* path);
 /* For a job system that runs jobs on fibers of its own: right after each switch, the whole
  * mapped stack the calling thread now runs on (NULL, 0: back on its own). See memory.h. */
 void k15_memory_running_on_stack(const void* lowest, size_t size);
+
+/* Tag scopes (see K15_MEMORY_SCOPE in memory.h): every block the calling thread allocates
+ * until the matching pop carries the tag `name` ("Physics/Broadphase": '/' makes a hierarchy
+ * whose parents include their children's figures); the innermost scope wins. The name is
+ * copied the first time it is seen (up to 255 tags a process); opening a scope by name looks
+ * it up (a hash of the name, no lock). Pushes and pops pair up on each thread. */
+void k15_memory_scope_push(const char* name);
+void k15_memory_scope_pop(void);
+
+/* The tag's id for `name` (0: none; an empty part like "a//b", or the table full), for a scope
+ * opened often: k15_memory_scope_push_tag(id) takes no look-up at all. */
+uint32_t k15_memory_tag(const char* name);
+void k15_memory_scope_push_tag(uint32_t tag);
+
+/* Ends the frame under way: per frame and tag, the report gives allocations, frees and bytes
+ * allocated (mean, most, and the frame of the most). Frame 1 runs from the first mark to the
+ * second. Reads the counters (a few microseconds), allocates nothing. */
+void k15_memory_frame_mark(void);
 
 /* Links this header's users to the library (see memory.h): a link line with the library before
  * the sources fails with this name. */

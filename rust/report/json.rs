@@ -1,17 +1,19 @@
-//! The JSON report, format `k15-leaks/2`: one short entry per block (its allocation site by
-//! index into `sites`) and per error, each site once (its stack by index into `stacks`), each
-//! stack once as a list of indices into `frames`, each distinct frame once; written as it goes.
+//! The JSON report, format `k15-leaks/3`: one short entry per block (its allocation site by
+//! index into `sites`) and per error, each site once (its stack by index into `stacks`, its tag
+//! by name), each stack once as a list of indices into `frames`, each distinct frame once; the
+//! figures of every tag (`tags`); written as it goes. Format 3 keeps every field of format 2.
 
 use super::scan::LeakKind;
 use super::{Leak, Report};
 use crate::stack::StackId;
 use crate::symbolize::Frame;
 use crate::tracker::errors::{self, MemoryError};
+use crate::tracker::frames::PerFrame;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::{self, Write};
 
-pub const FORMAT: &str = "k15-leaks/2";
+pub const FORMAT: &str = "k15-leaks/3";
 
 /// The whole JSON report into `out`.
 pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
@@ -30,7 +32,7 @@ pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
     writeln!(out, "  \"pid\": {},", std::process::id())?;
     writeln!(
         out,
-        "  \"summary\": {{ \"leaked_blocks\": {}, \"leaked_bytes\": {}, \"direct_blocks\": {}, \"direct_bytes\": {}, \"indirect_blocks\": {}, \"indirect_bytes\": {}, \"reachable_blocks\": {}, \"reachable_bytes\": {}, \"suppressed_blocks\": {}, \"suppressed_bytes\": {}, \"errors\": {}, \"total_allocations\": {}, \"peak_bytes\": {}, \"runtime_blocks\": {}, \"unsettled_threads\": {:?}, \"unlisted_engine_allocators\": [{}], \"unrecorded_frees\": {}, \"unreadable_blocks\": {}, \"unsuspended_threads\": {:?} }},",
+        "  \"summary\": {{ \"leaked_blocks\": {}, \"leaked_bytes\": {}, \"direct_blocks\": {}, \"direct_bytes\": {}, \"indirect_blocks\": {}, \"indirect_bytes\": {}, \"reachable_blocks\": {}, \"reachable_bytes\": {}, \"suppressed_blocks\": {}, \"suppressed_bytes\": {}, \"errors\": {}, \"total_allocations\": {}, \"peak_bytes\": {}, \"runtime_blocks\": {}, \"unsettled_threads\": {:?}, \"unlisted_engine_allocators\": [{}], \"unrecorded_frees\": {}, \"unreadable_blocks\": {}, \"unsuspended_threads\": {:?}, \"frames_marked\": {} }},",
         leaked.blocks,
         leaked.bytes,
         direct.blocks,
@@ -55,7 +57,9 @@ pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
         crate::tracker::unrecorded_frees(),
         report.unreadable_blocks,
         report.unsuspended_threads,
+        report.frames.marks,
     )?;
+    write_tags(out, report)?;
     let mut stacks = StackTable::default();
     // Blocks in report order: direct sites, each followed by what it holds, then reachable ones.
     let mut ordered: Vec<&Leak> = Vec::with_capacity(report.leaks.len());
@@ -80,13 +84,14 @@ pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
         let l = &report.leaks[first];
         writeln!(
             out,
-            "    {{ \"stack\": {}, \"array\": {}, \"file\": {}, \"line\": {}, \"language\": {}, \"allocated_with\": {} }}{}",
+            "    {{ \"stack\": {}, \"array\": {}, \"file\": {}, \"line\": {}, \"language\": {}, \"allocated_with\": {}, \"tag\": {} }}{}",
             stacks.id(l.stack),
             l.kind == crate::tracker::BlockKind::NewArray,
             l.file.map_or("null".to_owned(), quoted),
             l.line,
             quoted(l.language()),
             quoted(l.allocated_with()),
+            l.tag_name().map_or("null".to_owned(), |name| quoted(&name)),
             comma(i, report.site_blocks.len())
         )?;
     }
@@ -120,7 +125,7 @@ pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
             e.file.as_deref().map_or("null".to_owned(), quoted),
             e.line,
             e.allocated_with.map_or("null".to_owned(), |k| quoted(errors::family(k))),
-            if e.allocator.is_some() || (e.kind.is_damage() && e.detail.is_some()) { "null".to_owned() } else { quoted(errors::release_family(e.freed_with)) },
+            if e.allocator.is_some() || e.over_budget.is_some() || (e.kind.is_damage() && e.detail.is_some()) { "null".to_owned() } else { quoted(errors::release_family(e.freed_with)) },
             e.allocator.map_or("null".to_owned(), quoted),
             e.detail.map_or("null".to_owned(), quoted),
             stacks.id(e.alloc_stack),
@@ -193,8 +198,53 @@ pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
     writeln!(out, "}}")
 }
 
-/// The fields of the error kinds that name bytes or a first free: `offset` and `bytes` (hex
-/// pairs as found) for damage, `offset` for a pointer inside a block, `previous_free_stack`.
+/// `tags`: every tag's figures, a parent's including its children's, with what it did per
+/// frame; `per_frame`: the process's figures per frame (`frames` is the table of stack frames).
+fn write_tags(out: &mut dyn Write, report: &Report) -> io::Result<()> {
+    let frames = &report.frames;
+    writeln!(out, "  \"tags\": [")?;
+    for (i, t) in report.tags.iter().enumerate() {
+        let f = frames.of(t.id);
+        writeln!(
+            out,
+            "    {{ \"name\": {}, \"live_blocks\": {}, \"live_bytes\": {}, \"peak_bytes\": {}, \"total_allocations\": {}, \"total_bytes\": {}, \"budget_bytes\": {}, \"per_frame\": {{ \"allocations\": {}, \"frees\": {}, \"bytes\": {} }} }}{}",
+            quoted(&t.name),
+            t.live_blocks,
+            t.live_bytes,
+            t.peak_bytes,
+            t.total_allocations,
+            t.total_bytes,
+            t.budget_bytes,
+            per_frame(&f.allocations, frames.frames()),
+            per_frame(&f.frees, frames.frames()),
+            per_frame(&f.bytes, frames.frames()),
+            comma(i, report.tags.len())
+        )?;
+    }
+    writeln!(out, "  ],")?;
+    writeln!(
+        out,
+        "  \"per_frame\": {{ \"marked\": {}, \"frames\": {}, \"allocations\": {}, \"frees\": {} }},",
+        frames.marks,
+        frames.frames(),
+        per_frame(&frames.process.allocations, frames.frames()),
+        per_frame(&frames.process.frees, frames.frames())
+    )
+}
+
+/// `{ "mean", "max", "max_frame" }` of a count over `frames` frames.
+fn per_frame(figures: &PerFrame, frames: u64) -> String {
+    format!(
+        "{{ \"mean\": {:.2}, \"max\": {}, \"max_frame\": {} }}",
+        figures.mean(frames),
+        figures.max,
+        figures.max_frame
+    )
+}
+
+/// The fields of the error kinds that name bytes, a first free or a tag: `offset` and `bytes`
+/// (hex pairs as found) for damage, `offset` for a pointer inside a block,
+/// `previous_free_stack`, and a `tag_over_budget`'s `tag`, `budget_bytes` and `live_bytes`.
 fn write_damage_fields(
     out: &mut dyn Write,
     e: &MemoryError,
@@ -209,6 +259,15 @@ fn write_damage_fields(
         )?;
     } else if let Some(offset) = e.interior_offset {
         write!(out, ", \"offset\": {offset}")?;
+    }
+    if let Some(over) = &e.over_budget {
+        write!(
+            out,
+            ", \"tag\": {}, \"budget_bytes\": {}, \"live_bytes\": {}",
+            quoted(&crate::tracker::tags::name(over.tag)),
+            over.budget_bytes,
+            over.live_bytes
+        )?;
     }
     if e.previous_free_stack != StackId(0) {
         write!(

@@ -1,6 +1,6 @@
 //! The leak report: a snapshot of the live blocks, classified (direct, indirect, reachable) by a
 //! pointer scan, filtered by suppressions, grouped by allocation site, written as text
-//! (LeakSanitizer-like) and as JSON (`k15-leaks/2`).
+//! (LeakSanitizer-like) and as JSON (`k15-leaks/3`).
 
 pub mod ignore;
 pub mod json;
@@ -18,6 +18,7 @@ use crate::tracker::header::BlockHeader;
 use crate::tracker::integrity::{self, FoundBy};
 use crate::tracker::live_list::StoppedWorld;
 use crate::tracker::suspend::Suspension;
+use crate::tracker::tags::{self, TagId};
 use crate::tracker::BlockKind;
 use core::sync::atomic::{AtomicBool, Ordering};
 use scan::{LeakKind, Node};
@@ -44,8 +45,10 @@ pub struct Leak {
     pub held_by: Option<usize>,
     /// The rule (index into [`Report::rules`]) that keeps the block out of the report.
     pub suppressed: Option<usize>,
-    /// Its allocation site: blocks with the same stack, kind and `K15_NEW` place share it.
+    /// Its allocation site: blocks with the same stack, kind, `K15_NEW` place and tag share it.
     pub site: u32,
+    /// The tag scope it was allocated in (`tracker::tags`), 0 for none.
+    pub tag: TagId,
 }
 
 impl Leak {
@@ -76,8 +79,8 @@ impl Leak {
         self.allocator.unwrap_or_else(|| errors::family(self.kind))
     }
 
-    /// What groups blocks into one allocation site: same stack, kind and `K15_NEW` place (the
-    /// strings by address: literals, the same for every block of a site).
+    /// What groups blocks into one allocation site: same stack, kind, `K15_NEW` place (the
+    /// strings by address: literals, the same for every block of a site) and tag.
     fn site_key(&self) -> SiteKey {
         (
             self.stack.0,
@@ -85,11 +88,17 @@ impl Leak {
             self.kind as u8,
             self.file.map_or(0, |f| f.as_ptr() as usize),
             self.line,
+            self.tag,
         )
+    }
+
+    /// The name of its tag, if it has one.
+    pub fn tag_name(&self) -> Option<String> {
+        (self.tag != 0).then(|| tags::name(self.tag))
     }
 }
 
-type SiteKey = (u32, usize, u8, usize, u32);
+type SiteKey = (u32, usize, u8, usize, u32, TagId);
 
 /// For each stack, the first one with the same frames once the allocation wrappers were
 /// trimmed: a hook calling either of two wrappers (`alloc_fns=`) from one line is one site.
@@ -215,6 +224,10 @@ pub struct Report {
     /// [`is_rust_runtime_setup`]): live at exit, but no leak of the program's.
     pub runtime_blocks: usize,
     pub stats: crate::tracker::Stats,
+    /// Every tag's figures (`tracker::tags`), a parent before its children.
+    pub tags: Vec<tags::TagStats>,
+    /// What the frames did (`frame_mark()`), per tag and for the process.
+    pub frames: crate::tracker::frames::FrameReport,
     /// Threads whose lists could not be settled (see `StoppedWorld`): listed as they were.
     pub unsettled_threads: Vec<u32>,
     /// Engine allocators whose live blocks are left out: their lock stayed held at exit
@@ -294,6 +307,8 @@ impl Report {
             error_count,
             runtime_blocks,
             stats: crate::tracker::stats(),
+            tags: crate::tracker::tag_stats(),
+            frames: crate::tracker::frames::report(),
             unsettled_threads,
             unlisted_allocators,
             unreadable_blocks,
@@ -458,6 +473,7 @@ fn snapshot(symbolizer: &Symbolizer, stack: Option<core::ops::Range<usize>>) -> 
             held_by: None,
             suppressed: None,
             site: 0,
+            tag: 0,
         })
     })
     .unwrap_or_else(|_| vec![EVERY_ENGINE_ALLOCATOR]);
@@ -495,6 +511,7 @@ fn snapshot(symbolizer: &Symbolizer, stack: Option<core::ops::Range<usize>>) -> 
             held_by: None,
             suppressed: None,
             site: 0,
+            tag: h.tag(),
         })
     });
     let unsettled_threads = world.unsettled_threads();

@@ -7,6 +7,7 @@ use super::{Report, Site, Total};
 use crate::stack::StackId;
 use crate::symbolize::{Frame, Symbolizer, UNKNOWN_MODULE};
 use crate::tracker::errors::{self, MemoryError};
+use crate::tracker::frames::{FrameFigures, PerFrame};
 use std::fmt::Write as _;
 use std::io::{self, Write};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -186,6 +187,7 @@ pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
             count(report.runtime_blocks, "block")
         )?;
     }
+    write_tags(out, report)?;
     writeln!(out)?;
     writeln!(
         out,
@@ -196,6 +198,86 @@ pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
         count(report.stats.total_allocations as usize, "allocation"),
         count(report.stats.peak_bytes as usize, "byte"),
     )
+}
+
+/// The table of tags (none without tag scopes): a parent's figures include its children's.
+fn write_tags(out: &mut dyn Write, report: &Report) -> io::Result<()> {
+    if report.tags.is_empty() {
+        return write_frames_table(out, report, 5);
+    }
+    let width = report
+        .tags
+        .iter()
+        .map(|t| t.name.len())
+        .max()
+        .unwrap_or(0)
+        .max(3);
+    writeln!(
+        out,
+        "\nMemory by tag (a parent's figures include its children's):"
+    )?;
+    writeln!(
+        out,
+        "  {:width$}  {:>11}  {:>12}  {:>12}  {:>11}  {:>13}  {:>12}",
+        "tag", "live blocks", "live bytes", "peak bytes", "allocations", "total bytes", "budget"
+    )?;
+    for t in &report.tags {
+        let budget = match t.budget_bytes {
+            0 => "-".to_owned(),
+            bytes => bytes.to_string(),
+        };
+        writeln!(
+            out,
+            "  {:width$}  {:>11}  {:>12}  {:>12}  {:>11}  {:>13}  {:>12}",
+            t.name,
+            t.live_blocks,
+            t.live_bytes,
+            t.peak_bytes,
+            t.total_allocations,
+            t.total_bytes,
+            budget
+        )?;
+    }
+    write_frames_table(out, report, width)
+}
+
+/// Per frame (with frames marked): allocations (mean, most and the frame of the most), frees
+/// and bytes allocated, for the process and each tag.
+fn write_frames_table(out: &mut dyn Write, report: &Report, width: usize) -> io::Result<()> {
+    let frames = &report.frames;
+    let n = frames.frames();
+    if n == 0 {
+        return Ok(());
+    }
+    writeln!(out, "\nPer frame ({}):", count(n as usize, "frame"))?;
+    writeln!(
+        out,
+        "  {:width$}  {:>11}  {:>16}  {:>10}  {:>12}  {:>16}",
+        "tag", "allocations", "most (frame)", "frees", "bytes", "most (frame)"
+    )?;
+    let row = |out: &mut dyn Write, name: &str, f: &FrameFigures, bytes: bool| {
+        let most = |p: &PerFrame| format!("{} ({})", p.max, p.max_frame);
+        let (mean_bytes, most_bytes) = if bytes {
+            (format!("{:.1}", f.bytes.mean(n)), most(&f.bytes))
+        } else {
+            ("-".to_owned(), "-".to_owned())
+        };
+        writeln!(
+            out,
+            "  {:width$}  {:>11.1}  {:>16}  {:>10.1}  {:>12}  {:>16}",
+            name,
+            f.allocations.mean(n),
+            most(&f.allocations),
+            f.frees.mean(n),
+            mean_bytes,
+            most_bytes
+        )
+    };
+    row(out, "(all)", &frames.process, false)?;
+    for t in &report.tags {
+        row(out, &t.name, &frames.of(t.id), true)?;
+    }
+    Ok(())
 }
 
 /// `n thing` or `n things`.
@@ -217,6 +299,9 @@ fn write_site(out: &mut dyn Write, what: &str, site: &Site<'_>, indent: &str) ->
     )?;
     if let Some(file) = first.file {
         writeln!(out, "{indent}at {}:{} (K15_NEW)", file, first.line)?;
+    }
+    if let Some(tag) = first.tag_name() {
+        writeln!(out, "{indent}tag: {tag}")?;
     }
     let mut frames = String::new();
     let _ = write_frames(&mut frames, site.frames, indent);
@@ -329,6 +414,17 @@ fn write_error(out: &mut String, e: &MemoryError, stacks: &ErrorStacks) -> std::
             "Memory error: budget_exceeded: {} bytes could not be allocated: {}",
             e.size,
             e.detail.unwrap_or("")
+        )?;
+        return write_stack(out, "allocation", e, alloc);
+    }
+    if let Some(over) = &e.over_budget {
+        writeln!(
+            out,
+            "Memory error: tag_over_budget: tag '{}' over its budget of {}: {} live with an allocation of {} (served)",
+            crate::tracker::tags::name(over.tag),
+            count(over.budget_bytes as usize, "byte"),
+            count(over.live_bytes as usize, "byte"),
+            count(e.size, "byte")
         )?;
         return write_stack(out, "allocation", e, alloc);
     }

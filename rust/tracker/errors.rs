@@ -20,6 +20,8 @@ pub enum ErrorKind {
     UseAfterFree,
     /// The tracker's own records (a header's links, a free list) were overwritten.
     HeapCorruption,
+    /// A tag's live bytes went over its budget (`budgets=FILE`); the allocation was served.
+    TagOverBudget,
 }
 
 impl ErrorKind {
@@ -35,7 +37,7 @@ impl ErrorKind {
     }
 
     /// Every kind (suppression files name them).
-    pub const ALL: [ErrorKind; 8] = [
+    pub const ALL: [ErrorKind; 9] = [
         ErrorKind::MismatchedDelete,
         ErrorKind::DoubleFree,
         ErrorKind::InvalidFree,
@@ -44,6 +46,7 @@ impl ErrorKind {
         ErrorKind::Underrun,
         ErrorKind::UseAfterFree,
         ErrorKind::HeapCorruption,
+        ErrorKind::TagOverBudget,
     ];
 
     /// The name used in the reports (SPEC's `errors[].kind`).
@@ -57,6 +60,7 @@ impl ErrorKind {
             ErrorKind::Underrun => "underrun",
             ErrorKind::UseAfterFree => "use_after_free",
             ErrorKind::HeapCorruption => "heap_corruption",
+            ErrorKind::TagOverBudget => "tag_over_budget",
         }
     }
 }
@@ -89,6 +93,16 @@ pub struct MemoryError {
     pub interior_offset: Option<usize>,
     /// For a `double_free`: the stack of the `delete` that freed the block first, where kept.
     pub previous_free_stack: StackId,
+    /// For a `tag_over_budget`: the tag and its figures when the allocation crossed its budget.
+    pub over_budget: Option<OverBudget>,
+}
+
+/// A tag's budget crossed: its budget, and its live bytes with the crossing allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OverBudget {
+    pub tag: super::tags::TagId,
+    pub budget_bytes: u64,
+    pub live_bytes: u64,
 }
 
 /// Changed bytes: from `offset` (relative to the block's user pointer; negative in front of it)
@@ -162,6 +176,7 @@ impl MemoryError {
             damage: None,
             interior_offset: None,
             previous_free_stack: StackId(0),
+            over_budget: None,
         }
     }
 }

@@ -7,12 +7,16 @@
 
 use super::header::BlockHeader;
 use super::live_list::{self, ThreadShard};
+use super::tags::TagId;
 use super::BlockKind;
 use core::cell::Cell;
 use core::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
 
 /// Frees a thread's signal handlers may defer before the thread next leaves the tracker.
 const DEFERRED_CAPACITY: usize = 128;
+/// Nested tag scopes a thread keeps: deeper ones open and close, but their allocations carry
+/// the tag of the deepest scope kept.
+pub const SCOPE_DEPTH: usize = 32;
 
 struct ThreadState {
     inside_tracker: Cell<bool>,
@@ -29,6 +33,11 @@ struct ThreadState {
     deferred_len: AtomicUsize,
     deferred: [AtomicUsize; DEFERRED_CAPACITY],
     deferred_kinds: [AtomicU8; DEFERRED_CAPACITY],
+    /// The innermost open tag scope's tag (0: none), which the thread's allocations carry.
+    tag: Cell<TagId>,
+    /// Open tag scopes; only the first [`SCOPE_DEPTH`] keep their tags.
+    scope_depth: Cell<usize>,
+    scopes: [Cell<TagId>; SCOPE_DEPTH],
 }
 
 thread_local! {
@@ -42,6 +51,9 @@ thread_local! {
             deferred_len: AtomicUsize::new(0),
             deferred: [const { AtomicUsize::new(0) }; DEFERRED_CAPACITY],
             deferred_kinds: [const { AtomicU8::new(0) }; DEFERRED_CAPACITY],
+            tag: Cell::new(0),
+            scope_depth: Cell::new(0),
+            scopes: [const { Cell::new(0) }; SCOPE_DEPTH],
         }
     };
 }
@@ -103,6 +115,12 @@ impl Inside {
         thread.deferred_len.load(Ordering::Relaxed) != 0
     }
 
+    /// The tag of the thread's innermost open scope (0: none).
+    #[inline(always)]
+    pub fn tag(&self) -> TagId {
+        self.0.tag.get()
+    }
+
     /// The calling thread if it works on a shard of its own; `None` if it has no shard yet
     /// or shares a guest shard.
     #[inline(always)]
@@ -113,6 +131,35 @@ impl Inside {
             number: t.number.get(),
             shard,
         })
+    }
+}
+
+/// Opens a tag scope on the calling thread: its allocations carry `tag` until it is closed.
+#[inline]
+pub fn open_scope(tag: TagId) {
+    let t = this_thread();
+    let depth = t.scope_depth.get();
+    if let Some(slot) = t.scopes.get(depth) {
+        slot.set(tag);
+        t.tag.set(tag);
+    }
+    t.scope_depth.set(depth + 1);
+}
+
+/// Closes the calling thread's innermost tag scope (none open: nothing happens).
+#[inline]
+pub fn close_scope() {
+    let t = this_thread();
+    let Some(depth) = t.scope_depth.get().checked_sub(1) else {
+        return;
+    };
+    t.scope_depth.set(depth);
+    if depth < SCOPE_DEPTH {
+        t.tag.set(
+            depth
+                .checked_sub(1)
+                .map_or(0, |outer| t.scopes[outer].get()),
+        );
     }
 }
 

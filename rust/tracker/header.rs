@@ -6,7 +6,7 @@
 //! | offset | field | note |
 //! | --- | --- | --- |
 //! | 0 | `seq`, `thread` | a free heap block's free-list link reuses these bytes |
-//! | 8 | `site`, `alloc_stack` | `site`: `K15_NEW`'s file and line (or an allocator's name) as an id (`site`) |
+//! | 8 | `site`, `alloc_stack` | `site`: `K15_NEW`'s file and line (or an allocator's name) as an id (`site`) in its low half, the block's tag (`tags`) in its high half |
 //! | 16 | `packed` | `shard` (16), `kind` (17), `class` and `placement` (18: 6 and 2 bits), the size (bytes 19..24) |
 //! | 24 | `cookie` | `LIVE`, `UNTRACKED`, `CLAIMED` or `FREED`, each `^ addr`; all but `FREED` also `^` the three words in front (less the stack id); `FREED` of a heap block `^` its free-list link (word 0) |
 //!
@@ -14,8 +14,8 @@
 //! `K15_NEW` file), the most numerous of all, take a 32-byte slot, 16 header bytes and 16 user
 //! bytes, where the full layout would take 48. The header pointer is still the user pointer less
 //! [`HEADER_SIZE`], but only its last 16 bytes are the block's: `packed` (the size in byte 19
-//! alone, the stack in bytes 20..24 where the full layout keeps the size's high bytes; no site)
-//! and the cookie. Word 0 (`seq`, `thread`, or the free-list link) lies in the heap's side table
+//! alone, the stack in bytes 20..24 where the full layout keeps the size's high bytes; no site,
+//! no tag: a tagged block is never compact) and the cookie. Word 0 (`seq`, `thread`, or the free-list link) lies in the heap's side table
 //! (`spans::side_word`), out of reach of any overrun. Both layouts keep `packed`'s low three bytes
 //! and the cookie at the same place in front of the user pointer, so the class byte tells which
 //! layout a header has ([`BlockHeader::layout`]); a cold path that cannot trust it asks the span
@@ -52,6 +52,7 @@
 //! word (`spans`).
 
 use super::raw::{self, RawBlock};
+use super::tags::TagId;
 use super::BlockKind;
 use crate::stack::StackId;
 use core::ffi::c_char;
@@ -135,7 +136,8 @@ pub enum Placement {
 pub struct BlockHeader {
     seq: u32,
     thread: u32,
-    /// The allocation site's id (`site`), read through [`BlockHeader::file`] and `line`.
+    /// The allocation site's id (`site`) in the low [`SITE_BITS`], read through
+    /// [`BlockHeader::file`] and `line`; the block's tag above them ([`BlockHeader::tag`]).
     site: u32,
     alloc_stack: StackId,
     /// The size and four small fields in one word, read through their accessors: a stray write
@@ -196,6 +198,12 @@ const COMPACT_SIZE_BYTE: usize = CLASS_BYTE + 1;
 
 const _: () = assert!(core::mem::size_of::<BlockHeader>() == HEADER_SIZE);
 
+/// The bits of the header's `site` word that hold the site's id; the tag's id lies above.
+const SITE_BITS: u32 = 16;
+const SITE_MASK: u32 = (1 << SITE_BITS) - 1;
+const _: () = assert!(super::site::CAPACITY < SITE_MASK as usize);
+const _: () = assert!(super::tags::MAX_TAGS <= 1 << (32 - SITE_BITS));
+
 /// What the allocation call says about a new block.
 #[derive(Clone, Copy)]
 pub struct NewBlock {
@@ -212,6 +220,8 @@ pub struct Owner {
     pub seq: u32,
     pub shard: u8,
     pub alloc_stack: StackId,
+    /// The allocating thread's innermost tag scope (0: none).
+    pub tag: TagId,
 }
 
 /// What a pointer given to a free function turned out to be.
@@ -504,7 +514,17 @@ impl BlockHeader {
         if self.packs_compact() {
             0
         } else {
-            self.site
+            self.site & SITE_MASK
+        }
+    }
+
+    /// The tag of the block (0: untagged, as every compact block is).
+    #[inline(always)]
+    pub fn tag(&self) -> TagId {
+        if self.packs_compact() {
+            0
+        } else {
+            (self.site >> SITE_BITS) as TagId
         }
     }
 
@@ -613,7 +633,8 @@ impl BlockHeader {
                     block.kind,
                     raw.placement,
                 );
-                let site = super::site::intern(block.file, block.line);
+                let site =
+                    super::site::intern(block.file, block.line) | u32::from(owner.tag) << SITE_BITS;
                 // `site` and `alloc_stack` in one store, as `covered` reads them.
                 let word1 = site as usize | (owner.alloc_stack.0 as usize) << 32;
                 let words = header.cast::<usize>();

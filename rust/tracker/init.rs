@@ -112,6 +112,9 @@ fn set_up_once() {
     if options.budget > 0 {
         super::budget::set_up(options.budget);
     }
+    if let Some(path) = &options.budgets {
+        super::tag_budgets::load(path.as_str());
+    }
     if options.stack_depth > 0 {
         crate::stack::warm_up();
     }

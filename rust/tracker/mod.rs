@@ -8,6 +8,7 @@
 pub mod budget;
 pub mod errors;
 pub mod fork;
+pub mod frames;
 pub mod guard;
 pub mod header;
 mod heap;
@@ -22,6 +23,8 @@ pub mod raw;
 mod site;
 mod spans;
 pub mod suspend;
+pub mod tag_budgets;
+pub mod tags;
 pub mod threads;
 
 pub use heap::thread_heap_range;
@@ -109,6 +112,9 @@ extern "C" fn allocate_without_file(
 /// The block of [`allocate_quickly`], inside the tracker.
 #[inline(always)]
 fn place_quickly(inside: &Inside, size: usize, kind: BlockKind, class: u8) -> Option<*mut u8> {
+    if inside.tag() != 0 {
+        return None; // counted against its tag on the general path
+    }
     let me = inside.me_on_own_shard()?;
     let mut held = SHARDS[me.shard.index as usize].hold_as_owner()?;
     if !held.counts_unflushed(size) {
@@ -123,7 +129,7 @@ fn place_quickly(inside: &Inside, size: usize, kind: BlockKind, class: u8) -> Op
         line: 0,
     };
     // SAFETY: `block` is fresh from the heap (on no list: the heap's walk finds it); no file.
-    unsafe { BlockHeader::write(&block, &new_block, Some(owner(me, seq, StackId(0)))) };
+    unsafe { BlockHeader::write(&block, &new_block, Some(owner(me, seq, StackId(0), 0))) };
     held.count_allocation_unflushed(size);
     Some(block.user)
 }
@@ -196,6 +202,7 @@ unsafe fn allocate_inside(
 ) -> *mut u8 {
     let (size, kind) = (new_block.size, new_block.kind);
     let (me, seq) = inside.next_allocation();
+    let tag = inside.tag();
     let alloc_stack = match hot.stack_depth() {
         0 => StackId(0),
         depth if me.shard.owned => pending_stacks::capture(me.shard.index, start(), depth),
@@ -205,30 +212,77 @@ unsafe fn allocate_inside(
     let Some(mut held) = SHARDS[me.shard.index as usize].hold(me.number, me.shard.owned) else {
         return allocate_untracked(size, align, kind);
     };
+    // A compact header has no room for a site or a tag.
+    let compact = new_block.file.is_null() && tag == 0;
     let from_heap = if hot.rare_allocation_options() {
         None
     } else {
-        raw::acquire_from_heap(size, align, new_block.file.is_null(), &mut held)
+        raw::acquire_from_heap(size, align, compact, &mut held)
     };
+    let owner = owner(me, seq, alloc_stack, tag);
     let Some(block) = from_heap else {
-        return allocate_elsewhere(held, *new_block, align, hot, owner(me, seq, alloc_stack));
+        return allocate_elsewhere(held, *new_block, align, hot, owner);
     };
-    let owner = owner(me, seq, alloc_stack);
     // SAFETY: `block` is fresh from the heap (on no list: the heap's walk finds it); `file` is
     // as the caller guarantees.
     let header = unsafe { BlockHeader::write(&block, new_block, Some(owner)) };
     pending_stacks::attach(alloc_stack, header, block.placement);
     held.count_allocation(size);
+    if tag != 0 {
+        // A return of its own: `held` then needs no drop flag on the common path.
+        return count_tagged_then(held, owner, size, block.user);
+    }
     block.user
 }
 
+/// Counts a tagged block against its tag and the tag's parents; reports each budget it
+/// crossed, with the shard let go; returns `user`.
+#[cold]
+#[inline(never)]
+fn count_tagged_then(
+    held: live_list::HeldShard<'_>,
+    owner: Owner,
+    size: usize,
+    user: *mut u8,
+) -> *mut u8 {
+    let crossed = tags::count_allocation(owner.shard, owner.tag, size);
+    drop(held);
+    for &(tag, live_bytes) in crossed.tags() {
+        report_over_budget(tag, live_bytes, size, owner.alloc_stack);
+    }
+    user
+}
+
+/// A `tag_over_budget` error: the allocation of `size` bytes at `alloc_stack` took `tag` over
+/// its budget, to `live_bytes` (it was served all the same).
+#[cold]
+fn report_over_budget(tag: tags::TagId, live_bytes: u64, size: usize, alloc_stack: StackId) {
+    let alloc_stack = pending_stacks::settled(alloc_stack);
+    bad_free(|| MemoryError {
+        size,
+        alloc_stack,
+        over_budget: Some(errors::OverBudget {
+            tag,
+            budget_bytes: tag_budgets::budget_of(tag),
+            live_bytes,
+        }),
+        ..MemoryError::at_free(
+            ErrorKind::TagOverBudget,
+            core::ptr::null_mut(),
+            BlockKind::New,
+            StackId(0),
+        )
+    });
+}
+
 #[inline(always)]
-fn owner(me: guard::Me, seq: u32, alloc_stack: StackId) -> Owner {
+fn owner(me: guard::Me, seq: u32, alloc_stack: StackId, tag: tags::TagId) -> Owner {
     Owner {
         thread: me.number,
         seq,
         shard: me.shard.index,
         alloc_stack,
+        tag,
     }
 }
 
@@ -249,10 +303,11 @@ unsafe fn allocate_elsewhere(
     owner: Owner,
 ) -> *mut u8 {
     let size = new_block.size;
+    let compact = new_block.file.is_null() && owner.tag == 0;
     let block = if hot.budget() {
-        raw::acquire_budgeted(size, align, new_block.file.is_null(), &mut held)
+        raw::acquire_budgeted(size, align, compact, &mut held)
     } else {
-        raw::acquire_from_heap(size, align, new_block.file.is_null(), &mut held)
+        raw::acquire_from_heap(size, align, compact, &mut held)
             .or_else(|| raw::acquire_elsewhere(size, align))
     };
     let Some(block) = block else {
@@ -274,6 +329,9 @@ unsafe fn allocate_elsewhere(
     held.count_allocation(size);
     if hot.break_on() {
         integrity::break_if_asked(owner.thread, owner.seq, size);
+    }
+    if owner.tag != 0 {
+        return count_tagged_then(held, owner, size, block.user);
     }
     block.user
 }
@@ -594,7 +652,7 @@ unsafe fn free_on_own_list(
 ) {
     // SAFETY: guaranteed by the caller.
     let h = unsafe { &mut *header };
-    held.count_free(h.size());
+    count_free(&mut held, h);
     let in_heap = h.placement() == Placement::Heap;
     if in_heap && !quarantine {
         // SAFETY: a heap block of class `h.class` of this thread, which park marks freed.
@@ -609,6 +667,19 @@ unsafe fn free_on_own_list(
     drop(held);
     // SAFETY: the block is off its list and marked freed; this thread owns its memory now.
     unsafe { release_freed(header, init::set_up_hot(), Settling::No) };
+}
+
+/// Counts the free of `h`, a block on the list of `held`, process-wide and against its tag.
+#[inline(always)]
+fn count_free(held: &mut live_list::HeldShard<'_>, h: &BlockHeader) {
+    let size = h.size();
+    held.count_free(size);
+    if tags::any() {
+        let tag = h.tag();
+        if tag != 0 {
+            tags::count_free(h.shard(), tag, size);
+        }
+    }
 }
 
 /// Whether a free runs while settling queued frees with the world stopped (`live_list`): the
@@ -663,7 +734,7 @@ unsafe fn free_off_list(
         // SAFETY: guaranteed by the caller.
         unsafe { held.unlink(header) };
     }
-    held.count_free(h.size());
+    count_free(&mut held, h);
     if !h.is_claimed() {
         budget::credit_block(h.size()); // a claimed block's bytes went back when it was claimed
     }
@@ -862,14 +933,25 @@ pub struct Stats {
     pub total_frees: u64,
 }
 
-/// Counters of the whole process.
-pub fn stats() -> Stats {
+/// Applies the frees deferred or queued so far, so that the counters read next hold them.
+fn settle_frees() {
     apply_deferred_frees();
     integrity::report_found();
     if live_list::any_pending() && !live_list::settling_stopped() {
         let _inside = Inside::enter();
         drop(StoppedWorld::stop(guard::thread_number())); // settles them
     }
+}
+
+/// Every tag's figures now (`k15::memory::tag_stats()`), in the order the tags were first seen.
+pub fn tag_stats() -> Vec<tags::TagStats> {
+    settle_frees();
+    tags::all_stats()
+}
+
+/// Counters of the whole process.
+pub fn stats() -> Stats {
+    settle_frees();
     let t = live_list::totals();
     Stats {
         live_blocks: t.live_blocks,

@@ -9,7 +9,7 @@ use core::ffi::c_char;
 use core::sync::atomic::{AtomicU64, Ordering};
 
 /// Entries in the table: a program has far fewer distinct `K15_NEW` lines.
-const CAPACITY: usize = 1 << 14;
+pub const CAPACITY: usize = 1 << 14;
 const ADDRESS_BITS: u32 = 47;
 /// Lines from this one on are kept without their line (0), like a plain `new`'s file.
 const LINE_LIMIT: u32 = 1 << (64 - ADDRESS_BITS);

@@ -127,11 +127,11 @@ pub struct Run {
     /// The JSON report with each leak's site and every stack written out in place (see
     /// [`inflate`]), so tests read `leak["stack"][0]["function"]`.
     pub json: Value,
-    /// The JSON report as written (`k15-leaks/2`: stacks and sites by index).
+    /// The JSON report as written (`k15-leaks/3`: stacks and sites by index).
     pub raw_json: Value,
 }
 
-/// `k15-leaks/2` stores each frame, stack and allocation site once and refers to them by index:
+/// `k15-leaks/3` stores each frame, stack and allocation site once and refers to them by index:
 /// this puts the site's fields into each leak and the frames in place of every stack index.
 pub fn inflate(raw: &Value) -> Value {
     let mut json = raw.clone();

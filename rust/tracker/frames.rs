@@ -1,0 +1,163 @@
+//! Frames (`frame_mark()`): at each mark, the allocations, frees and bytes allocated of the
+//! frame that ended, per tag and for the whole process, folded into the steady-state figures
+//! engine programmers ask for: per frame, the mean, the most and the frame it happened in.
+//!
+//! A frame is what happens between two marks: frame 1 runs from the first mark to the second
+//! (before the first mark is start-up, no frame). A mark reads the counters the allocation path
+//! keeps anyway (`tags`, `live_list`): frames cost the allocation path nothing, and a mark
+//! reads every shard's counters of every tag, allocating nothing. Frees queued for another
+//! thread's shard count in the frame they are applied in.
+
+use super::live_list;
+use super::tags::{self, TagId, MAX_TAGS};
+use std::sync::Mutex;
+
+/// One count's figures over the frames.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PerFrame {
+    pub total: u64,
+    pub max: u64,
+    /// The first frame with the most (0 before any frame ended).
+    pub max_frame: u64,
+}
+
+impl PerFrame {
+    const NONE: PerFrame = PerFrame {
+        total: 0,
+        max: 0,
+        max_frame: 0,
+    };
+
+    fn add(&mut self, frame: u64, count: u64) {
+        self.total += count;
+        if count > self.max || self.max_frame == 0 {
+            self.max = count;
+            self.max_frame = frame;
+        }
+    }
+
+    /// The mean over `frames` frames (0 for none).
+    pub fn mean(&self, frames: u64) -> f64 {
+        match frames {
+            0 => 0.0,
+            n => self.total as f64 / n as f64,
+        }
+    }
+}
+
+/// What a tag (or the whole process) did per frame. The process's `bytes` stay 0: it keeps no
+/// count of bytes allocated.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FrameFigures {
+    pub allocations: PerFrame,
+    pub frees: PerFrame,
+    pub bytes: PerFrame,
+}
+
+const NO_FIGURES: FrameFigures = FrameFigures {
+    allocations: PerFrame::NONE,
+    frees: PerFrame::NONE,
+    bytes: PerFrame::NONE,
+};
+
+/// The counters as the last mark read them: allocations, frees, bytes allocated.
+type Seen = [u64; 3];
+
+/// Index 0 is the whole process (no tag has id 0).
+struct Frames {
+    marks: u64,
+    seen: [Seen; MAX_TAGS],
+    figures: [FrameFigures; MAX_TAGS],
+}
+
+static FRAMES: Mutex<Frames> = Mutex::new(Frames {
+    marks: 0,
+    seen: [[0; 3]; MAX_TAGS],
+    figures: [NO_FIGURES; MAX_TAGS],
+});
+
+/// `frame_mark()`: ends the frame under way (the first mark ends start-up).
+pub fn mark() {
+    let Ok(mut frames) = FRAMES.lock() else {
+        return;
+    };
+    frames.marks += 1;
+    let ended = frames.marks - 1;
+    let process = live_list::totals();
+    frames.record(0, [process.allocations, process.frees, 0], ended);
+    for id in tags::ids() {
+        let s = tags::sums(id);
+        frames.record(id, [s.allocations, s.frees, s.total_bytes], ended);
+    }
+}
+
+impl Frames {
+    /// Takes `now` as index `at`'s counters, and what they grew by since the last mark as frame
+    /// `ended`'s (none when 0: start-up).
+    fn record(&mut self, at: TagId, now: Seen, ended: u64) {
+        let at = at as usize;
+        let before = core::mem::replace(&mut self.seen[at], now);
+        if ended == 0 {
+            return;
+        }
+        let figures = &mut self.figures[at];
+        for (per_frame, i) in [
+            (&mut figures.allocations, 0),
+            (&mut figures.frees, 1),
+            (&mut figures.bytes, 2),
+        ] {
+            per_frame.add(ended, now[i].saturating_sub(before[i]));
+        }
+    }
+}
+
+/// The frames so far: how many marks, the whole process's figures and each tag's (by id).
+#[derive(Clone, Debug, Default)]
+pub struct FrameReport {
+    pub marks: u64,
+    pub process: FrameFigures,
+    pub tags: Vec<FrameFigures>,
+}
+
+impl FrameReport {
+    /// Frames that ended: one fewer than the marks.
+    pub fn frames(&self) -> u64 {
+        self.marks.saturating_sub(1)
+    }
+
+    /// The figures of tag `id` (none for a tag seen after the snapshot).
+    pub fn of(&self, id: TagId) -> FrameFigures {
+        self.tags.get(id as usize).copied().unwrap_or_default()
+    }
+}
+
+/// The frames so far (for the report).
+pub fn report() -> FrameReport {
+    let Ok(frames) = FRAMES.lock() else {
+        return FrameReport::default();
+    };
+    let tags = tags::ids().end as usize;
+    FrameReport {
+        marks: frames.marks,
+        process: frames.figures[0],
+        tags: frames.figures[..tags].to_vec(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PerFrame;
+
+    #[test]
+    fn the_first_frame_with_the_most_is_kept() {
+        let mut per_frame = PerFrame::default();
+        for (frame, count) in [(1, 3), (2, 7), (3, 7), (4, 0)] {
+            per_frame.add(frame, count);
+        }
+        assert_eq!(
+            (per_frame.total, per_frame.max, per_frame.max_frame),
+            (17, 7, 2)
+        );
+        assert_eq!(per_frame.mean(4), 4.25);
+    }
+}
