@@ -3,11 +3,8 @@
 //! definitely lost / indirectly lost / still reachable, block for block.
 
 mod support;
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-
-/// (kind, size) -> blocks, for the blocks allocated by `operator new`/`new[]`.
-type Census = BTreeMap<(String, u64), u64>;
+use support::Census;
 
 /// valgrind's loss records (`--show-leak-kinds=all`) of blocks that `operator new` allocated:
 /// those are the ones the tracker sees (`malloc`'d blocks of glibc and libstdc++, such as the
@@ -15,56 +12,27 @@ type Census = BTreeMap<(String, u64), u64>;
 fn valgrind_census(plain: &Path, args: &[&str]) -> (Census, String) {
     let text = support::valgrind_leak_check(plain, plain.parent().unwrap(), args);
     let mut census = Census::new();
-    let lines: Vec<&str> = text
-        .lines()
-        .map(|l| l.split_once("== ").map_or(l, |x| x.1))
-        .collect();
-    for (i, line) in lines.iter().enumerate() {
-        let Some((head, kind)) = line
-            .split_once(" are ")
-            .and_then(|(head, rest)| Some((head, rest.split(" in loss record").next()?)))
-        else {
-            continue;
-        };
-        // The record's stack, up to the next record.
-        let stack: Vec<&str> = lines[i + 1..]
-            .iter()
-            .take_while(|l| l.trim_start().starts_with("at ") || l.trim_start().starts_with("by "))
-            .copied()
-            .collect();
+    for record in support::loss_records(&text) {
         // `operator new` anywhere: libstdc++'s, or a class's own (every Bullet class's goes
         // to btAlignedAlloc in libLinearMath, then to malloc).
-        let tracked = stack.iter().any(|l| l.contains("operator new"));
-        let bullet = stack
+        let tracked = record.stack.iter().any(|l| l.contains("operator new"));
+        let bullet = record
+            .stack
             .iter()
             .any(|l| l.contains("libLinearMath") || l.contains("btAlignedAlloc"));
         if !tracked {
             continue;
         }
-        // "120 (16 direct, 104 indirect) bytes in 1 blocks": the record's own blocks are the
-        // direct part; the indirect ones have records of their own.
-        let numbers: Vec<u64> = head
-            .split(|c: char| !c.is_ascii_digit() && c != ',')
-            .filter_map(|w| w.replace(',', "").parse().ok())
-            .collect();
-        let (bytes, blocks) = match head.contains("direct,") {
-            true => (numbers[1], numbers[3]),
-            false => (numbers[0], numbers[1]),
-        };
-        let kind = match kind {
-            "definitely lost" => "direct",
-            "indirectly lost" => "indirect",
-            "still reachable" => "reachable",
-            other => panic!("valgrind classes a block '{other}':\n{text}"),
-        };
+        assert_ne!(record.kind, "possible", "valgrind: possibly lost:\n{text}");
+        let (bytes, blocks) = (record.bytes, record.blocks);
         let size = match bullet {
             // Bullet's aligned allocator over-allocates (size + 16 + 8 - 1) from malloc:
             // valgrind sees that, the tracker the size Bullet asked for.
             true => bytes / blocks - (16 + 8 - 1),
             false => bytes / blocks,
         };
-        assert_eq!(bytes % blocks, 0, "mixed sizes in one record: {line}");
-        *census.entry((kind.to_owned(), size)).or_default() += blocks;
+        assert_eq!(bytes % blocks, 0, "mixed sizes in one record");
+        *census.entry((record.kind.to_owned(), size)).or_default() += blocks;
     }
     (census, text)
 }
