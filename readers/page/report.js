@@ -93,7 +93,8 @@ function leaks() {
 function errors() {
   if (!D.errors.length) { $("errors").append(el("p", { class: "none" }, "No memory errors.")); return; }
   for (const e of D.errors) {
-    const details = el("details", {}, el("summary", {}, e.kind.replace(/_/g, " ") + " (" + plural(e.size, "byte") + ")"));
+    const what = e.kind.replace(/_/g, " ") + (e.tag ? ": " + e.tag : "") + (e.size ? " (" + plural(e.size, "byte") + ")" : "");
+    const details = el("details", {}, el("summary", {}, what));
     for (const [what, stack] of e.stacks) details.append(el("div", {}, what + ":"), stackView(stack));
     const row = el("div", { class: "site" }, details);
     row.dataset.words = e.stacks.map((s) => stackWords(s[1])).join("\n") + "\n" + e.kind;

@@ -109,7 +109,7 @@ fn page_data(report: &Report) -> Value {
                 .iter()
                 .filter_map(|f| Some(json!([f.replace('_', " "), e.stack(f)?])))
                 .collect();
-            json!({ "kind": e.kind, "size": e.size(), "stacks": stacks })
+            json!({ "kind": e.kind, "size": e.size(), "tag": e.fields.get("tag"), "stacks": stacks })
         })
         .collect();
     let processes: Vec<String> = report

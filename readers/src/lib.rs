@@ -8,6 +8,8 @@ pub mod pprof;
 pub mod report;
 pub mod sarif;
 pub mod show;
+#[cfg(test)]
+mod tests;
 
 pub use html::html_from_report_json;
 pub use report::{LoadError, Report};

@@ -1,0 +1,105 @@
+//! The readers on a hand-written `k15-leaks/3` report: tags, profile and timeline, which no
+//! writer of this tree produces yet (the integration tests read real `k15-leaks/2` reports).
+
+use crate::report::Report;
+
+const V3: &str = r#"{
+  "format": "k15-leaks/3", "program": "/bin/game", "pid": 7,
+  "summary": { "leaked_blocks": 2, "leaked_bytes": 96, "direct_blocks": 2, "direct_bytes": 96,
+               "errors": 1, "total_allocations": 40, "peak_bytes": 4096, "frames_marked": 3 },
+  "sites": [ { "stack": 0, "array": false, "file": null, "line": 0, "language": "c++",
+               "allocated_with": "new", "tag": "Render/Mesh" },
+             { "stack": 1, "array": true, "file": null, "line": 0, "language": "c++",
+               "allocated_with": "new[]", "tag": null } ],
+  "leaks": [ {"site":0,"leak_kind":"direct","size":64,"seq":1,"thread":1,"address":"0x10"},
+             {"site":1,"leak_kind":"direct","size":32,"seq":2,"thread":1,"address":"0x20"} ],
+  "errors": [ { "kind": "tag_over_budget", "tag": "Render", "budget_bytes": 1000,
+                "live_bytes": 1024, "stack": 0 } ],
+  "tags": [ { "name": "Render", "live_blocks": 1, "live_bytes": 64, "peak_bytes": 1024,
+              "total_allocations": 30, "total_bytes": 3000, "budget_bytes": 1000 },
+            { "name": "Render/Mesh", "live_blocks": 1, "live_bytes": 64, "peak_bytes": 1024,
+              "total_allocations": 30, "total_bytes": 3000, "budget_bytes": 0 } ],
+  "profile": { "peak": { "bytes": 4096, "frame": 2,
+                         "sites": [ { "stack": 0, "tag": "Render/Mesh", "blocks": 4, "bytes": 4096 } ] },
+               "sites": [ { "stack": 0, "tag": "Render/Mesh", "allocations": 30, "bytes": 3000, "temporary": 20 },
+                          { "stack": 1, "tag": null, "allocations": 10, "bytes": 320, "temporary": 0 } ] },
+  "timeline": { "frames": [1, 2, 3], "tags": { "Render": [0, 1024, 64] } },
+  "frames": [ { "function": "Mesh::load()", "file": "/src/mesh.cpp", "line": 12, "inlined": false,
+                "address": "0x401000", "module": "/bin/game" },
+              { "function": "main", "file": "/src/main.cpp", "line": 5, "inlined": false,
+                "address": "0x402000", "module": "/bin/game" },
+              { "function": "Audio::init()", "file": "/src/audio.cpp", "line": 9, "inlined": false,
+                "address": "0x403000", "module": "/bin/game" } ],
+  "stacks": [ [0, 1], [2, 1] ]
+}"#;
+
+#[test]
+fn the_page_carries_every_view_of_a_v3_report() {
+    let page = crate::html_from_report_json(V3).unwrap();
+    for part in [
+        r#""peak":[[0,4096]]"#,
+        r#""allocations":[[0,30],[1,10]]"#,
+        r#""temporary":[[0,20],[1,0]]"#,
+        r#""budget_bytes":1000"#,
+        r#""timeline":{"frames":[1,2,3],"tags":{"Render":[0,1024,64]}}"#,
+        r#""kind":"tag_over_budget","size":0,"stacks":[["stack",0]],"tag":"Render""#,
+    ] {
+        assert!(page.contains(part), "{part}");
+    }
+}
+
+#[test]
+fn show_takes_a_parent_tag_for_its_children() {
+    let report = Report::from_json(V3).unwrap();
+    let only = |tag: &str| {
+        let filter = crate::show::Filter {
+            tag: Some(tag.to_owned()),
+            ..Default::default()
+        };
+        crate::show::text(&report, &filter)
+    };
+    assert!(only("Render").contains("Mesh::load()"));
+    assert!(only("Render/Mesh").contains("[Render/Mesh]"));
+    assert!(!only("Render").contains("Audio::init()"));
+    assert!(
+        !only("Rend").contains("Mesh::load()"),
+        "a tag's prefix is not its parent"
+    );
+}
+
+#[test]
+fn pprof_has_allocation_totals_and_tag_labels() {
+    let report = Report::from_json(V3).unwrap();
+    let mut gz = Vec::new();
+    crate::pprof::write(&report, &mut gz).unwrap();
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz[..]), &mut bytes).unwrap();
+    let text = String::from_utf8_lossy(&bytes);
+    for name in [
+        "inuse_space",
+        "alloc_objects",
+        "alloc_space",
+        "tag",
+        "Render/Mesh",
+        "Mesh::load()",
+    ] {
+        assert!(text.contains(name), "{name}");
+    }
+}
+
+#[test]
+fn merge_keeps_tags_and_profile() {
+    let report = Report::from_json(V3).unwrap();
+    let merged = crate::merge::merge(&[report.clone(), report]);
+    assert_eq!(merged.format, "k15-leaks/3");
+    assert_eq!(merged.tags[0].total_allocations, 60);
+    assert_eq!(merged.tags[0].peak_bytes, 1024, "a peak is not a sum");
+    let profile = merged.profile.unwrap();
+    assert_eq!(profile.sites[0].allocations, 60);
+    assert_eq!(profile.peak.unwrap().bytes, 4096);
+    assert_eq!(
+        merged.sites[0].processes.len(),
+        1,
+        "one program, one pid, twice"
+    );
+}
