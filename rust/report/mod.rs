@@ -249,8 +249,6 @@ impl Report {
     /// the blocks, applies the suppressions and symbolizes every stack they name. `stack`: the
     /// caller's live stack, scanned as a root (during the run; not at exit).
     pub fn collect(stack: Option<core::ops::Range<usize>>) -> Report {
-        // First: a thread the snapshot suspends may hold the log's lock.
-        let (mut all_errors, mut error_count) = errors::all();
         let mut symbolizer = Symbolizer::new();
         let Snapshot {
             mut leaks,
@@ -259,6 +257,8 @@ impl Report {
             unreadable_blocks,
             unsuspended_threads,
         } = snapshot(&symbolizer, stack);
+        // After: the snapshot's heap check adds errors (and the threads are going again).
+        let (mut all_errors, mut error_count) = errors::all();
         let ids = leaks.iter().map(|l| l.stack).chain(
             all_errors
                 .iter()
@@ -453,7 +453,7 @@ struct Snapshot {
 /// one moment: the world stopped (no block is allocated or freed) from the walk of the lists
 /// through the scan, and the other threads suspended for the scan (no pointer moves between a
 /// register and memory, nothing is unmapped). What a suspended thread may hold a lock on is
-/// read first: the engine allocators' blocks (their memory, freed meanwhile, is only read while
+/// read first (the error log after): the engine allocators' blocks (their memory, freed meanwhile, is only read while
 /// their allocator still has it), the roots, the ignored blocks. `__FILE__` strings of unloaded
 /// modules are dropped rather than read. `stack`: the caller's live stack, a root.
 fn snapshot(symbolizer: &Symbolizer, stack: Option<core::ops::Range<usize>>) -> Snapshot {
