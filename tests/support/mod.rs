@@ -64,6 +64,31 @@ pub fn build(dir: &Path, name: &str, sources: &[&str], flags: &[&str]) -> PathBu
     exe
 }
 
+/// Compiles and links a C program (`source`, relative to the repo) with gcc, no C++ of its own,
+/// as README's C line says: the library, then `-lstdc++ -lpthread -ldl -lm`. `flags` go before
+/// the source.
+pub fn build_c(dir: &Path, name: &str, source: &str, flags: &[&str]) -> PathBuf {
+    let exe = dir.join(name);
+    let out = Command::new("gcc")
+        .current_dir(repo())
+        .args([
+            "-std=c11", "-g", "-Wall", "-Wextra", "-Werror", "-I", "include",
+        ])
+        .args(flags)
+        .arg(source)
+        .arg(static_lib())
+        .args(["-lstdc++", "-lpthread", "-ldl", "-lm", "-o"])
+        .arg(&exe)
+        .output()
+        .expect("gcc runs");
+    assert!(
+        out.status.success(),
+        "gcc failed for {name}:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
 /// The sources of the sample engine (README's first command).
 pub const ENGINE_SAMPLE: [&str; 2] = ["samples/engine/main.cpp", "samples/engine/world.cpp"];
 
