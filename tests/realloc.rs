@@ -18,14 +18,13 @@ fn program() -> &'static Path {
 }
 
 fn run(mode: &str) -> support::Run {
-    let run = support::run_with(program(), mode, "", &[], &[mode]);
-    assert!(
-        run.output.status.success() && run.stdout().contains("survived"),
-        "{}\n{}",
-        run.stdout(),
-        run.stderr()
-    );
-    run
+    support::run_surviving(program(), mode, "", &[], &[mode])
+}
+
+/// The program's first resize of a heap block (100 bytes, a few more or less) kept its place.
+fn assert_heap_block_kept_its_place(run: &support::Run) {
+    let stdout = run.stdout();
+    assert!(stdout.contains("heap in place: yes"), "{stdout}");
 }
 
 /// The functions of a stack, innermost first.
@@ -70,11 +69,7 @@ fn growing_and_shrinking_through_every_class_keeps_the_bytes_and_the_counters() 
 #[test]
 fn an_overrun_past_the_new_size_is_reported_with_the_reallocs_stack() {
     let run = run("overrun");
-    assert!(
-        run.stdout().contains("heap in place: yes"),
-        "{}",
-        run.stdout()
-    );
+    assert_heap_block_kept_its_place(&run);
     assert_eq!(run.error_kinds(), ["overrun", "overrun"], "{}", run.text);
     for (error, size) in run.errors().iter().zip([104, 400_000]) {
         assert_eq!(error["size"], size, "{error}");
@@ -86,11 +81,7 @@ fn an_overrun_past_the_new_size_is_reported_with_the_reallocs_stack() {
 #[test]
 fn a_block_resized_in_place_leaks_as_the_reallocs() {
     let run = run("leak");
-    assert!(
-        run.stdout().contains("heap in place: yes"),
-        "{}",
-        run.stdout()
-    );
+    assert_heap_block_kept_its_place(&run);
     let mut sizes: Vec<u64> = run
         .leaks()
         .iter()
@@ -107,11 +98,7 @@ fn a_block_resized_in_place_leaks_as_the_reallocs() {
 #[test]
 fn double_and_mismatched_frees_after_an_in_place_resize_are_reported() {
     let run = run("bad_frees");
-    assert!(
-        run.stdout().contains("heap in place: yes"),
-        "{}",
-        run.stdout()
-    );
+    assert_heap_block_kept_its_place(&run);
     assert_eq!(
         run.error_kinds(),
         ["double_free", "mismatched_delete"],
@@ -140,4 +127,25 @@ fn growing_a_block_by_16_bytes_65536_times_takes_well_under_a_second() {
         .parse()
         .unwrap();
     assert!(seconds < 1.0, "{seconds} s");
+}
+
+/// The readers of every block (`check_heap()`, `stats()`) stop the world, and a block is
+/// rewritten in place only while its thread holds its shard: they never see one half written.
+#[test]
+fn heap_checks_racing_in_place_resizes_find_nothing_wrong() {
+    let dir = support::scratch("realloc_readers");
+    let exe = support::build(
+        &dir,
+        "realloc_readers",
+        &["tests/cpp/realloc_readers.cpp"],
+        &[],
+    );
+    let run = support::run(&exe, "");
+    let stdout = run.stdout();
+    assert!(run.output.status.success(), "{stdout}{}", run.stderr());
+    assert!(stdout.contains("wrong bytes 0\n"), "{stdout}");
+    assert!(stdout.contains(", problems 0\n"), "{stdout}");
+    assert!(!stdout.contains("checks 0,"), "{stdout}");
+    assert!(run.errors().is_empty(), "{}", run.text);
+    assert!(run.leaks().is_empty(), "{}", run.text);
 }

@@ -246,16 +246,17 @@ fn mapped_len(size: usize) -> usize {
 }
 
 /// Resizes a mapped block of `old_size` user bytes (its header at `header`) to `new_size`:
-/// its pages are grown or trimmed, and it may move (`mremap`), header and bytes together. The
-/// new user pointer, or `None` (the block left as it was) where the address space has no room.
+/// its pages are grown or trimmed (`mremap`), and with `may_move` it may move, header and bytes
+/// together. The new user pointer, or `None` (the block left as it was) where there is no room.
 ///
 /// # Safety
-/// `header` is a live [`Placement::Mapped`] block of `old_size` bytes on no list, that nobody
-/// else uses meanwhile.
+/// `header` is a live [`Placement::Mapped`] block of `old_size` bytes that nobody else uses
+/// meanwhile, and on no list if it `may_move`.
 pub unsafe fn resize_mapping(
     header: *mut BlockHeader,
     old_size: usize,
     new_size: usize,
+    may_move: bool,
 ) -> Option<*mut u8> {
     if new_size >= SIZE_LIMIT {
         return None;
@@ -266,7 +267,7 @@ pub unsafe fn resize_mapping(
         return Some(BlockHeader::user_ptr(header));
     }
     // SAFETY: guaranteed by the caller: the block's kept range (`acquire_mapped`).
-    let start = unsafe { sys::remap_pages(raw, old_len, new_len) };
+    let start = unsafe { sys::remap_pages(raw, old_len, new_len, may_move) };
     (!start.is_null()).then(|| start.wrapping_add(PAGE_SIZE))
 }
 

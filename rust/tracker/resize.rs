@@ -65,16 +65,23 @@ pub(super) fn resize_in_place(
         placement: h.placement(),
         class: h.class(),
     };
+    let mut relink = false;
     if block.placement == Placement::Mapped {
-        // SAFETY: a live mapped block is on its shard's list, held here; it goes back on it
-        // (at its new address) below, or at once if it cannot be resized.
+        // SAFETY: a live mapped block, ours for this call. Its pages grow in place where the
+        // address space after them is free; else it moves, off its shard's list (held here:
+        // its neighbours' links name its header), and goes back on it at its new address
+        // below, or at once if it cannot be moved either.
         unsafe {
-            held.unlink(header);
-            match raw::resize_mapping(header, old_size, size) {
-                Some(user) => block.user = user,
+            block.user = match raw::resize_mapping(header, old_size, size, false) {
+                Some(user) => user,
                 None => {
-                    held.link(header);
-                    return None;
+                    held.unlink(header);
+                    relink = true;
+                    let Some(user) = raw::resize_mapping(header, old_size, size, true) else {
+                        held.link(header);
+                        return None;
+                    };
+                    user
                 }
             }
         }
@@ -101,7 +108,7 @@ pub(super) fn resize_in_place(
         header
     };
     pending_stacks::attach(alloc_stack, header, block.placement);
-    if block.placement == Placement::Mapped {
+    if relink {
         // SAFETY: written just above, and on no list.
         unsafe { held.link(header) };
     }
