@@ -292,6 +292,26 @@ pub unsafe fn unmap_pages(ptr: *mut u8, len: usize) {
     unsafe { libc::syscall(libc::SYS_munmap, ptr, len) };
 }
 
+/// Resizes a mapping of ours at `ptr` from `old_len` to `new_len` bytes (pages), with `may_move`
+/// moving it where it cannot grow in place (the kernel moves its page tables, not its bytes):
+/// where it now starts, or null (the mapping left as it was). A system call, as `mmap`'s own: `mremap`
+/// reaches the program's interposer (`cpp/mappings.cpp`) and the tracker's pages are no mapping
+/// of the program's.
+///
+/// # Safety
+/// `ptr..ptr + old_len` is a mapping of ours that nobody else uses while it moves.
+pub unsafe fn remap_pages(ptr: *mut u8, old_len: usize, new_len: usize, may_move: bool) -> *mut u8 {
+    let flags = if may_move { libc::MREMAP_MAYMOVE } else { 0 };
+    // SAFETY: guaranteed by the caller; with MREMAP_MAYMOVE alone the kernel chooses the new
+    // place, overwriting nothing.
+    let p = unsafe { libc::syscall(libc::SYS_mremap, ptr, old_len, new_len, flags) };
+    if p < 0 {
+        null_mut()
+    } else {
+        p as *mut u8
+    }
+}
+
 /// `membarrier(2)` commands (linux/membarrier.h).
 const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
 const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;

@@ -9,23 +9,7 @@ const SOURCE: &str = "tests/cpp/c_program.c";
 
 #[test]
 fn a_c_program_tracks_malloc_and_its_own_allocator_callbacks() {
-    let dir = support::scratch("c_program");
-    let exe = dir.join("c_program");
-    let out = Command::new("gcc")
-        .current_dir(support::repo())
-        .args([
-            "-std=c11", "-g", "-Wall", "-Wextra", "-Werror", "-I", "include", SOURCE,
-        ])
-        .arg(support::static_lib())
-        .args(["-lstdc++", "-lpthread", "-ldl", "-lm", "-o"])
-        .arg(&exe)
-        .output()
-        .expect("gcc runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let exe = support::build_c(&support::scratch("c_program"), "c_program", SOURCE, &[]);
     let run = support::run(&exe, "malloc=1");
     let stdout = run.stderr();
     assert!(run.output.status.success(), "{}", run.stderr());

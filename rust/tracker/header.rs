@@ -690,6 +690,13 @@ impl BlockHeader {
         guard_len(self.packed_byte(CLASS_BYTE), self.size())
     }
 
+    /// The bytes a heap block's class holds for user bytes and guard (a block resized in place
+    /// may take any size up to it: `resize`).
+    #[inline]
+    pub fn heap_room(&self) -> usize {
+        ROOM[self.packed_byte(CLASS_BYTE) as usize] as usize
+    }
+
     /// Whether the guard behind the user's bytes is as written. Reads the 8 bytes that end where
     /// the guard ends, as `write` wrote them, so never the next block's header (another cache
     /// line, maybe another thread's): the guard is their top `guard_len` bytes.

@@ -11,6 +11,7 @@
 
 use super::guard::Inside;
 use super::header::{BlockHeader, Lookup, NewBlock, Placement};
+use super::resize::resize_in_place;
 use super::BlockKind;
 use super::{allocate_inside, allocate_untracked, deallocate, init};
 use crate::stack::StartFrame;
@@ -178,9 +179,10 @@ pub unsafe extern "C" fn k15_memory_c_calloc(
 }
 
 /// `realloc` as glibc does it: `realloc(NULL, n)` allocates, `realloc(p, 0)` frees and returns
-/// null, a failure leaves the old block as it was. A tracked block moves to a new block (with
-/// the stack of this call) and the old one is freed, checked as by `free`: a block of another
-/// family is a `mismatched_delete`, an already freed one a `double_free` (null returned).
+/// null, a failure leaves the old block as it was. A tracked block is resized in place where it
+/// has room (`resize`), else it moves to a new block and the old one is freed, checked as by
+/// `free`: a block of another family is a `mismatched_delete`, an already freed one a
+/// `double_free` (null returned). Either way it takes the stack of this call.
 ///
 /// # Safety
 /// As for [`k15_memory_c_allocate`]; `ptr` may be anything (bad pointers are reported).
@@ -196,10 +198,17 @@ pub unsafe extern "C" fn k15_memory_c_realloc(
         return allocate(size, 0, BlockKind::Realloc, start);
     }
     let old_size = match BlockHeader::lookup(ptr) {
-        // SAFETY: a live block of ours; the program owns it for this call.
-        Lookup::Live(header, _) | Lookup::Untracked(header) | Lookup::Underrun { header, .. } => unsafe {
-            (*header).size()
-        },
+        Lookup::Live(header, cookie) => {
+            if size != 0 {
+                if let Some(resized) = resize_in_place(header, cookie, size, start) {
+                    return crate::sys::returned_alone(resized);
+                }
+            }
+            // SAFETY: a live block of ours; the program owns it for this call.
+            unsafe { (*header).size() }
+        }
+        // SAFETY: as above.
+        Lookup::Untracked(header) | Lookup::Underrun { header, .. } => unsafe { (*header).size() },
         Lookup::Foreign if is_glibc_block(ptr) => {
             // SAFETY: a glibc block, resized by glibc.
             return unsafe { glibc::realloc(ptr as *mut c_void, size) } as *mut u8;

@@ -20,6 +20,7 @@ pub mod malloc;
 pub(crate) mod pending_stacks;
 mod quarantine;
 pub mod raw;
+mod resize;
 mod site;
 mod spans;
 pub mod suspend;
@@ -203,11 +204,7 @@ unsafe fn allocate_inside(
     let (size, kind) = (new_block.size, new_block.kind);
     let (me, seq) = inside.next_allocation();
     let tag = inside.tag();
-    let alloc_stack = match hot.stack_depth() {
-        0 => StackId(0),
-        depth if me.shard.owned => pending_stacks::capture(me.shard.index, start(), depth),
-        depth => stack::capture(start(), depth),
-    };
+    let alloc_stack = capture_allocation_stack(hot, me, start);
     // None: a signal handler allocating while its thread holds its shard (in a free).
     let Some(mut held) = SHARDS[me.shard.index as usize].hold(me.number, me.shard.owned) else {
         return allocate_untracked(size, align, kind);
@@ -273,6 +270,21 @@ fn report_over_budget(tag: tags::TagId, live_bytes: u64, size: usize, alloc_stac
             StackId(0),
         )
     });
+}
+
+/// The stack of an allocation by `me` (into its shard's ring where it owns one), or none with
+/// stacks off.
+#[inline(always)]
+fn capture_allocation_stack(
+    hot: init::Hot,
+    me: guard::Me,
+    start: impl FnOnce() -> StartFrame,
+) -> StackId {
+    match hot.stack_depth() {
+        0 => StackId(0),
+        depth if me.shard.owned => pending_stacks::capture(me.shard.index, start(), depth),
+        depth => stack::capture(start(), depth),
+    }
 }
 
 #[inline(always)]

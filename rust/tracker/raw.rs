@@ -233,11 +233,42 @@ pub unsafe fn release(header: *mut BlockHeader, raw_offset: usize, tracked: bool
                     free_stack: unsafe { super::recorded_free_stack(user) },
                 });
             }
-            let kept = (raw_offset + size + GUARD_SIZE).next_multiple_of(PAGE_SIZE);
             // SAFETY: the kept range of acquire_mapped for this block, no longer referenced.
-            unsafe { sys::unmap_pages(raw, kept) };
+            unsafe { sys::unmap_pages(raw, mapped_len(size)) };
         }
     }
+}
+
+/// The pages a mapped block of `size` user bytes keeps: the page of its header, its bytes and
+/// guard.
+fn mapped_len(size: usize) -> usize {
+    (PAGE_SIZE + size + GUARD_SIZE).next_multiple_of(PAGE_SIZE)
+}
+
+/// Resizes a mapped block of `old_size` user bytes (its header at `header`) to `new_size`:
+/// its pages are grown or trimmed (`mremap`), and with `may_move` it may move, header and bytes
+/// together. The new user pointer, or `None` (the block left as it was) where there is no room.
+///
+/// # Safety
+/// `header` is a live [`Placement::Mapped`] block of `old_size` bytes that nobody else uses
+/// meanwhile, and on no list if it `may_move`.
+pub unsafe fn resize_mapping(
+    header: *mut BlockHeader,
+    old_size: usize,
+    new_size: usize,
+    may_move: bool,
+) -> Option<*mut u8> {
+    if new_size >= SIZE_LIMIT {
+        return None;
+    }
+    let raw = BlockHeader::user_ptr(header).wrapping_sub(PAGE_SIZE);
+    let (old_len, new_len) = (mapped_len(old_size), mapped_len(new_size));
+    if old_len == new_len {
+        return Some(BlockHeader::user_ptr(header));
+    }
+    // SAFETY: guaranteed by the caller: the block's kept range (`acquire_mapped`).
+    let start = unsafe { sys::remap_pages(raw, old_len, new_len, may_move) };
+    (!start.is_null()).then(|| start.wrapping_add(PAGE_SIZE))
 }
 
 /// What is kept of a large block after its pages are gone.

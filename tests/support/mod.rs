@@ -65,6 +65,34 @@ pub fn build(dir: &Path, name: &str, sources: &[&str], flags: &[&str]) -> PathBu
     exe
 }
 
+/// Compiles and links a C program (`source`, relative to the repo) with gcc, no C++ of its own,
+/// as README's C line says: the library, then `-lstdc++ -lpthread -ldl -lm`. `flags` go before
+/// the source; `-DK15_MEMORY_DISABLED` builds without the library (plain glibc).
+pub fn build_c(dir: &Path, name: &str, source: &str, flags: &[&str]) -> PathBuf {
+    let exe = dir.join(name);
+    let mut cmd = Command::new("gcc");
+    cmd.current_dir(repo())
+        .args([
+            "-std=c11", "-g", "-Wall", "-Wextra", "-Werror", "-I", "include",
+        ])
+        .args(flags)
+        .arg(source);
+    if !flags.contains(&"-DK15_MEMORY_DISABLED") {
+        cmd.arg(static_lib());
+    }
+    let out = cmd
+        .args(["-lstdc++", "-lpthread", "-ldl", "-lm", "-o"])
+        .arg(&exe)
+        .output()
+        .expect("gcc runs");
+    assert!(
+        out.status.success(),
+        "gcc failed for {name}:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
 /// The sources of the sample engine (README's first command).
 pub const ENGINE_SAMPLE: [&str; 2] = ["samples/engine/main.cpp", "samples/engine/world.cpp"];
 
@@ -255,6 +283,25 @@ pub fn run_with(
         json: inflate(&raw_json),
         raw_json,
     }
+}
+
+/// [`run_with`] of a program that must exit 0 having printed `survived`: it went on past every
+/// memory error it made.
+pub fn run_surviving(
+    exe: &Path,
+    report: &str,
+    options: &str,
+    env: &[(&str, &str)],
+    args: &[&str],
+) -> Run {
+    let run = run_with(exe, report, options, env, args);
+    assert!(
+        run.output.status.success() && run.stdout().contains("survived"),
+        "{}\n{}",
+        run.stdout(),
+        run.stderr()
+    );
+    run
 }
 
 /// A JSON report (`null` if there is none).
