@@ -254,3 +254,33 @@ fn budgets_are_crossed_by_a_leaf_and_by_a_parent_once_per_crossing() {
     // Nothing was freed: no free function to name.
     assert!(run.errors().iter().all(|e| e["freed_with"].is_null()));
 }
+
+#[test]
+fn a_block_resized_under_another_tag_moves_to_that_tag_in_place_or_not() {
+    let dir = support::scratch("profiler_realloc");
+    let exe = support::build(
+        &dir,
+        "profiler_realloc",
+        &["tests/cpp/profiler_realloc.cpp"],
+        &[],
+    );
+    let run = support::run(&exe, "");
+    assert!(run.output.status.success(), "{}", run.stderr());
+    let stdout = run.stdout();
+    assert!(
+        stdout.contains("small in place 1, large moved 1"),
+        "{stdout}"
+    );
+    let lines: Vec<&str> = stdout.lines().filter(|l| l.starts_with("tag ")).collect();
+    // name, live blocks, live bytes, allocations: after the reallocs, then after the frees.
+    assert_eq!(
+        lines,
+        [
+            "tag Loading 0 0 2",
+            "tag World 2 5104 2",
+            "tag Loading 0 0 2",
+            "tag World 0 0 2",
+        ],
+        "{stdout}"
+    );
+}
