@@ -22,6 +22,9 @@ void k15_memory_pass_foreign_blocks_to(void (*original_delete)(void*)) noexcept;
 }
 
 namespace k15::memory::detail {
+// The alignments libstdc++'s aligned operator new and C11's aligned_alloc accept.
+inline bool is_power_of_two(std::size_t n) { return n != 0 && (n & (n - 1)) == 0; }
+
 // The definition of `name` that an interposer of this library stands in front of (glibc's, as
 // a rule): the next one in the loader's search order after the module holding the tracker.
 template <typename Function>

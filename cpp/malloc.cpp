@@ -17,6 +17,7 @@
 #include <cstdlib>
 
 using k15::memory::detail::BlockKind;
+using k15::memory::detail::is_power_of_two;
 
 extern "C" {
 void* k15_memory_c_allocate(std::size_t size, std::size_t align, BlockKind kind, std::size_t frame_address) noexcept;
@@ -31,8 +32,6 @@ namespace {
 constexpr std::size_t page_size = 4096;
 
 inline std::size_t frame_of(void* frame_address) { return reinterpret_cast<std::size_t>(frame_address); }
-
-inline bool is_power_of_two(std::size_t n) { return n != 0 && (n & (n - 1)) == 0; }
 
 // An alignment the function refuses, as glibc does (EINVAL), reported with the caller's stack.
 void* invalid_alignment(std::size_t size, std::size_t align, BlockKind kind, std::size_t frame) noexcept {
@@ -84,7 +83,7 @@ void* reallocarray(void* ptr, std::size_t count, std::size_t size) noexcept {
 
 // C11: a power-of-two alignment; what becomes of others is glibc's choice, by version.
 void* aligned_alloc(std::size_t align, std::size_t size) noexcept {
-    if (!is_power_of_two(align)) [[unlikely]] {
+    if (!is_power_of_two(align)) {
         if (glibc_refuses_odd_aligned_alloc()) return invalid_alignment(size, align, BlockKind::AlignedAlloc, K15_FRAME);
         return raised_to_power_of_two(size, align, BlockKind::AlignedAlloc, K15_FRAME);
     }
@@ -94,7 +93,7 @@ void* aligned_alloc(std::size_t align, std::size_t size) noexcept {
 // POSIX: a power of two and a multiple of sizeof(void*); errors are returned, errno is kept.
 int posix_memalign(void** out, std::size_t align, std::size_t size) noexcept {
     const int saved_errno = errno;
-    if (!is_power_of_two(align) || align % sizeof(void*) != 0) [[unlikely]] {
+    if (!is_power_of_two(align) || align % sizeof(void*) != 0) {
         k15_memory_invalid_alignment(size, align, BlockKind::PosixMemalign, nullptr, 0, K15_FRAME);
         errno = saved_errno;
         return EINVAL;

@@ -19,6 +19,7 @@ extern "C" const char k15_memory_link_error_put_libk15_memory_a_after_your_sourc
 namespace {
 
 using k15::memory::detail::BlockKind;
+using k15::memory::detail::is_power_of_two;
 
 // Each operator passes its own frame address; the call stack starts at the operator's caller.
 inline std::size_t frame_of(void* frame_address) { return reinterpret_cast<std::size_t>(frame_address); }
@@ -38,14 +39,12 @@ void* allocate_or_throw(std::size_t size, std::size_t align, BlockKind kind, con
     }
 }
 
-inline bool is_power_of_two(std::size_t n) { return n != 0 && (n & (n - 1)) == 0; }
-
 // The aligned forms. libstdc++ throws bad_alloc for an alignment that is not a power of two (0
 // included) before trying to allocate, without calling the new_handler; so do they, after
 // reporting it.
 void* aligned_or_throw(std::size_t size, std::align_val_t align, BlockKind kind, const char* file, int line,
                        std::size_t frame) {
-    if (!is_power_of_two(alignment(align))) [[unlikely]] {
+    if (!is_power_of_two(alignment(align))) {
         k15_memory_invalid_alignment(size, alignment(align), kind, file, line, frame);
         throw std::bad_alloc();
     }
