@@ -14,11 +14,17 @@ void* k15_memory_allocate(std::size_t size, std::size_t align, k15::memory::deta
 // k15_memory_allocate(size, 0, kind, nullptr, 0, frame_address): operator new and new[], three arguments to pass.
 void* k15_memory_new(std::size_t size, k15::memory::detail::BlockKind kind, std::size_t frame_address) noexcept;
 void k15_memory_deallocate(void* ptr, k15::memory::detail::BlockKind kind, std::size_t frame_address) noexcept;
+// An aligned form refused `align` (invalid_alignment); the caller fails the call as the library it replaces does.
+void k15_memory_invalid_alignment(std::size_t size, std::size_t align, k15::memory::detail::BlockKind kind,
+                                  const char* file, int line, std::size_t frame_address) noexcept;
 // After a take-over (cpp/take_over.cpp): blocks the previous allocator served are freed by it.
 void k15_memory_pass_foreign_blocks_to(void (*original_delete)(void*)) noexcept;
 }
 
 namespace k15::memory::detail {
+// The alignments libstdc++'s aligned operator new and C11's aligned_alloc accept.
+inline bool is_power_of_two(std::size_t n) { return n != 0 && (n & (n - 1)) == 0; }
+
 // The definition of `name` that an interposer of this library stands in front of (glibc's, as
 // a rule): the next one in the loader's search order after the module holding the tracker.
 template <typename Function>

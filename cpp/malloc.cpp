@@ -10,10 +10,14 @@
 #include <pthread.h>
 
 #include <atomic>
+#include <gnu/libc-version.h>
+
 #include <cerrno>
 #include <cstddef>
+#include <cstdlib>
 
 using k15::memory::detail::BlockKind;
+using k15::memory::detail::is_power_of_two;
 
 extern "C" {
 void* k15_memory_c_allocate(std::size_t size, std::size_t align, BlockKind kind, std::size_t frame_address) noexcept;
@@ -29,11 +33,29 @@ constexpr std::size_t page_size = 4096;
 
 inline std::size_t frame_of(void* frame_address) { return reinterpret_cast<std::size_t>(frame_address); }
 
-inline bool is_power_of_two(std::size_t n) { return n != 0 && (n & (n - 1)) == 0; }
-
-void* invalid_alignment() noexcept {
+// An alignment the function refuses, as glibc does (EINVAL), reported with the caller's stack.
+void* invalid_alignment(std::size_t size, std::size_t align, BlockKind kind, std::size_t frame) noexcept {
+    k15_memory_invalid_alignment(size, align, kind, nullptr, 0, frame);
     errno = EINVAL;
     return nullptr;
+}
+
+// glibc's memalign: an alignment that is not a power of two is raised to the next one; past
+// the largest power of two a size_t holds, EINVAL.
+void* raised_to_power_of_two(std::size_t size, std::size_t align, BlockKind kind, std::size_t frame) noexcept {
+    constexpr std::size_t largest = ~(~std::size_t(0) >> 1);
+    if (align > largest) return invalid_alignment(size, align, kind, frame);
+    std::size_t power = 1;
+    while (power < align) power <<= 1;
+    return k15_memory_c_allocate(size, power, kind, frame);
+}
+
+// glibc refuses aligned_alloc an alignment that is not a power of two from 2.38 on (as C23
+// asks); before, it serves it as memalign does. Read only for such alignments.
+bool glibc_refuses_odd_aligned_alloc() noexcept {
+    char* minor = nullptr;
+    const unsigned long major = std::strtoul(gnu_get_libc_version(), &minor, 10);
+    return major > 2 || (major == 2 && *minor == '.' && std::strtoul(minor + 1, nullptr, 10) >= 38);
 }
 
 }  // namespace
@@ -59,16 +81,23 @@ void* reallocarray(void* ptr, std::size_t count, std::size_t size) noexcept {
     return k15_memory_c_realloc(ptr, total, K15_FRAME);
 }
 
-// C11: a power-of-two alignment (glibc 2.38 and C23 reject others too).
+// C11: a power-of-two alignment; what becomes of others is glibc's choice, by version.
 void* aligned_alloc(std::size_t align, std::size_t size) noexcept {
-    if (!is_power_of_two(align)) return invalid_alignment();
+    if (!is_power_of_two(align)) {
+        if (glibc_refuses_odd_aligned_alloc()) return invalid_alignment(size, align, BlockKind::AlignedAlloc, K15_FRAME);
+        return raised_to_power_of_two(size, align, BlockKind::AlignedAlloc, K15_FRAME);
+    }
     return k15_memory_c_allocate(size, align, BlockKind::AlignedAlloc, K15_FRAME);
 }
 
 // POSIX: a power of two and a multiple of sizeof(void*); errors are returned, errno is kept.
 int posix_memalign(void** out, std::size_t align, std::size_t size) noexcept {
-    if (!is_power_of_two(align) || align % sizeof(void*) != 0) return EINVAL;
     const int saved_errno = errno;
+    if (!is_power_of_two(align) || align % sizeof(void*) != 0) {
+        k15_memory_invalid_alignment(size, align, BlockKind::PosixMemalign, nullptr, 0, K15_FRAME);
+        errno = saved_errno;
+        return EINVAL;
+    }
     void* block = k15_memory_c_allocate(size, align, BlockKind::PosixMemalign, K15_FRAME);
     errno = saved_errno;
     if (block == nullptr) return ENOMEM;
@@ -76,12 +105,8 @@ int posix_memalign(void** out, std::size_t align, std::size_t size) noexcept {
     return 0;
 }
 
-// glibc: any other alignment is raised to the next power of two.
 void* memalign(std::size_t align, std::size_t size) noexcept {
-    if (align > (std::size_t(1) << 62)) return invalid_alignment();
-    std::size_t power = 1;
-    while (power < align) power <<= 1;
-    return k15_memory_c_allocate(size, power, BlockKind::Memalign, K15_FRAME);
+    return raised_to_power_of_two(size, align, BlockKind::Memalign, K15_FRAME);
 }
 
 void* valloc(std::size_t size) noexcept {

@@ -19,6 +19,7 @@ extern "C" const char k15_memory_link_error_put_libk15_memory_a_after_your_sourc
 namespace {
 
 using k15::memory::detail::BlockKind;
+using k15::memory::detail::is_power_of_two;
 
 // Each operator passes its own frame address; the call stack starts at the operator's caller.
 inline std::size_t frame_of(void* frame_address) { return reinterpret_cast<std::size_t>(frame_address); }
@@ -38,9 +39,23 @@ void* allocate_or_throw(std::size_t size, std::size_t align, BlockKind kind, con
     }
 }
 
-void* allocate_or_null(std::size_t size, std::size_t align, BlockKind kind, std::size_t frame) noexcept {
+// The aligned forms. libstdc++ throws bad_alloc for an alignment that is not a power of two (0
+// included) before trying to allocate, without calling the new_handler; so do they, after
+// reporting it.
+void* aligned_or_throw(std::size_t size, std::align_val_t align, BlockKind kind, const char* file, int line,
+                       std::size_t frame) {
+    if (!is_power_of_two(alignment(align))) {
+        k15_memory_invalid_alignment(size, alignment(align), kind, file, line, frame);
+        throw std::bad_alloc();
+    }
+    return allocate_or_throw(size, alignment(align), kind, file, line, frame);
+}
+
+// The nothrow forms: the block the throwing form gives, null where it throws.
+template <class Allocate>
+void* null_if_thrown(Allocate allocate) noexcept {
     try {
-        return allocate_or_throw(size, align, kind, nullptr, 0, frame);
+        return allocate();
     } catch (...) {
         return nullptr;
     }
@@ -96,22 +111,26 @@ void* operator new[](std::size_t size) {
     return allocate_or_throw(size, 0, BlockKind::NewArray, nullptr, 0, K15_FRAME);
 }
 void* operator new(std::size_t size, const std::nothrow_t&) noexcept {
-    return allocate_or_null(size, 0, BlockKind::New, K15_FRAME);
+    return null_if_thrown([size, frame = K15_FRAME] { return allocate_or_throw(size, 0, BlockKind::New, nullptr, 0, frame); });
 }
 void* operator new[](std::size_t size, const std::nothrow_t&) noexcept {
-    return allocate_or_null(size, 0, BlockKind::NewArray, K15_FRAME);
+    return null_if_thrown(
+        [size, frame = K15_FRAME] { return allocate_or_throw(size, 0, BlockKind::NewArray, nullptr, 0, frame); });
 }
 void* operator new(std::size_t size, std::align_val_t align) {
-    return allocate_or_throw(size, alignment(align), BlockKind::New, nullptr, 0, K15_FRAME);
+    return aligned_or_throw(size, align, BlockKind::New, nullptr, 0, K15_FRAME);
 }
 void* operator new[](std::size_t size, std::align_val_t align) {
-    return allocate_or_throw(size, alignment(align), BlockKind::NewArray, nullptr, 0, K15_FRAME);
+    return aligned_or_throw(size, align, BlockKind::NewArray, nullptr, 0, K15_FRAME);
 }
 void* operator new(std::size_t size, std::align_val_t align, const std::nothrow_t&) noexcept {
-    return allocate_or_null(size, alignment(align), BlockKind::New, K15_FRAME);
+    return null_if_thrown(
+        [size, align, frame = K15_FRAME] { return aligned_or_throw(size, align, BlockKind::New, nullptr, 0, frame); });
 }
 void* operator new[](std::size_t size, std::align_val_t align, const std::nothrow_t&) noexcept {
-    return allocate_or_null(size, alignment(align), BlockKind::NewArray, K15_FRAME);
+    return null_if_thrown([size, align, frame = K15_FRAME] {
+        return aligned_or_throw(size, align, BlockKind::NewArray, nullptr, 0, frame);
+    });
 }
 
 // K15_NEW: the same, with the allocation site.
@@ -127,13 +146,13 @@ void* operator new(std::size_t size, std::align_val_t align, const char* file, i
     if (!operators_are_the_process()) {
         return process_operator<void* (*)(std::size_t, std::align_val_t)>("_ZnwmSt11align_val_t")(size, align);
     }
-    return allocate_or_throw(size, alignment(align), BlockKind::New, file, line, K15_FRAME);
+    return aligned_or_throw(size, align, BlockKind::New, file, line, K15_FRAME);
 }
 void* operator new[](std::size_t size, std::align_val_t align, const char* file, int line) {
     if (!operators_are_the_process()) {
         return process_operator<void* (*)(std::size_t, std::align_val_t)>("_ZnamSt11align_val_t")(size, align);
     }
-    return allocate_or_throw(size, alignment(align), BlockKind::NewArray, file, line, K15_FRAME);
+    return aligned_or_throw(size, align, BlockKind::NewArray, file, line, K15_FRAME);
 }
 
 // Every delete form; the header knows the size and alignment, so the extra arguments are unused.

@@ -329,6 +329,29 @@ pub unsafe extern "C" fn k15_memory_new(
     unsafe { allocate(size, 0, kind, core::ptr::null(), 0, frame_address) }
 }
 
+/// Reports an aligned allocation refused for its alignment (`invalid_alignment`); the C++
+/// caller then fails it as libstdc++ or glibc does.
+///
+/// # Safety
+/// As [`k15_memory_allocate`].
+#[no_mangle]
+#[cold]
+pub unsafe extern "C" fn k15_memory_invalid_alignment(
+    size: usize,
+    align: usize,
+    kind: bridge::BlockKind,
+    file: *const c_char,
+    line: i32,
+    frame_address: usize,
+) {
+    // SAFETY: forwarded from the caller's guarantee.
+    let start = move || unsafe { StartFrame::caller_of(frame_address) };
+    // SAFETY: `file` is as the caller guarantees.
+    unsafe {
+        tracker::report_invalid_alignment(size, align, core_kind(kind), file, line as u32, start)
+    }
+}
+
 /// Frees a block from [`k15_memory_allocate`]; bad frees are reported, never crash.
 ///
 /// # Safety

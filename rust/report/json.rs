@@ -125,7 +125,7 @@ pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
             e.file.as_deref().map_or("null".to_owned(), quoted),
             e.line,
             e.allocated_with.map_or("null".to_owned(), |k| quoted(errors::family(k))),
-            if e.allocator.is_some() || e.over_budget.is_some() || (e.kind.is_damage() && e.detail.is_some()) { "null".to_owned() } else { quoted(errors::release_family(e.freed_with)) },
+            if e.allocator.is_some() || e.over_budget.is_some() || e.alignment.is_some() || (e.kind.is_damage() && e.detail.is_some()) { "null".to_owned() } else { quoted(errors::release_family(e.freed_with)) },
             e.allocator.map_or("null".to_owned(), quoted),
             e.detail.map_or("null".to_owned(), quoted),
             stacks.id(e.alloc_stack),
@@ -242,9 +242,10 @@ fn per_frame(figures: &PerFrame, frames: u64) -> String {
     )
 }
 
-/// The fields of the error kinds that name bytes, a first free or a tag: `offset` and `bytes`
-/// (hex pairs as found) for damage, `offset` for a pointer inside a block,
-/// `previous_free_stack`, and a `tag_over_budget`'s `tag`, `budget_bytes` and `live_bytes`.
+/// The fields of the error kinds that name bytes, a first free, a tag or an alignment: `offset`
+/// and `bytes` (hex pairs as found) for damage, `offset` for a pointer inside a block,
+/// `previous_free_stack`, a `tag_over_budget`'s `tag`, `budget_bytes` and `live_bytes`, and an
+/// `invalid_alignment`'s `alignment`.
 fn write_damage_fields(
     out: &mut dyn Write,
     e: &MemoryError,
@@ -268,6 +269,9 @@ fn write_damage_fields(
             over.budget_bytes,
             over.live_bytes
         )?;
+    }
+    if let Some(align) = e.alignment {
+        write!(out, ", \"alignment\": {align}")?;
     }
     if e.previous_free_stack != StackId(0) {
         write!(

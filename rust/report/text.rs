@@ -417,6 +417,15 @@ fn write_error(out: &mut String, e: &MemoryError, stacks: &ErrorStacks) -> std::
         )?;
         return write_stack(out, "allocation", e, alloc);
     }
+    if let Some(align) = e.alignment {
+        writeln!(
+            out,
+            "Memory error: invalid_alignment: {} of {} asked for an alignment of {align}, which it refuses: the call failed",
+            errors::family(e.allocated_with.unwrap_or(e.freed_with)),
+            count(e.size, "byte"),
+        )?;
+        return write_stack(out, "allocation", e, alloc);
+    }
     if let Some(over) = &e.over_budget {
         writeln!(
             out,

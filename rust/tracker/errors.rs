@@ -22,6 +22,9 @@ pub enum ErrorKind {
     HeapCorruption,
     /// A tag's live bytes went over its budget (`budgets=FILE`); the allocation was served.
     TagOverBudget,
+    /// An aligned allocation asked for an alignment its function refuses (not a power of two);
+    /// it failed as it does without the tracker.
+    InvalidAlignment,
 }
 
 impl ErrorKind {
@@ -37,7 +40,7 @@ impl ErrorKind {
     }
 
     /// Every kind (suppression files name them).
-    pub const ALL: [ErrorKind; 9] = [
+    pub const ALL: [ErrorKind; 10] = [
         ErrorKind::MismatchedDelete,
         ErrorKind::DoubleFree,
         ErrorKind::InvalidFree,
@@ -47,6 +50,7 @@ impl ErrorKind {
         ErrorKind::UseAfterFree,
         ErrorKind::HeapCorruption,
         ErrorKind::TagOverBudget,
+        ErrorKind::InvalidAlignment,
     ];
 
     /// The name used in the reports (SPEC's `errors[].kind`).
@@ -61,6 +65,7 @@ impl ErrorKind {
             ErrorKind::UseAfterFree => "use_after_free",
             ErrorKind::HeapCorruption => "heap_corruption",
             ErrorKind::TagOverBudget => "tag_over_budget",
+            ErrorKind::InvalidAlignment => "invalid_alignment",
         }
     }
 }
@@ -95,6 +100,8 @@ pub struct MemoryError {
     pub previous_free_stack: StackId,
     /// For a `tag_over_budget`: the tag and its figures when the allocation crossed its budget.
     pub over_budget: Option<OverBudget>,
+    /// For an `invalid_alignment`: the alignment asked for.
+    pub alignment: Option<usize>,
 }
 
 /// A tag's budget crossed: its budget, and its live bytes with the crossing allocation.
@@ -177,6 +184,7 @@ impl MemoryError {
             interior_offset: None,
             previous_free_stack: StackId(0),
             over_budget: None,
+            alignment: None,
         }
     }
 }

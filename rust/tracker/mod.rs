@@ -907,6 +907,39 @@ fn report_budget_exceeded(size: usize, file: *const c_char, line: u32, alloc_sta
     });
 }
 
+/// An `invalid_alignment` error: an aligned allocation of `size` bytes through `kind` asked for
+/// `align`, which its function refuses (the caller then fails the call as the library it
+/// replaces does). Only the aligned forms' refusal comes here, never a served allocation.
+///
+/// # Safety
+/// `file` is null or a NUL-terminated string (a `__FILE__` literal).
+#[cold]
+#[inline(never)]
+pub unsafe fn report_invalid_alignment(
+    size: usize,
+    align: usize,
+    kind: BlockKind,
+    file: *const c_char,
+    line: u32,
+    start: impl FnOnce() -> StartFrame,
+) {
+    bad_free(|| MemoryError {
+        size,
+        // SAFETY: as the caller guarantees.
+        file: unsafe { crate::sys::c_str(file) }.map(str::to_owned),
+        line,
+        allocated_with: Some(kind),
+        alignment: Some(align),
+        alloc_stack: capture_stack_of(start()),
+        ..MemoryError::at_free(
+            ErrorKind::InvalidAlignment,
+            core::ptr::null_mut(),
+            kind,
+            StackId(0),
+        )
+    });
+}
+
 /// The stack of the call being reported (a bad free, a refused allocation). Called inside
 /// the tracker: the unwinder's cold paths allocate.
 pub(crate) fn capture_stack_of(start: StartFrame) -> StackId {
