@@ -14,7 +14,7 @@ use super::guard::Inside;
 use super::{live_list, tags};
 use crate::sys::StackBuffer;
 use core::fmt::Write;
-use core::sync::atomic::{AtomicBool, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -49,6 +49,13 @@ static TIMELINE: Mutex<Timeline> = Mutex::new(Timeline {
 /// Set at the first frame mark (the timer thread stops) and at exit.
 static TIMER_STOPPED: AtomicBool = AtomicBool::new(false);
 
+/// The timer thread's `pthread_t`, 0 when there is none to join (never started, joined, or a
+/// forked child's: the thread is not in the child).
+static TIMER_THREAD: AtomicUsize = AtomicUsize::new(0);
+
+/// How long the exit waits for the timer thread to end (it wakes every 10 ms).
+const TIMER_JOIN_LIMIT: Duration = Duration::from_millis(100);
+
 /// Opens the timeline if `timeline=` asks for one and starts the timer thread. Called once, at
 /// start-up (`process::start_up`), outside any allocation.
 pub fn start() {
@@ -68,15 +75,49 @@ pub fn start() {
     }
     timeline.sample(None);
     drop(timeline);
-    let timer = std::thread::Builder::new()
-        .name("k15-timeline".into())
-        .spawn(sample_until_the_first_frame);
-    if let Err(why) = timer {
+    // A bare pthread, not `std::thread`: std's spawned threads allocate (their spawn hooks)
+    // before running the closure, outside the tracker, and the user's report would list them.
+    let mut timer = core::mem::MaybeUninit::<libc::pthread_t>::uninit();
+    // SAFETY: `sample_until_the_first_frame` takes no argument and lives for the whole process;
+    // the thread is joined at exit (`at_exit`).
+    let failed = unsafe {
+        libc::pthread_create(
+            timer.as_mut_ptr(),
+            core::ptr::null(),
+            sample_until_the_first_frame,
+            core::ptr::null_mut(),
+        )
+    };
+    if failed == 0 {
+        // SAFETY: pthread_create succeeded, so it wrote the thread's id.
+        TIMER_THREAD.store(unsafe { timer.assume_init() } as usize, Ordering::Release);
+    } else {
         crate::sys::write_fd(
             2,
-            format!("k15-memory: timeline: no timer thread ({why}): samples at frame marks only\n")
-                .as_bytes(),
+            b"k15-memory: timeline: no timer thread: samples at frame marks only\n",
         );
+    }
+}
+
+/// Waits (a bounded time) for the timer thread to end: the exit frees the C and C++ runtimes'
+/// caches only when the program's threads are gone (`malloc::release_runtime_caches`), and the
+/// timer thread must not count as one of them.
+fn join_the_timer() {
+    let timer = TIMER_THREAD.swap(0, Ordering::AcqRel);
+    if timer == 0 {
+        return;
+    }
+    let mut now = core::mem::MaybeUninit::<libc::timespec>::uninit();
+    // SAFETY: clock_gettime writes `now`; the thread id is the timer's, joined once (swapped
+    // out above). A timer blocked on the timeline's lock held by the thread a signal handler
+    // interrupted is left behind after the limit.
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_REALTIME, now.as_mut_ptr());
+        let mut until = now.assume_init();
+        until.tv_nsec += TIMER_JOIN_LIMIT.as_nanos() as libc::c_long;
+        until.tv_sec += until.tv_nsec / 1_000_000_000;
+        until.tv_nsec %= 1_000_000_000;
+        libc::pthread_timedjoin_np(timer as libc::pthread_t, core::ptr::null_mut(), &until);
     }
 }
 
@@ -87,12 +128,19 @@ fn lock() -> MutexGuard<'static, Timeline> {
 }
 
 /// The timer thread: its own allocations are the tracker's (untracked) for its whole life.
-fn sample_until_the_first_frame() {
+extern "C" fn sample_until_the_first_frame(_: *mut libc::c_void) -> *mut libc::c_void {
     let _inside = Inside::enter();
+    // The program's signals (a SIGTERM whose handler calls `exit`) go to the program's threads.
+    let mut all = core::mem::MaybeUninit::<libc::sigset_t>::uninit();
+    // SAFETY: sigfillset initializes `all`; pthread_sigmask changes this thread's mask only.
+    unsafe {
+        libc::sigfillset(all.as_mut_ptr());
+        libc::pthread_sigmask(libc::SIG_BLOCK, all.as_ptr(), core::ptr::null_mut());
+    }
     loop {
         std::thread::sleep(TIMER_PERIOD);
         if TIMER_STOPPED.load(Ordering::Relaxed) {
-            return;
+            return core::ptr::null_mut();
         }
         lock().sample(None);
     }
@@ -110,6 +158,7 @@ pub fn at_frame_mark(marks: u64) {
 /// The last sample, at exit (before the report is collected).
 pub fn at_exit() {
     TIMER_STOPPED.store(true, Ordering::Relaxed);
+    join_the_timer();
     // A signal handler's `exit` may have interrupted a sample on this very thread.
     let Ok(mut timeline) = TIMELINE.try_lock() else {
         return;
@@ -123,6 +172,7 @@ pub fn at_exit() {
 /// writes its own file where the path has `%p`, else none (the parent's file is the parent's).
 /// The timer thread is not in the child: it samples at its frame marks and at exit.
 pub fn in_forked_child(prepared: bool) {
+    TIMER_THREAD.store(0, Ordering::Relaxed);
     let Ok(mut timeline) = TIMELINE.try_lock() else {
         return; // unprepared, and another thread of the parent held it: left as it is
     };
