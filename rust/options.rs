@@ -121,6 +121,8 @@ pub struct Options {
     pub suppressions: Option<PathOption>,
     /// `budgets=FILE`: a byte budget per tag, `TAG SIZE` a line (`tracker::tag_budgets`).
     pub budgets: Option<PathOption>,
+    /// `timeline=PATH` (`%p`: the pid): live bytes per tag over time (`tracker::timeline`).
+    pub timeline: Option<PathOption>,
     /// Whether the text lists reachable blocks (else one line with their total).
     pub show_reachable: bool,
     /// Whether stacks keep the frames below `main` (libc's start-up and `_start`), as
@@ -154,6 +156,7 @@ impl Options {
         quarantine: 0,
         suppressions: None,
         budgets: None,
+        timeline: None,
         show_reachable: true,
         show_below_main: false,
         leak_kinds: LeakKind::Direct.bit() | LeakKind::Indirect.bit(),
@@ -389,6 +392,7 @@ const KEYS: &[Key] = &[
     },
     optional_path_key!(suppressions, "must be a UTF-8 path of 1..1023 bytes"),
     optional_path_key!(budgets, "must be a UTF-8 path of 1..1023 bytes"),
+    optional_path_key!(timeline, "must be a UTF-8 path of 1..1023 bytes"),
     optional_path_key!(
         alloc_fns,
         "must be UTF-8 patterns of 1..1023 bytes in all, by commas"

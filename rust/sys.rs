@@ -492,6 +492,17 @@ impl<const N: usize> StackBuffer<N> {
         &self.bytes[..self.len]
     }
 
+    /// Whether something written did not fit (and was cut).
+    pub fn truncated(&self) -> bool {
+        self.truncated
+    }
+
+    /// Empties the buffer for the next text.
+    pub fn clear(&mut self) {
+        self.len = 0;
+        self.truncated = false;
+    }
+
     /// Writes the buffer to stderr in one `write(2)`, so lines from two threads do not interleave.
     pub fn flush_to_stderr(&mut self) {
         if self.truncated && self.len >= 4 {

@@ -25,4 +25,5 @@ fn join_the_tracker() {
         guards.push(Box::new(crate::report::mappings::lock_for_fork()));
     });
     errors::set_printer(crate::report::text::print_error);
+    crate::tracker::timeline::start();
 }

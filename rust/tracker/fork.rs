@@ -235,6 +235,7 @@ extern "C" fn release_in_child() {
     if prepared {
         errors::forget_inherited();
     }
+    super::timeline::in_forked_child(prepared);
 }
 
 extern "C" {

@@ -89,6 +89,9 @@ pub fn mark() {
         let s = tags::sums(id);
         frames.record(id, [s.allocations, s.frees, s.total_bytes], ended);
     }
+    let marks = frames.marks;
+    drop(frames);
+    super::timeline::at_frame_mark(marks);
 }
 
 impl Frames {

@@ -27,6 +27,7 @@ pub mod suspend;
 pub mod tag_budgets;
 pub mod tags;
 pub mod threads;
+pub mod timeline;
 
 pub use heap::thread_heap_range;
 pub use kind::BlockKind;
