@@ -59,6 +59,18 @@ void* allocate(std::size_t size, std::size_t align, const char* name) noexcept {
 
 void deallocate(void* ptr) noexcept { deallocate_named(ptr, __builtin_frame_address(0)); }
 
+PoolHandle pool_create(const char* name) noexcept { return k15_memory_pool_create_named(name); }
+
+void pool_alloc(PoolHandle pool, const void* ptr, std::size_t size) noexcept {
+    k15_memory_pool_alloc_from(pool, ptr, size, reinterpret_cast<std::size_t>(__builtin_frame_address(0)));
+}
+
+void pool_free(PoolHandle pool, const void* ptr) noexcept {
+    k15_memory_pool_free_from(pool, ptr, reinterpret_cast<std::size_t>(__builtin_frame_address(0)));
+}
+
+void pool_reset(PoolHandle pool) noexcept { k15_memory_pool_reset_from(pool, reinterpret_cast<std::size_t>(__builtin_frame_address(0))); }
+
 }  // namespace k15::memory
 
 extern "C" {
@@ -75,6 +87,20 @@ k15_memory_stats k15_memory_get_stats(void) {
 }
 
 int k15_memory_write_leak_report(const char* path) { return k15::memory::write_leak_report(path) ? 1 : 0; }
+
+k15_memory_pool k15_memory_pool_create(const char* name) { return k15_memory_pool_create_named(name); }
+
+void k15_memory_pool_alloc(k15_memory_pool pool, const void* ptr, size_t size) {
+    k15_memory_pool_alloc_from(pool, ptr, size, reinterpret_cast<std::size_t>(__builtin_frame_address(0)));
+}
+
+void k15_memory_pool_free(k15_memory_pool pool, const void* ptr) {
+    k15_memory_pool_free_from(pool, ptr, reinterpret_cast<std::size_t>(__builtin_frame_address(0)));
+}
+
+void k15_memory_pool_reset(k15_memory_pool pool) {
+    k15_memory_pool_reset_from(pool, reinterpret_cast<std::size_t>(__builtin_frame_address(0)));
+}
 
 void k15_memory_running_on_stack(const void* lowest, size_t size) {
     k15::memory::running_on_stack(lowest, size);

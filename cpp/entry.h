@@ -7,6 +7,7 @@
 #include <dlfcn.h>
 
 #include <cstddef>
+#include <cstdint>
 
 extern "C" {
 void* k15_memory_allocate(std::size_t size, std::size_t align, k15::memory::detail::BlockKind kind, const char* file,
@@ -17,6 +18,11 @@ void k15_memory_deallocate(void* ptr, k15::memory::detail::BlockKind kind, std::
 // An aligned form refused `align` (invalid_alignment); the caller fails the call as the library it replaces does.
 void k15_memory_invalid_alignment(std::size_t size, std::size_t align, k15::memory::detail::BlockKind kind,
                                   const char* file, int line, std::size_t frame_address) noexcept;
+// The pool API's entries (api.cpp's public forms pass their own frame: the stack starts at their caller).
+std::uint32_t k15_memory_pool_create_named(const char* name) noexcept;
+void k15_memory_pool_alloc_from(std::uint32_t pool, const void* ptr, std::size_t size, std::size_t frame_address) noexcept;
+void k15_memory_pool_free_from(std::uint32_t pool, const void* ptr, std::size_t frame_address) noexcept;
+void k15_memory_pool_reset_from(std::uint32_t pool, std::size_t frame_address) noexcept;
 // After a take-over (cpp/take_over.cpp): blocks the previous allocator served are freed by it.
 void k15_memory_pass_foreign_blocks_to(void (*original_delete)(void*)) noexcept;
 }

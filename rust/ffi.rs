@@ -381,6 +381,66 @@ pub extern "C" fn k15_memory_pass_foreign_blocks_to(
     tracker::pass_foreign_blocks_to(original_delete)
 }
 
+/// `pool_create(name)` (`memory.h`, `memory_c.h`): a pool for an arena's sub-blocks
+/// (`engine::client_pools`), named `name` (copied; null: "pool"); 0 if none could be made.
+///
+/// # Safety
+/// `name` is null or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn k15_memory_pool_create_named(name: *const c_char) -> u32 {
+    let name = if name.is_null() {
+        "pool"
+    } else {
+        let _inside = Inside::enter(); // the name's copy is the tracker's own memory
+                                       // SAFETY: as the caller guarantees.
+        engine::static_name(unsafe { CStr::from_ptr(name) })
+    };
+    engine::client_pools::create(name)
+}
+
+/// `pool_alloc(pool, ptr, size)`: the arena made a sub-block; its stack starts at the caller of
+/// the function whose frame is `frame_address`.
+///
+/// # Safety
+/// `frame_address` is the frame of a live function compiled with frame pointers.
+#[no_mangle]
+pub unsafe extern "C" fn k15_memory_pool_alloc_from(
+    pool: u32,
+    ptr: *const u8,
+    size: usize,
+    frame_address: usize,
+) {
+    // SAFETY: as the caller guarantees.
+    let start = unsafe { StartFrame::caller_of(frame_address) };
+    engine::client_pools::alloc(pool, ptr as usize, size, start);
+}
+
+/// `pool_free(pool, ptr)`, as [`k15_memory_pool_alloc_from`].
+///
+/// # Safety
+/// As [`k15_memory_pool_alloc_from`].
+#[no_mangle]
+pub unsafe extern "C" fn k15_memory_pool_free_from(
+    pool: u32,
+    ptr: *const u8,
+    frame_address: usize,
+) {
+    // SAFETY: as the caller guarantees.
+    let start = unsafe { StartFrame::caller_of(frame_address) };
+    engine::client_pools::free(pool, ptr as usize, start);
+}
+
+/// `pool_reset(pool)`, as [`k15_memory_pool_alloc_from`].
+///
+/// # Safety
+/// As [`k15_memory_pool_alloc_from`].
+#[no_mangle]
+pub unsafe extern "C" fn k15_memory_pool_reset_from(pool: u32, frame_address: usize) {
+    // SAFETY: as the caller guarantees.
+    let start = unsafe { StartFrame::caller_of(frame_address) };
+    engine::client_pools::reset(pool, start);
+}
+
 fn tag_stats() -> Vec<TagStats> {
     tracker::tag_stats()
         .into_iter()

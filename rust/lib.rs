@@ -81,6 +81,35 @@ impl Drop for Scope {
     }
 }
 
+pub use engine::client_pools::PoolHandle;
+
+/// A pool for an arena's sub-blocks, as C++'s `k15::memory::pool_create(name)`: each sub-block the
+/// arena reports ([`pool_alloc`]) is a block of its own in the leak report, allocated with `name`,
+/// and in the tag figures. 0 if none could be made (called inside the tracker).
+pub fn pool_create(name: &'static str) -> PoolHandle {
+    engine::client_pools::create(name)
+}
+
+/// The arena of `pool` handed out `size` bytes at `ptr` (see C++'s `k15::memory::pool_alloc`);
+/// the block's stack starts at the caller.
+#[inline(never)]
+pub fn pool_alloc(pool: PoolHandle, ptr: *const u8, size: usize) {
+    engine::client_pools::alloc(pool, ptr as usize, size, stack::StartFrame::here());
+}
+
+/// The arena of `pool` took the sub-block at `ptr` back; anything but a live sub-block of the
+/// pool is reported as a memory error.
+#[inline(never)]
+pub fn pool_free(pool: PoolHandle, ptr: *const u8) {
+    engine::client_pools::free(pool, ptr as usize, stack::StartFrame::here());
+}
+
+/// The arena of `pool` took every sub-block back at once.
+#[inline(never)]
+pub fn pool_reset(pool: PoolHandle) {
+    engine::client_pools::reset(pool, stack::StartFrame::here());
+}
+
 /// Checks every live block now and reports each problem found (see C++'s
 /// `k15::memory::check_heap()`); returns how many there were.
 #[inline(never)]

@@ -88,6 +88,11 @@ inline void* allocate(std::size_t size, std::size_t align, const char*) noexcept
     return posix_memalign(&block, align, size) == 0 ? block : nullptr;  // C++11: no std::aligned_alloc
 }
 inline void deallocate(void* ptr) noexcept { std::free(ptr); }
+using PoolHandle = k15_memory_pool;
+inline PoolHandle pool_create(const char*) noexcept { return 0; }
+inline void pool_alloc(PoolHandle, const void*, std::size_t) noexcept {}
+inline void pool_free(PoolHandle, const void*) noexcept {}
+inline void pool_reset(PoolHandle) noexcept {}
 }  // namespace memory
 }  // namespace k15
 
@@ -191,6 +196,28 @@ void* allocate(std::size_t size, std::size_t align, const char* name) noexcept;
 // Frees a block of allocate(); nullptr is ignored. A block of another family (malloc, new) is a
 // mismatched_delete, anything else a reported invalid_free or double_free (left alone).
 void deallocate(void* ptr) noexcept;
+
+// Pools, for an arena that carves memory of its own into objects (a frame's temp allocator, a
+// fixed-size free list), like Tracy's TracyAllocN/TracyFreeN or valgrind's MEMPOOL_ALLOC: the
+// arena tells the tracker of each sub-block it hands out and takes back. Each sub-block is then
+// a block of its own in the leak report (allocated with the pool's name, at the stack of its
+// pool_alloc, scanned for pointers) and in the tag figures (the tag of the scope pool_alloc
+// runs in). The arena's own block, while it holds live sub-blocks, is no leak of its own; its
+// bytes count against its tag only where no sub-block holds them. A pool_free of no live
+// sub-block, a second one, or a pool_alloc over a live sub-block is reported as a memory error.
+using PoolHandle = k15_memory_pool;
+
+// A pool named `name` (copied; "Physics/TempArena"); 0 if it could not be made.
+PoolHandle pool_create(const char* name) noexcept;
+
+// The arena handed out `size` bytes at `ptr`.
+void pool_alloc(PoolHandle pool, const void* ptr, std::size_t size) noexcept;
+
+// The arena took the sub-block at `ptr` back.
+void pool_free(PoolHandle pool, const void* ptr) noexcept;
+
+// The arena took every sub-block back at once (rewound; or before it frees its memory).
+void pool_reset(PoolHandle pool) noexcept;
 
 }  // namespace memory
 }  // namespace k15

@@ -27,6 +27,9 @@ typedef struct k15_memory_stats {
     uint64_t total_frees;
 } k15_memory_stats;
 
+/* A pool of sub-blocks an arena reports (k15_memory_pool_create): 0 is none. */
+typedef uint32_t k15_memory_pool;
+
 #if defined(K15_MEMORY_DISABLED)
 
 static inline void* k15_memory_alloc(size_t size, size_t align, const char* name) {
@@ -56,6 +59,20 @@ static inline void k15_memory_scope_push_tag(uint32_t tag) { (void)tag; }
 static inline void k15_memory_scope_push(const char* name) { (void)name; }
 static inline void k15_memory_scope_pop(void) {}
 static inline void k15_memory_frame_mark(void) {}
+static inline k15_memory_pool k15_memory_pool_create(const char* name) {
+    (void)name;
+    return 0;
+}
+static inline void k15_memory_pool_alloc(k15_memory_pool pool, const void* ptr, size_t size) {
+    (void)pool;
+    (void)ptr;
+    (void)size;
+}
+static inline void k15_memory_pool_free(k15_memory_pool pool, const void* ptr) {
+    (void)pool;
+    (void)ptr;
+}
+static inline void k15_memory_pool_reset(k15_memory_pool pool) { (void)pool; }
 
 #else
 
@@ -95,6 +112,19 @@ void k15_memory_scope_push_tag(uint32_t tag);
  * allocated (mean, most, and the frame of the most). Frame 1 runs from the first mark to the
  * second. Reads the counters (a few microseconds), allocates nothing. */
 void k15_memory_frame_mark(void);
+
+/* Pools, for an arena that carves its own memory into objects (a frame's temp allocator, a
+ * free list): the arena tells the tracker of each object it hands out and takes back, and
+ * each shows in the leak report and the tag figures as a block of its own, allocated with the
+ * pool's name and the stack of its k15_memory_pool_alloc. See k15::memory::pool_alloc in
+ * memory.h. `name` is copied; the handle is never 0 unless the pool could not be made. */
+k15_memory_pool k15_memory_pool_create(const char* name);
+/* The arena handed out `size` bytes at `ptr` (memory of its own: a block it allocated, or any). */
+void k15_memory_pool_alloc(k15_memory_pool pool, const void* ptr, size_t size);
+/* The arena took the sub-block at `ptr` back. */
+void k15_memory_pool_free(k15_memory_pool pool, const void* ptr);
+/* The arena took every sub-block back at once (rewound, or about to free its memory). */
+void k15_memory_pool_reset(k15_memory_pool pool);
 
 /* Links this header's users to the library (see memory.h): a link line with the library before
  * the sources fails with this name. */

@@ -30,6 +30,7 @@ macro_rules! registered_allocator {
 }
 
 pub mod block;
+pub mod client_pools;
 mod names;
 pub mod pool;
 mod registry;
@@ -48,6 +49,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 pub use block::{BlockAllocator, FreeSpace};
+pub(crate) use client_pools::lock_for_fork as lock_client_pools_for_fork;
 pub(crate) use names::lock_for_fork as lock_names_for_fork;
 pub use names::{c_name, static_name};
 pub use pool::{Pool, PoolConfig};

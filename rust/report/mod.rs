@@ -458,7 +458,7 @@ struct Snapshot {
 /// modules are dropped rather than read. `stack`: the caller's live stack, a root.
 fn snapshot(symbolizer: &Symbolizer, stack: Option<core::ops::Range<usize>>) -> Snapshot {
     let mut engine_leaks = Vec::new();
-    let unlisted_allocators = crate::engine::for_each_live_block(&mut |info, block| {
+    let mut unlisted_allocators = crate::engine::for_each_live_block(&mut |info, block| {
         engine_leaks.push(Leak {
             address: block.address,
             size: block.size,
@@ -477,6 +477,10 @@ fn snapshot(symbolizer: &Symbolizer, stack: Option<core::ops::Range<usize>>) -> 
         })
     })
     .unwrap_or_else(|_| vec![EVERY_ENGINE_ALLOCATOR]);
+    let sub_blocks = pool_sub_blocks().unwrap_or_else(|_| {
+        unlisted_allocators.push(EVERY_POOL);
+        Vec::new()
+    });
     let roots = scan::Roots::gather(stack);
     let ignored = ignore::IgnoreSet::now();
     let mut leaks = Vec::new();
@@ -515,6 +519,7 @@ fn snapshot(symbolizer: &Symbolizer, stack: Option<core::ops::Range<usize>>) -> 
         })
     });
     let unsettled_threads = world.unsettled_threads();
+    add_sub_blocks(&mut leaks, sub_blocks);
     leaks.retain(|l| !crate::tracker::fork::inherited(l.thread, l.seq));
     leaks.sort_unstable_by_key(|l| (l.thread, l.seq));
     leaks.append(&mut engine_leaks);
@@ -550,6 +555,75 @@ fn snapshot(symbolizer: &Symbolizer, stack: Option<core::ops::Range<usize>>) -> 
         unreadable_blocks: classified.unreadable_blocks,
         unsuspended_threads,
     }
+}
+
+/// What [`Report::unlisted_allocators`] names when the pools' sub-blocks could not be read.
+pub const EVERY_POOL: &str = "pools";
+
+/// The pools' live sub-blocks (`engine::client_pools`) as leaks, each with whether it lay in a
+/// tracked block when it was allocated.
+fn pool_sub_blocks() -> Result<Vec<(Leak, bool)>, crate::engine::Busy> {
+    let mut sub_blocks = Vec::new();
+    crate::engine::client_pools::for_each_sub_block(&mut |pool, address, block| {
+        let leak = Leak {
+            address,
+            size: block.size,
+            kind: BlockKind::Named,
+            file: None,
+            line: 0,
+            seq: block.told.seq,
+            thread: block.told.thread,
+            stack: block.told.stack,
+            allocator: Some(pool),
+            leak_kind: LeakKind::Direct,
+            held_by: None,
+            suppressed: None,
+            site: 0,
+            tag: block.told.tag,
+        };
+        sub_blocks.push((leak, block.arena.is_some()));
+    })?;
+    Ok(sub_blocks)
+}
+
+/// Adds the pools' sub-blocks to the tracked blocks in `leaks`. A tracked block that holds live
+/// sub-blocks (an arena's) is then no block of its own: not a leak, and not scanned but through
+/// them (as memcheck treats a block holding mempool chunks), so that no byte is listed twice. A
+/// sub-block that lay in a tracked block which no live one holds now went with that memory (the
+/// arena was freed without a `pool_reset`): left out.
+fn add_sub_blocks(leaks: &mut Vec<Leak>, sub_blocks: Vec<(Leak, bool)>) {
+    if sub_blocks.is_empty() {
+        return;
+    }
+    let mut by_address: Vec<(usize, usize)> = leaks
+        .iter()
+        .enumerate()
+        .map(|(i, l)| (l.address, i))
+        .collect();
+    by_address.sort_unstable();
+    let mut arena = vec![false; leaks.len()];
+    let mut kept = Vec::with_capacity(sub_blocks.len());
+    for (sub, lay_in_tracked_block) in sub_blocks {
+        let after = by_address.partition_point(|&(start, _)| start <= sub.address);
+        let holder = after
+            .checked_sub(1)
+            .map(|k| by_address[k].1)
+            .filter(|&i| sub.address + sub.size <= leaks[i].address + leaks[i].size.max(1));
+        match holder {
+            Some(i) => {
+                arena[i] = true;
+                kept.push(sub);
+            }
+            None if !lay_in_tracked_block => kept.push(sub),
+            None => {}
+        }
+    }
+    let mut at = 0;
+    leaks.retain(|_| {
+        at += 1;
+        !arena[at - 1]
+    });
+    leaks.append(&mut kept);
 }
 
 /// The blocks as the scan sees them. Ignored blocks are roots, and so are the blocks the dynamic

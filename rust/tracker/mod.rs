@@ -28,6 +28,7 @@ pub mod tag_budgets;
 pub mod tags;
 pub mod threads;
 pub mod timeline;
+pub mod told;
 
 pub use heap::thread_heap_range;
 pub use kind::BlockKind;

@@ -260,6 +260,35 @@ pub fn count_free(shard: u8, tag: TagId, size: usize) {
     }
 }
 
+/// Takes `size` live bytes off tag `tag` (not 0) and its parents on `shard`, which the caller
+/// holds, without counting a free: bytes of a block of that tag that a sub-block now holds
+/// (`told`), counted against the sub-block's tag instead.
+pub fn lend(shard: u8, tag: TagId, size: usize) {
+    let mut tag = tag;
+    while tag != 0 {
+        let c = &COUNTERS[shard as usize][tag as usize];
+        let live = bump(&c.live_bytes, (size as u64).wrapping_neg());
+        flush_if_moved(c, tag, live);
+        tag_budgets::credit(tag, size);
+        tag = parent(tag);
+    }
+}
+
+/// Gives back to tag `tag` (not 0) and its parents on `shard`, which the caller holds, the
+/// `size` bytes [`lend`] took off: the sub-block that held them is gone.
+pub fn give_back(shard: u8, tag: TagId, size: usize) {
+    let mut tag = tag;
+    while tag != 0 {
+        let c = &COUNTERS[shard as usize][tag as usize];
+        let live = bump(&c.live_bytes, size as u64);
+        flush_if_moved(c, tag, live);
+        // The bytes were the arena's before: its budget was charged for them then, and any
+        // crossing reported then.
+        let _ = tag_budgets::charge(tag, size);
+        tag = parent(tag);
+    }
+}
+
 /// Adds a shard's change of a tag's live bytes to the process-wide sum once it is
 /// [`PEAK_FLUSH_BYTES`] either way, and raises the tag's peak.
 #[inline(always)]
