@@ -9,7 +9,7 @@
 //! chunks. Misuse (a `pool_free` of no live sub-block, twice, or a `pool_alloc` over a live one)
 //! is a memory error with the call's stack; the pool stays usable.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::stack::{StackId, StartFrame};
@@ -40,7 +40,7 @@ struct ClientPool {
     /// searching the heap.
     arenas: Vec<Arena>,
     /// Recently freed sub-blocks: their size and allocation stack.
-    freed: HashMap<usize, (usize, StackId)>,
+    freed: BTreeMap<usize, (usize, StackId)>,
 }
 
 static POOLS: Mutex<Vec<ClientPool>> = Mutex::new(Vec::new());
@@ -66,7 +66,7 @@ pub fn create(name: &'static str) -> PoolHandle {
         name,
         live: BTreeMap::new(),
         arenas: Vec::new(),
-        freed: HashMap::new(),
+        freed: BTreeMap::new(),
     });
     pools.len() as PoolHandle
 }

@@ -263,6 +263,8 @@ pub fn count_free(shard: u8, tag: TagId, size: usize) {
 /// Takes `size` live bytes off tag `tag` (not 0) and its parents on `shard`, which the caller
 /// holds, without counting a free: bytes of a block of that tag that a sub-block now holds
 /// (`told`), counted against the sub-block's tag instead.
+#[cold]
+#[inline(never)]
 pub fn lend(shard: u8, tag: TagId, size: usize) {
     let mut tag = tag;
     while tag != 0 {
@@ -276,6 +278,8 @@ pub fn lend(shard: u8, tag: TagId, size: usize) {
 
 /// Gives back to tag `tag` (not 0) and its parents on `shard`, which the caller holds, the
 /// `size` bytes [`lend`] took off: the sub-block that held them is gone.
+#[cold]
+#[inline(never)]
 pub fn give_back(shard: u8, tag: TagId, size: usize) {
     let mut tag = tag;
     while tag != 0 {

@@ -75,6 +75,8 @@ impl Arena {
 /// its stack from `start`, and its tag's figures (its bytes lent from `lent_from`, the tag of the
 /// arena that holds it, see the module doc); reports the budgets it crossed. `None` inside the
 /// tracker already (a nested call is not recorded).
+#[cold]
+#[inline(never)]
 pub fn count_allocation(size: usize, lent_from: TagId, start: StartFrame) -> Option<ToldBlock> {
     let inside = Inside::enter()?;
     let (me, seq) = inside.next_allocation();
@@ -102,6 +104,8 @@ pub fn count_allocation(size: usize, lent_from: TagId, start: StartFrame) -> Opt
 
 /// Counts the end of a told block of `size` bytes tagged `tag` whose bytes were lent from
 /// `lent_from` (0: none, or its arena is gone: nothing to give back).
+#[cold]
+#[inline(never)]
 pub fn count_free(size: usize, tag: TagId, lent_from: TagId) {
     if tag == 0 && lent_from == 0 {
         return;
