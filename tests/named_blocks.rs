@@ -4,16 +4,9 @@
 //! valgrind classifies them (on the `-DK15_MEMORY_DISABLED` build), block for block.
 
 mod support;
-use support::{k15_census, valgrind_census, Census};
+use support::census;
 
 const SOURCE: &str = "tests/cpp/named_blocks.cpp";
-
-fn census(pairs: &[(&str, u64, u64)]) -> Census {
-    pairs
-        .iter()
-        .map(|&(kind, size, blocks)| ((kind.to_owned(), size), blocks))
-        .collect()
-}
 
 #[test]
 fn named_and_engine_blocks_hold_what_they_point_to_as_valgrind_says() {
@@ -55,16 +48,8 @@ fn named_and_engine_blocks_hold_what_they_point_to_as_valgrind_says() {
         ),
     ];
     for (mode, want) in expected {
-        let run = support::run_with(&tracked, mode, "malloc=1", &[], &[mode]);
-        assert!(run.output.status.success(), "{mode}: {}", run.stderr());
-        let ours = k15_census(&run, "named_blocks.cpp");
-        assert_eq!(ours, want, "{mode}: we said:\n{}", run.text);
-        let (theirs, valgrind_text) = valgrind_census(&plain, &[mode], "named_blocks.cpp");
-        assert_eq!(
-            ours, theirs,
-            "{mode}: valgrind said:\n{valgrind_text}\nwe said:\n{}",
-            run.text
-        );
+        let programs = (tracked.as_path(), plain.as_path());
+        support::assert_census_as_valgrind(programs, mode, "malloc=1", "named_blocks.cpp", &want);
     }
 }
 

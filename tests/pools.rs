@@ -5,16 +5,9 @@
 //! a sub-block's bytes once.
 
 mod support;
-use support::{k15_census, line_of, valgrind_census, Census};
+use support::{census, line_of};
 
 const SOURCE: &str = "tests/cpp/pool_arena.cpp";
-
-fn census(pairs: &[(&str, u64, u64)]) -> Census {
-    pairs
-        .iter()
-        .map(|&(kind, size, blocks)| ((kind.to_owned(), size), blocks))
-        .collect()
-}
 
 #[test]
 fn sub_blocks_are_classified_as_valgrind_classifies_mempool_chunks() {
@@ -54,16 +47,8 @@ fn sub_blocks_are_classified_as_valgrind_classifies_mempool_chunks() {
         ),
     ];
     for (mode, want) in expected {
-        let run = support::run_with(&tracked, mode, "", &[], &[mode]);
-        assert!(run.output.status.success(), "{mode}: {}", run.stderr());
-        let ours = k15_census(&run, "pool_arena.cpp");
-        assert_eq!(ours, want, "{mode}: we said:\n{}", run.text);
-        let (theirs, valgrind_text) = valgrind_census(&plain, &[mode], "pool_arena.cpp");
-        assert_eq!(
-            ours, theirs,
-            "{mode}: valgrind said:\n{valgrind_text}\nwe said:\n{}",
-            run.text
-        );
+        let programs = (tracked.as_path(), plain.as_path());
+        support::assert_census_as_valgrind(programs, mode, "", "pool_arena.cpp", &want);
     }
 }
 

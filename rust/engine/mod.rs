@@ -59,7 +59,8 @@ pub use registry::{
 };
 pub use size_class::ClassSpec;
 pub use stack::{StackAllocator, StackMarker, StackScope};
-pub use tracked::{any_tracked_allocator_created, TrackedAllocator};
+pub(crate) use tracked::lock_tags_for_fork;
+pub use tracked::{any_tracked_allocator_created, block_tags, TrackedAllocator};
 pub use typed_pool::{ObjectPool, PoolBox, TypedPool};
 
 /// Which kind of engine allocator served a block.

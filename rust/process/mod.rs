@@ -18,6 +18,7 @@ fn join_the_tracker() {
         crate::engine::hold_registry_for_fork(guards);
         guards.push(Box::new(crate::engine::lock_names_for_fork()));
         guards.push(Box::new(crate::engine::lock_client_pools_for_fork()));
+        guards.push(Box::new(crate::engine::lock_tags_for_fork()));
     });
     fork::take_part(fork::ForkPhase::BeforeShards, |guards| {
         guards.push(Box::new(crate::report::text::lock_symbolizer_for_fork()));

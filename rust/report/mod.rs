@@ -457,6 +457,12 @@ struct Snapshot {
 /// their allocator still has it), the roots, the ignored blocks. `__FILE__` strings of unloaded
 /// modules are dropped rather than read. `stack`: the caller's live stack, a root.
 fn snapshot(symbolizer: &Symbolizer, stack: Option<core::ops::Range<usize>>) -> Snapshot {
+    let block_tags = crate::engine::block_tags().unwrap_or_default();
+    let tag_of = |address: usize, allocator: u32| {
+        block_tags
+            .binary_search_by_key(&(address, allocator), |&(key, _)| key)
+            .map_or(0, |i| block_tags[i].1)
+    };
     let mut engine_leaks = Vec::new();
     let mut unlisted_allocators = crate::engine::for_each_live_block(&mut |info, block| {
         engine_leaks.push(Leak {
@@ -473,7 +479,7 @@ fn snapshot(symbolizer: &Symbolizer, stack: Option<core::ops::Range<usize>>) -> 
             held_by: None,
             suppressed: None,
             site: 0,
-            tag: 0,
+            tag: tag_of(block.address, info.id),
         })
     })
     .unwrap_or_else(|_| vec![EVERY_ENGINE_ALLOCATOR]);

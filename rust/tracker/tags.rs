@@ -260,35 +260,34 @@ pub fn count_free(shard: u8, tag: TagId, size: usize) {
     }
 }
 
-/// Takes `size` live bytes off tag `tag` (not 0) and its parents on `shard`, which the caller
-/// holds, without counting a free: bytes of a block of that tag that a sub-block now holds
-/// (`told`), counted against the sub-block's tag instead.
-#[cold]
-#[inline(never)]
-pub fn lend(shard: u8, tag: TagId, size: usize) {
-    let mut tag = tag;
-    while tag != 0 {
-        let c = &COUNTERS[shard as usize][tag as usize];
-        let live = bump(&c.live_bytes, (size as u64).wrapping_neg());
-        flush_if_moved(c, tag, live);
-        tag_budgets::credit(tag, size);
-        tag = parent(tag);
-    }
+/// Which way [`shift_live_bytes`] moves a tag's live bytes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Loan {
+    /// Bytes of a block of the tag that a sub-block now holds (`told`), counted against the
+    /// sub-block's tag instead: off the tag's live bytes, without counting a free.
+    Lent,
+    /// The sub-block that held them is gone: back onto the tag's live bytes.
+    GivenBack,
 }
 
-/// Gives back to tag `tag` (not 0) and its parents on `shard`, which the caller holds, the
-/// `size` bytes [`lend`] took off: the sub-block that held them is gone.
+/// Moves `size` live bytes of tag `tag` (not 0) and its parents on `shard`, which the caller
+/// holds, as `loan` says; the budgets follow (a crossing was reported when the bytes were
+/// first allocated).
 #[cold]
 #[inline(never)]
-pub fn give_back(shard: u8, tag: TagId, size: usize) {
+pub fn shift_live_bytes(shard: u8, tag: TagId, size: usize, loan: Loan) {
+    let delta = match loan {
+        Loan::Lent => (size as u64).wrapping_neg(),
+        Loan::GivenBack => size as u64,
+    };
     let mut tag = tag;
     while tag != 0 {
         let c = &COUNTERS[shard as usize][tag as usize];
-        let live = bump(&c.live_bytes, size as u64);
-        flush_if_moved(c, tag, live);
-        // The bytes were the arena's before: its budget was charged for them then, and any
-        // crossing reported then.
-        let _ = tag_budgets::charge(tag, size);
+        flush_if_moved(c, tag, bump(&c.live_bytes, delta));
+        match loan {
+            Loan::Lent => tag_budgets::credit(tag, size),
+            Loan::GivenBack => drop(tag_budgets::charge(tag, size)),
+        }
         tag = parent(tag);
     }
 }

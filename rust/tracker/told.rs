@@ -12,7 +12,7 @@
 use super::guard::{self, Inside};
 use super::header::{BlockHeader, Lookup};
 use super::live_list::SHARDS;
-use super::tags::{self, TagId};
+use super::tags::{self, Loan, TagId};
 use crate::stack::{StackId, StartFrame};
 
 /// A sub-block's identity: who allocated it, when, from where, under which tag.
@@ -87,23 +87,47 @@ pub fn count_allocation(size: usize, lent_from: TagId, start: StartFrame) -> Opt
         stack,
         tag: inside.tag(),
     };
-    if block.tag == 0 && lent_from == 0 {
-        return Some(block);
-    }
-    let held = SHARDS[me.shard.index as usize].hold(me.number, me.shard.owned)?;
-    if lent_from != 0 {
-        tags::lend(me.shard.index, lent_from, size);
-    }
-    let crossed = (block.tag != 0).then(|| tags::count_allocation(me.shard.index, block.tag, size));
-    drop(held);
-    for &(tag, live_bytes) in crossed.iter().flat_map(|c| c.tags()) {
-        super::report_over_budget(tag, live_bytes, size, stack);
+    if block.tag != 0 || lent_from != 0 {
+        count_against(me, block.tag, size, lent_from, stack);
     }
     Some(block)
 }
 
-/// Counts the end of a told block of `size` bytes tagged `tag` whose bytes were lent from
-/// `lent_from` (0: none, or its arena is gone: nothing to give back).
+/// Counts a block of `size` bytes that another allocator served (`engine`'s) against `tag`,
+/// the calling thread's scope when it was allocated at `stack`; reports the budgets it crossed.
+#[cold]
+#[inline(never)]
+pub fn count_tagged_allocation(tag: TagId, size: usize, stack: StackId) {
+    let Some(_inside) = Inside::enter() else {
+        return;
+    };
+    count_against(guard::me(), tag, size, 0, stack);
+}
+
+/// The tag of the calling thread's innermost scope (0: none, or inside the tracker already).
+pub fn current_tag() -> TagId {
+    Inside::enter().map_or(0, |inside| inside.tag())
+}
+
+/// Counts `size` bytes against `tag` (if not 0) and lends them from `lent_from` (if not 0) on
+/// `me`'s shard; reports the budgets crossed, at `stack`.
+fn count_against(me: guard::Me, tag: TagId, size: usize, lent_from: TagId, stack: StackId) {
+    let Some(held) = SHARDS[me.shard.index as usize].hold(me.number, me.shard.owned) else {
+        return;
+    };
+    if lent_from != 0 {
+        tags::shift_live_bytes(me.shard.index, lent_from, size, Loan::Lent);
+    }
+    let crossed = (tag != 0).then(|| tags::count_allocation(me.shard.index, tag, size));
+    drop(held);
+    for &(tag, live_bytes) in crossed.iter().flat_map(|c| c.tags()) {
+        super::report_over_budget(tag, live_bytes, size, stack);
+    }
+}
+
+/// Counts the end of a told block (or an engine allocator's tagged one) of `size` bytes tagged
+/// `tag` whose bytes were lent from `lent_from` (0: none, or its arena is gone: nothing to give
+/// back).
 #[cold]
 #[inline(never)]
 pub fn count_free(size: usize, tag: TagId, lent_from: TagId) {
@@ -118,7 +142,7 @@ pub fn count_free(size: usize, tag: TagId, lent_from: TagId) {
         tags::count_free(me.shard.index, tag, size);
     }
     if lent_from != 0 {
-        tags::give_back(me.shard.index, lent_from, size);
+        tags::shift_live_bytes(me.shard.index, lent_from, size, Loan::GivenBack);
     }
     drop(held);
 }

@@ -485,3 +485,33 @@ pub fn k15_census(run: &Run, file: &str) -> Census {
     }
     census
 }
+
+/// A census written out: (leak kind, size, blocks).
+pub fn census(pairs: &[(&str, u64, u64)]) -> Census {
+    pairs
+        .iter()
+        .map(|&(kind, size, blocks)| ((kind.to_owned(), size), blocks))
+        .collect()
+}
+
+/// Runs `tracked mode` (its report named `mode`, with `options`) and checks its census of the
+/// blocks whose stacks pass through `file` against `want`, and against valgrind's of
+/// `plain mode` (the `-DK15_MEMORY_DISABLED` build of the same program).
+pub fn assert_census_as_valgrind(
+    (tracked, plain): (&Path, &Path),
+    mode: &str,
+    options: &str,
+    file: &str,
+    want: &Census,
+) {
+    let run = run_with(tracked, mode, options, &[], &[mode]);
+    assert!(run.output.status.success(), "{mode}: {}", run.stderr());
+    let ours = k15_census(&run, file);
+    assert_eq!(&ours, want, "{mode}: we said:\n{}", run.text);
+    let (theirs, valgrind_text) = valgrind_census(plain, &[mode], file);
+    assert_eq!(
+        ours, theirs,
+        "{mode}: valgrind said:\n{valgrind_text}\nwe said:\n{}",
+        run.text
+    );
+}
