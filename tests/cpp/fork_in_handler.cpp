@@ -26,21 +26,13 @@
 #include <thread>
 #include <vector>
 
+#include "churn_once.h"
+
 namespace {
 
 std::atomic<long> forks{0};
 std::atomic<long> stuck{0};
 std::atomic<bool> stop{false};
-
-// One new/delete of a size that changes, so that every size class and the large-block path are
-// interrupted now and then.
-inline void churn_once(unsigned& step) {
-    step = step * 1103515245u + 12345u;
-    const std::size_t size = (step >> 8) % 64 == 0 ? 200000 : 8 + (step >> 8) % 600;
-    char* block = new char[size];
-    block[0] = 1;
-    delete[] block;
-}
 
 // Waits up to 2 s for `child` (only async-signal-safe calls); kills it if it is still there.
 void reap(pid_t child) {
