@@ -10,9 +10,12 @@ use core::sync::atomic::{AtomicPtr, Ordering};
 
 pub const PAGE_SIZE: usize = 4096;
 
+pub mod own_heap;
+
 /// glibc's allocator under its own names: `malloc` and friends of this process are the
-/// tracker's (`cpp/malloc.cpp`), so the tracker's own memory, and the C family's when
-/// `malloc=0`, comes from these, which no interposition reaches. Each call marks its thread as
+/// tracker's (`cpp/malloc.cpp`), so the C family's memory when `malloc=0`, and glibc's blocks
+/// given back, go to these, which no interposition reaches (the tracker's own memory comes from
+/// [`own_heap`]). Each call marks its thread as
 /// inside glibc's allocator for its length ([`in_glibc_allocator`]).
 pub mod glibc {
     use libc::{c_void, size_t};
@@ -74,17 +77,11 @@ pub fn in_glibc_allocator() -> bool {
     INSIDE_GLIBC.get()
 }
 
-/// `size` bytes aligned to `align` (a power of two, at least 16), from glibc's allocator.
+/// `size` bytes aligned to `align` (a power of two, at least 16), from the tracker's own heap
+/// ([`own_heap`]), which a signal handler may use whatever its thread was doing.
 #[inline]
 pub fn raw_alloc(size: usize, align: usize) -> *mut u8 {
-    // SAFETY: plain glibc allocation calls; a null result is passed on to the caller.
-    unsafe {
-        if align <= 16 {
-            glibc::malloc(size) as *mut u8
-        } else {
-            glibc::memalign(align, size) as *mut u8
-        }
-    }
+    own_heap::allocate(size, align)
 }
 
 /// Frees memory from [`raw_alloc`].
@@ -93,39 +90,8 @@ pub fn raw_alloc(size: usize, align: usize) -> *mut u8 {
 /// `ptr` came from [`raw_alloc`] and is freed once.
 #[inline]
 pub unsafe fn raw_free(ptr: *mut u8) {
-    // SAFETY: the caller guarantees `ptr` is a live pointer of glibc's allocator.
-    unsafe { glibc::free(ptr as *mut libc::c_void) }
-}
-
-/// glibc's allocator as a Rust allocator, for the tracker's own long-lived data (the engine
-/// allocators' chunks and state): never the global allocator nor the process's `malloc`, which
-/// may both be the tracker.
-pub struct GlibcAlloc;
-
-// SAFETY: every block comes from glibc's allocator with at least the layout's size and
-// alignment, and goes back to it.
-unsafe impl std::alloc::GlobalAlloc for GlibcAlloc {
-    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
-        raw_alloc(layout.size(), layout.align())
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
-        if layout.align() <= 16 {
-            // SAFETY: a plain glibc allocation call.
-            return unsafe { glibc::calloc(1, layout.size()) } as *mut u8;
-        }
-        let block = raw_alloc(layout.size(), layout.align());
-        if !block.is_null() {
-            // SAFETY: a fresh block of at least `layout.size()` bytes.
-            unsafe { block.write_bytes(0, layout.size()) };
-        }
-        block
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, _layout: std::alloc::Layout) {
-        // SAFETY: `ptr` came from `alloc` or `alloc_zeroed` above (the caller's contract).
-        unsafe { raw_free(ptr) }
-    }
+    // SAFETY: the caller's guarantee.
+    unsafe { own_heap::free(ptr) }
 }
 
 /// Fresh anonymous pages, or null.

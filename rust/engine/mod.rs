@@ -53,6 +53,7 @@ pub(crate) use client_pools::lock_for_fork as lock_client_pools_for_fork;
 pub(crate) use names::lock_for_fork as lock_names_for_fork;
 pub use names::{c_name, static_name};
 pub use pool::{Pool, PoolConfig};
+pub(crate) use registry::address_table_range;
 pub(crate) use registry::hold_for_fork as hold_registry_for_fork;
 pub use registry::{
     allocator_of, for_each_live_block, leaks_since, memstats, type_of, AllocatorLeaks, MemStats,

@@ -102,6 +102,13 @@ fn registry() -> MutexGuard<'static, Registry> {
     REGISTRY.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Where the table of address ranges lies: its starts and ends are the allocators' chunks (one
+/// chunk's end may be where the next one's first block starts), not the program's pointers, so a
+/// leak scan skips it.
+pub(crate) fn address_table_range() -> core::ops::Range<usize> {
+    crate::sys::bytes_of(&RANGES)
+}
+
 fn ranges() -> MutexGuard<'static, Ranges> {
     RANGES.lock().unwrap_or_else(PoisonError::into_inner)
 }

@@ -1,7 +1,8 @@
-//! Memory for the engine allocators' own data, taken from glibc under its own names
-//! (`sys::GlibcAlloc`): never from the global allocator nor the process's `malloc` (the tracker's).
+//! Memory for the engine allocators' own data, taken from the tracker's own heap
+//! (`sys::own_heap::OwnAlloc`): never from the global allocator nor the process's `malloc` (the
+//! tracker's).
 
-use crate::sys::GlibcAlloc as System;
+use crate::sys::own_heap::OwnAlloc as System;
 use std::alloc::{GlobalAlloc, Layout};
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;

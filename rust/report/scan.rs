@@ -98,6 +98,7 @@ pub fn classify(nodes: &[Node], roots: Roots, suspension: &Suspension) -> Classi
         crate::tracker::integrity::found_log_range(),
         crate::tracker::suspend::records_range(),
         crate::tracker::threads::record_range(),
+        crate::engine::address_table_range(),
     ];
     excluded.extend(crate::tracker::live_list::shards_ranges());
     excluded.extend(others.own_state);

@@ -173,18 +173,15 @@ fn init_thread(t: &ThreadState) {
     let mut attr = MaybeUninit::<libc::pthread_attr_t>::zeroed();
     let mut addr: *mut libc::c_void = ptr::null_mut();
     let mut size: libc::size_t = 0;
-    // Marked as inside glibc's allocator: `pthread_getattr_np` reallocates, and the tracker's
-    // own memory would come from glibc's arena, whose lock a signal handler that forks right
-    // then waits for in `fork` forever; marked, it comes from the tracker's mappings.
     // SAFETY: standard pthread attribute protocol on the current thread; the attr is destroyed
     // only after a successful getattr.
-    let ok = crate::sys::marked_inside_glibc(|| unsafe {
+    let ok = unsafe {
         libc::pthread_getattr_np(libc::pthread_self(), attr.as_mut_ptr()) == 0 && {
             let got = libc::pthread_attr_getstack(attr.as_ptr(), &mut addr, &mut size) == 0;
             libc::pthread_attr_destroy(attr.as_mut_ptr());
             got
         }
-    });
+    };
     if ok && !addr.is_null() && size != 0 {
         t.lo.set(addr as usize);
         t.hi.set(addr as usize + size);

@@ -28,7 +28,7 @@
 //! header ([`FarLinks`]), with the offset of their memory.
 //!
 //! The size, stack, site and cookie sit in the last 24 bytes, so they survive a free list's link
-//! in a freed block (the heap's uses word 0; glibc's, at most the chunk's first 32 bytes, fall on
+//! in a freed block (the heap's uses word 0; the own heap's, `sys::own_heap`, lies in front of
 //! the [`FAR_PREFIX`]): a second `delete` still finds `FREED`.
 //!
 //! Every cookie covers the header's exposed word (the first thing a write past the end of the
@@ -418,7 +418,7 @@ impl BlockHeader {
     }
 
     /// How far the block's memory starts in front of its user pointer: the header for a heap
-    /// block, a page for a mapped one, and what a block from glibc keeps in front
+    /// block, a page for a mapped one, and what a block from the own heap keeps in front
     /// of its header ([`FAR_PREFIX`]).
     pub fn raw_offset(&self) -> usize {
         match self.placement() {

@@ -38,8 +38,10 @@ fn glibc_serves_the_family() -> bool {
     !init::peek().is_some_and(|hot| hot.malloc())
 }
 
-/// `malloc=0` once the tracker is set up: allocations go straight to glibc, whether the program's
-/// or the tracker's own (before, the set-up's own allocations need the tracker's path).
+/// `malloc=0` once the tracker is set up: the program's allocations go straight to glibc (before,
+/// the set-up's own allocations need the tracker's path). The tracker's own (inside it) never
+/// do: they come from its own heap, which a signal handler, or a `fork` from one, may use
+/// whatever its thread was doing.
 #[inline]
 fn set_up_with_glibc_serving() -> bool {
     init::peek().is_some_and(|hot| !hot.malloc())
@@ -123,7 +125,7 @@ pub unsafe extern "C" fn k15_memory_c_allocate(
     kind: BlockKind,
     frame_address: usize,
 ) -> *mut u8 {
-    if set_up_with_glibc_serving() {
+    if set_up_with_glibc_serving() && !super::guard::inside() {
         return allocate_by_glibc(size, align, kind);
     }
     // SAFETY: forwarded from the caller's guarantee.
@@ -160,7 +162,7 @@ pub unsafe extern "C" fn k15_memory_c_calloc(
     let Some(total) = count.checked_mul(size) else {
         return out_of_memory();
     };
-    if set_up_with_glibc_serving() {
+    if set_up_with_glibc_serving() && !super::guard::inside() {
         // SAFETY: a plain glibc allocation.
         return unsafe { glibc::calloc(count, size) } as *mut u8;
     }
@@ -305,8 +307,8 @@ fn glibc_usable_size(ptr: *mut u8) -> usize {
 }
 
 /// The shared path of every allocating function: tracked (`malloc=1`) through the same hot
-/// path as `new`, the tracker's own memory (nested calls) through the raw system path, and
-/// glibc's block with `malloc=0` (the tracker's own memory too, once set up).
+/// path as `new`, the tracker's own memory (nested calls) through the raw system path (the own
+/// heap), and glibc's block with `malloc=0`.
 #[inline(always)]
 fn allocate(
     size: usize,

@@ -378,13 +378,9 @@ pub fn deallocate(ptr: *mut u8, kind: BlockKind, start: impl Fn() -> StartFrame 
     match BlockHeader::lookup(ptr) {
         Lookup::Live(header, cookie) => free_live(header, cookie, kind, start),
         Lookup::Untracked(header) => {
-            // SAFETY: an untracked header is ours, on no list, from glibc or our mappings (not
-            // the heap), and freed only here.
+            // SAFETY: an untracked header is ours, on no list, from the own heap or our mappings
+            // (not the heap), and freed only here.
             unsafe {
-                if (*header).placement() == Placement::Malloc && crate::sys::in_glibc_allocator() {
-                    // A signal handler that interrupted glibc's allocator: freed once it left.
-                    return defer_free(ptr, kind, None);
-                }
                 let raw_offset = (*header).raw_offset();
                 (*header).mark_freed();
                 raw::release(header, raw_offset, false);
@@ -456,7 +452,7 @@ fn free_foreign(ptr: *mut u8, kind: BlockKind, start: impl Fn() -> StartFrame) {
         && malloc::is_glibc_block(ptr)
     {
         // SAFETY: a glibc block the program frees through the family that allocated it.
-        unsafe { crate::sys::raw_free(ptr) };
+        unsafe { crate::sys::glibc::free(ptr.cast()) };
         return;
     }
     if handed_back(ptr) {

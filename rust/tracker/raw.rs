@@ -1,7 +1,7 @@
 //! The memory under each block: our heap (`heap`) for tracked blocks up to 128 KiB aligned up to
-//! 64 bytes, our own mappings for larger ones, glibc `malloc` for the tracker's own memory and
-//! for more strongly aligned blocks (our mappings instead in a signal handler that interrupted
-//! glibc's allocator), and a record of recently unmapped blocks so that a second `delete` of
+//! 64 bytes, our own mappings for larger ones, the tracker's own heap (`sys::own_heap`, never
+//! glibc's: a signal handler may allocate there whatever its thread was doing) for the tracker's
+//! own memory and for more strongly aligned blocks, and a record of recently unmapped blocks so that a second `delete` of
 //! one is recognised without touching unmapped memory.
 
 use super::header::{BlockHeader, Placement, FAR_PREFIX, GUARD_SIZE, HEADER_SIZE, SIZE_LIMIT};
@@ -11,11 +11,11 @@ use crate::stack::StackId;
 use crate::sys::{self, PAGE_SIZE};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-/// Requests this large are mapped by us: glibc would `mmap` them itself (its threshold starts at
-/// 128 KiB) and unmap them on free, and a double free would then read unmapped memory.
+/// Requests this large are mapped by us, and their unmapping recorded: the own heap maps large
+/// blocks alone and unmaps them on free, and a double free would then read unmapped memory.
 const MAPPED_THRESHOLD: usize = 120 * 1024;
 
-/// The least offset of a user pointer from the start of a block from glibc: the
+/// The least offset of a user pointer from the start of a block from the own heap: the
 /// header and the bytes in front of it that keep the offset (`header`).
 const FAR_OFFSET: usize = HEADER_SIZE + FAR_PREFIX;
 
@@ -64,7 +64,8 @@ fn heap_block(raw: *mut u8, class: u8) -> RawBlock {
     }
 }
 
-/// Memory for what [`acquire_from_heap`] did not serve, on no list: from our mappings or glibc.
+/// Memory for what [`acquire_from_heap`] did not serve, on no list: from our mappings or the
+/// own heap.
 /// `None` when exhausted or beyond what the address space can hold.
 pub fn acquire_elsewhere(size: usize, align: usize) -> Option<RawBlock> {
     if size >= SIZE_LIMIT {
@@ -73,7 +74,7 @@ pub fn acquire_elsewhere(size: usize, align: usize) -> Option<RawBlock> {
     acquire_from_system(size.checked_add(GUARD_SIZE)?, align)
 }
 
-/// Memory from glibc or our own mappings, never the heap: the tracker's own memory (a signal
+/// Memory from the own heap or our own mappings, never the heap: the tracker's own memory (a signal
 /// handler may be allocating it while its thread is inside the heap), and what the heap cannot
 /// serve. As [`acquire`], with the guard.
 #[inline]
@@ -87,8 +88,8 @@ pub fn acquire_system(size: usize, align: usize) -> Option<RawBlock> {
 /// [`acquire_system`] for `size` bytes, the guard included.
 #[inline]
 fn acquire_from_system(size: usize, align: usize) -> Option<RawBlock> {
-    // The common case, kept short: default alignment, malloc'd, not page-aligned.
-    if align <= 16 && size < MAPPED_THRESHOLD && !sys::in_glibc_allocator() {
+    // The common case, kept short: default alignment, from the own heap, not page-aligned.
+    if align <= 16 && size < MAPPED_THRESHOLD {
         let raw = sys::raw_alloc(FAR_OFFSET + size, 16);
         let user = raw.wrapping_add(FAR_OFFSET);
         if !raw.is_null() && !(user as usize).is_multiple_of(PAGE_SIZE) {
@@ -134,13 +135,13 @@ fn acquire_any(size: usize, align: usize) -> Option<RawBlock> {
     if !align.is_power_of_two() || align > (1 << 30) {
         return None;
     }
-    if size >= MAPPED_THRESHOLD || align >= PAGE_SIZE || sys::in_glibc_allocator() {
+    if size >= MAPPED_THRESHOLD || align >= PAGE_SIZE {
         return acquire_mapped(size, align);
     }
     // Page-aligned user pointers are kept for mapped blocks only, so freeing a malloc'd block
     // never needs the page probe (a syscall). Asking for `align` bytes more lets the user
     // pointer move off a page start. (Retrying the same size is no way out: chunks of a whole
-    // number of pages carved one after another from the top of glibc's heap all start at the
+    // number of pages carved one after another from a heap's top all start at the
     // same offset in their page, and such a retry recurred until the stack overflowed.)
     let total = FAR_OFFSET
         .next_multiple_of(align)

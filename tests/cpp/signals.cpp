@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "churn_once.h"
 #include "exit_timer.h"
 
 namespace {
@@ -40,16 +41,6 @@ void handle(int signal, void (*handler)(int)) {
     action.sa_handler = handler;
     action.sa_flags = SA_RESTART;
     sigaction(signal, &action, nullptr);
-}
-
-// One new/delete of a size that changes, so that every size class and the large-block path are
-// interrupted now and then.
-inline void churn_once(unsigned& step) {
-    step = step * 1103515245u + 12345u;
-    const std::size_t size = (step >> 8) % 64 == 0 ? 200000 : 8 + (step >> 8) % 600;
-    char* block = new char[size];
-    block[0] = 1;
-    delete[] block;
 }
 
 int run_exit(long delay_us) {
