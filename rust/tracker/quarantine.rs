@@ -13,7 +13,7 @@ use super::BlockKind;
 use crate::stack::StackId;
 use core::sync::atomic::{AtomicUsize, Ordering};
 use std::collections::VecDeque;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
 
 /// The fill of a quarantined block's bytes (the CRT debug heap's "dead land").
 pub const FILL: u8 = 0xdd;
@@ -107,11 +107,30 @@ pub fn free_stack_of(header: *mut BlockHeader) -> Option<StackId> {
     if LIMIT.load(Ordering::Relaxed) == 0 {
         return None;
     }
-    let q = quarantine();
-    q.blocks
-        .iter()
-        .find(|held| held.header == header)
-        .map(|held| held.free_stack)
+    quarantine().free_stack_of(header)
+}
+
+/// [`free_stack_of`] where the quarantine's lock may be held by a thread stopped with the world
+/// (heap checks): `None` when it is held.
+pub fn free_stack_of_without_waiting(header: *mut BlockHeader) -> Option<StackId> {
+    if LIMIT.load(Ordering::Relaxed) == 0 {
+        return None;
+    }
+    let q = match QUARANTINE.try_lock() {
+        Ok(q) => q,
+        Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+        Err(TryLockError::WouldBlock) => return None,
+    };
+    q.free_stack_of(header)
+}
+
+impl Quarantine {
+    fn free_stack_of(&self, header: *mut BlockHeader) -> Option<StackId> {
+        self.blocks
+            .iter()
+            .find(|held| held.header == header)
+            .map(|held| held.free_stack)
+    }
 }
 
 /// Checks every held block's fill (`check_heap()`, reports): each change is reported with

@@ -1,6 +1,6 @@
 // Writes just past the end of freed blocks under `quarantine=` (`quarantine_tail`): blocks of
-// several sizes with room left in their size class (guard bytes behind them) are made, freed,
-// and written one byte past their end; check_heap() must report each as an
+// several sizes, with room left in their size class (guard bytes behind them) and without (the
+// next block's header behind them), are made, freed, and written one byte past their end; check_heap() must report each as an
 // overrun of that freed block, with its allocation and free stacks, as valgrind reports
 // "0 bytes after a block of size N free'd".
 #include <k15/memory.h>
@@ -38,6 +38,9 @@ int main() {
     write_past_freed(100, 'C');
     write_past_freed(1000, 'D');
     write_past_freed(200000, 'E');
+    // Sizes that fill their class: 16 (a compact slot) and 32 (a 64-byte block).
+    write_past_freed(16, 'F');
+    write_past_freed(32, 'G');
 #ifndef K15_MEMORY_DISABLED
     std::printf("check_heap: %zu\n", k15::memory::check_heap());
 #endif
