@@ -497,7 +497,10 @@ fn write_damage(out: &mut String, e: &MemoryError, stacks: &ErrorStacks) -> std:
     if e.kind != errors::ErrorKind::HeapCorruption {
         write_stack(out, "allocated", e, alloc)?;
     }
-    if e.kind == errors::ErrorKind::UseAfterFree {
+    // A write after the block's delete: into its bytes, or past its end (quarantine).
+    if e.kind == errors::ErrorKind::UseAfterFree
+        || (e.kind == errors::ErrorKind::Overrun && e.previous_free_stack != StackId(0))
+    {
         writeln!(out, "  freed from:")?;
         write_frames(out, previous_free, "    ")?;
     }

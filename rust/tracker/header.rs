@@ -812,7 +812,8 @@ impl BlockHeader {
     /// in front of it, which reaches that word first) from its cookie, which covers the word
     /// unrotated: the cookie of any state, xor what it covers beyond the word, gives the word
     /// back. Taken as such only when the word it gives back makes sense (a free heap block's
-    /// link: null or a block of the heap; a live or claimed block's thread: one that has run; a
+    /// link: null or a block of the heap, or anything for a freed block the quarantine holds,
+    /// which is on no list; a live or claimed block's thread: one that has run; a
     /// compact block's `packed`: its class and a size it holds) and, for a live or claimed
     /// block, the other fields hold together; `None` otherwise.
     ///
@@ -853,10 +854,13 @@ impl BlockHeader {
             Layout::Compact if stack_held => was | found & STACK_BITS,
             _ => was,
         };
+        // A freed block the quarantine holds is on no list: its first word is what its owner
+        // left there, not a link.
+        let held = || super::quarantine::free_stack_of_without_waiting(header).is_some();
         let as_freed = match layout {
-            Layout::Full => Some(cookie ^ FREED ^ address).filter(|&link| is_link(link)),
+            Layout::Full => Some(cookie ^ FREED ^ address).filter(|&link| is_link(link) || held()),
             Layout::Compact => Some(with_stack(cookie ^ FREED ^ address ^ beyond))
-                .filter(|&packed| is_link(first) && from_front(packed)),
+                .filter(|&packed| (is_link(first) || held()) && from_front(packed)),
         };
         let was = match as_freed.filter(|&was| was != found) {
             Some(was) => was,

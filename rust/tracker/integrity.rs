@@ -263,6 +263,9 @@ pub fn front_overrun_error(at: usize, damage: FirstWordDamage) -> MemoryError {
     if let Some(front) = Culprit::live_in_front_of(at) {
         return front.overrun(at, damage, None);
     }
+    if let Some(error) = overrun_of_held_block(at, damage) {
+        return error;
+    }
     // The block behind, whose header's exposed word lies at `at` (none behind a span's last).
     let user = super::heap::block_containing(at)
         .filter(|b| b.start == at)
@@ -278,6 +281,26 @@ pub fn front_overrun_error(at: usize, damage: FirstWordDamage) -> MemoryError {
         )
     }
 }
+
+/// The overrun of the freed block that the quarantine holds with its bytes ending at `at`: a
+/// write just past the end of a block after its `delete`, where its class leaves it no guard
+/// bytes (the next header was written). With its allocation and free stacks.
+fn overrun_of_held_block(at: usize, damage: FirstWordDamage) -> Option<MemoryError> {
+    let front = super::heap::block_containing(at - 1).filter(|b| b.start + b.size == at)?;
+    let header = front.header();
+    let free_stack = super::quarantine::free_stack_of_without_waiting(header)?;
+    // SAFETY: a block the quarantine holds: freed, its header as its `delete` left it, and
+    // nobody's to change.
+    let h = unsafe { &*header };
+    Some(MemoryError {
+        previous_free_stack: free_stack,
+        ..Culprit::of(h, header, StackId(0)).overrun(at, damage, Some(HELD_DETAIL))
+    })
+}
+
+/// The detail of an overrun of a freed block held by the quarantine, found in the header behind.
+const HELD_DETAIL: &str =
+    "written after its delete: found in the header behind it, while in quarantine; repaired";
 
 /// The link of the free heap block `block` once a write past the end of the block in front,
 /// which changed it, is undone from its cookie (and recorded for the report); `None` when the

@@ -1,17 +1,19 @@
 //! `quarantine=SIZE`: freed blocks are filled with [`FILL`] and held back, first in first out,
 //! until they add up to SIZE bytes (headers included); a block whose fill changed when it
-//! leaves, at `check_heap()` or at exit was written after it was freed (`use_after_free`).
+//! leaves, at `check_heap()` or at exit was written after it was freed (`use_after_free`), and
+//! one whose guard changed was written past its end after it was freed (`overrun`, with both
+//! stacks): the guard of a held block is checked as a live block's is.
 //! One list for the process behind one lock: quarantine is opt-in, and a debug run that asks for
 //! it pays a lock per `delete`.
 
 use super::errors::{self, Damage, ErrorKind, MemoryError};
-use super::header::{BlockHeader, Placement};
+use super::header::{BlockHeader, Placement, GUARD_BYTE};
 use super::integrity::{self, FoundBy};
 use super::BlockKind;
 use crate::stack::StackId;
 use core::sync::atomic::{AtomicUsize, Ordering};
 use std::collections::VecDeque;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
 
 /// The fill of a quarantined block's bytes (the CRT debug heap's "dead land").
 pub const FILL: u8 = 0xdd;
@@ -105,11 +107,30 @@ pub fn free_stack_of(header: *mut BlockHeader) -> Option<StackId> {
     if LIMIT.load(Ordering::Relaxed) == 0 {
         return None;
     }
-    let q = quarantine();
-    q.blocks
-        .iter()
-        .find(|held| held.header == header)
-        .map(|held| held.free_stack)
+    quarantine().free_stack_of(header)
+}
+
+/// [`free_stack_of`] where the quarantine's lock may be held by a thread stopped with the world
+/// (heap checks): `None` when it is held.
+pub fn free_stack_of_without_waiting(header: *mut BlockHeader) -> Option<StackId> {
+    if LIMIT.load(Ordering::Relaxed) == 0 {
+        return None;
+    }
+    let q = match QUARANTINE.try_lock() {
+        Ok(q) => q,
+        Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+        Err(TryLockError::WouldBlock) => return None,
+    };
+    q.free_stack_of(header)
+}
+
+impl Quarantine {
+    fn free_stack_of(&self, header: *mut BlockHeader) -> Option<StackId> {
+        self.blocks
+            .iter()
+            .find(|held| held.header == header)
+            .map(|held| held.free_stack)
+    }
 }
 
 /// Checks every held block's fill (`check_heap()`, reports): each change is reported with
@@ -127,27 +148,38 @@ pub fn check_all(found_by: FoundBy, checked_by: StackId) -> usize {
     count
 }
 
-/// A `use_after_free` error for a held block whose fill changed, filled again after.
+/// The errors of a held block: a `use_after_free` where its fill changed, an `overrun` where
+/// the guard behind it did (a write just past the end of a freed block, as valgrind's "0 bytes
+/// after a block of size 10 free'd"), each with the block's allocation and free stacks and
+/// repaired after, so that it is reported once. A block whose size fills its class has no guard:
+/// the next block's header behind it is checked as for a live block.
 fn inspect(block: Held, found_by: FoundBy, problems: &mut Vec<MemoryError>) {
     // SAFETY: a held block, whose bytes nobody may use.
-    let h = unsafe { &*block.header };
+    let h = unsafe { &mut *block.header };
     let user = BlockHeader::user_ptr(block.header);
     // SAFETY: as above.
     let bytes = unsafe { core::slice::from_raw_parts_mut(user, h.size()) };
-    if bytes.iter().all(|&b| b == FILL) {
-        return; // the common case, in one vectorised pass
+    let allocated_with = h.kind();
+    let error = |kind, damage| MemoryError {
+        damage,
+        detail: Some(match found_by {
+            FoundBy::Delete => "found when the block left quarantine",
+            _ => found_by.detail().unwrap_or(""),
+        }),
+        previous_free_stack: block.free_stack,
+        ..integrity::block_error(kind, block.header, allocated_with, StackId(0))
+    };
+    // The common case, in one vectorised pass.
+    if !bytes.iter().all(|&b| b == FILL) {
+        if let Some(damage) = Damage::against_fill(0, bytes, FILL) {
+            bytes.fill(FILL);
+            problems.push(error(ErrorKind::UseAfterFree, Some(damage)));
+        }
     }
-    if let Some(damage) = Damage::against_fill(0, bytes, FILL) {
-        bytes.fill(FILL);
-        problems.push(MemoryError {
-            damage: Some(damage),
-            detail: Some(match found_by {
-                FoundBy::Delete => "found when the block left quarantine",
-                _ => found_by.detail().unwrap_or(""),
-            }),
-            previous_free_stack: block.free_stack,
-            ..integrity::block_error(ErrorKind::UseAfterFree, block.header, h.kind(), StackId(0))
-        });
+    if !h.guard_intact() {
+        let damage = Damage::against_fill(h.size() as isize, &h.guard_bytes(), GUARD_BYTE);
+        h.restore_guard();
+        problems.push(error(ErrorKind::Overrun, damage));
     }
 }
 

@@ -515,3 +515,17 @@ pub fn assert_census_as_valgrind(
         run.text
     );
 }
+
+/// The sizes of the blocks valgrind's output says were written 0 bytes past their end, in order,
+/// of blocks in `state` (`alloc'd` or `free'd`).
+pub fn valgrind_written_just_past(valgrind_output: &str, state: &str) -> Vec<u64> {
+    valgrind_output
+        .lines()
+        .filter_map(|l| {
+            l.split_once("is 0 bytes after a block of size ")?
+                .1
+                .strip_suffix(state)
+        })
+        .map(|size| size.trim().replace(',', "").parse().unwrap())
+        .collect()
+}
