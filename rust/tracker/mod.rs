@@ -6,6 +6,7 @@
 //! blocks, the first call of a thread) are `#[cold]`.
 
 pub mod budget;
+pub mod checkpoints;
 pub mod errors;
 pub mod fork;
 pub mod frames;
