@@ -760,17 +760,22 @@ fn engine_allocator_of(address: usize) -> EngineIdentity {
 
 fn engine_checkpoint() -> u32 {
     let _inside = Inside::enter(); // the tracker's own memory
-    engine::checkpoint().epoch()
+    let epoch = engine::checkpoint().epoch();
+    tracker::checkpoints::take(epoch);
+    epoch
 }
 
 fn engine_leaks_since(checkpoint: u32) -> Vec<EngineLeaks> {
     let _inside = Inside::enter(); // the tracker's own memory
+    let tracked = tracker::checkpoints::live_since(checkpoint).unwrap_or_default();
     engine::leaks_since(engine::Checkpoint::from_epoch(checkpoint))
         .iter()
-        .map(|leaks| EngineLeaks {
-            name: engine::c_name(leaks.info.name).as_ptr(),
-            blocks: leaks.blocks,
-            bytes: leaks.bytes,
+        .map(|leaks| (leaks.info.name, leaks.blocks, leaks.bytes))
+        .chain(tracked.iter().map(|f| (f.family, f.blocks, f.bytes)))
+        .map(|(name, blocks, bytes)| EngineLeaks {
+            name: engine::c_name(name).as_ptr(),
+            blocks,
+            bytes,
         })
         .collect()
 }

@@ -123,6 +123,9 @@ pub struct Options {
     pub budgets: Option<PathOption>,
     /// `timeline=PATH` (`%p`: the pid): live bytes per tag over time (`tracker::timeline`).
     pub timeline: Option<PathOption>,
+    /// `profile=1`: most calls, temporary allocations and the peak's consumers per allocating
+    /// stack (`tracker::profile`), in the report's `profile`.
+    pub profile: bool,
     /// Whether the text lists reachable blocks (else one line with their total).
     pub show_reachable: bool,
     /// Whether stacks keep the frames below `main` (libc's start-up and `_start`), as
@@ -157,6 +160,7 @@ impl Options {
         suppressions: None,
         budgets: None,
         timeline: None,
+        profile: false,
         show_reachable: true,
         show_below_main: false,
         leak_kinds: LeakKind::Direct.bit() | LeakKind::Indirect.bit(),
@@ -359,6 +363,7 @@ const KEYS: &[Key] = &[
     },
     flag_key!(free_stacks),
     flag_key!(malloc),
+    flag_key!(profile),
     Key {
         name: "quarantine",
         expected: "must be bytes, with K, M or G (quarantine=16M)",

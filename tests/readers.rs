@@ -525,3 +525,62 @@ fn bad_input_gets_one_line_and_exit_2() {
         assert!(stdout(&out).is_empty(), "{args:?}");
     }
 }
+
+#[test]
+fn show_and_the_page_list_the_peak_s_consumers_and_the_most_allocations() {
+    let dir = support::scratch("readers_profile");
+    let exe = support::build(
+        &dir,
+        "profiler_sites",
+        &["tests/cpp/profiler_sites.cpp"],
+        &[],
+    );
+    let run = support::run(&exe, "profile=1");
+    assert!(run.output.status.success(), "{}", run.stderr());
+    let report = dir.join("profiler_sites.log.json");
+
+    let out = k15(&["show", "--kind", "profile", "--top", "3", path(&report)]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let headings: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("  ") && !l.starts_with("    "))
+        .collect();
+    // Three of each list, as the tracker's own report has them (tests/profiler_sites.rs checks
+    // those against heaptrack_print).
+    assert_eq!(
+        headings,
+        [
+            "  2000 allocations (2000 temporary) of 64000 bytes from:",
+            "  2000 allocations (2000 temporary) of 64000 bytes from:",
+            "  300 allocations (1 temporary) of 30000 bytes from:",
+            "  163840 bytes in 40 blocks from:",
+            "  72704 bytes in 1 block from:",
+            "  1536 bytes in 3 blocks [Config] from:",
+        ],
+        "{text}"
+    );
+    assert!(
+        text.contains("Live at the peak (238112 bytes in frame 0; 3 listed):"),
+        "{text}"
+    );
+    assert!(
+        text.contains("spawn_particles()") && !text.contains("Direct leak"),
+        "{text}"
+    );
+
+    let page = dir.join("profile.html");
+    let out = k15(&["html", path(&report), "-o", path(&page)]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let dom = rendered(&page);
+    for shown in [
+        "Live at the peak (232.5 KiB)",
+        "<summary>160.0 KiB in 40 blocks (anonymous namespace)::load_level()",
+        "<summary>1.5 KiB in 3 blocks [Config] (anonymous namespace)::make_config()",
+        "<summary>2,000 allocations (2,000 temporary) of 62.5 KiB (anonymous namespace)::spawn_particles()",
+        "data-metric=\"peak\"",
+        "data-metric=\"temporary\"",
+    ] {
+        assert!(dom.contains(shown), "{shown} not in\n{dom}");
+    }
+}

@@ -69,7 +69,9 @@ struct AllocatorLeaks {
     std::uint64_t bytes;
 };
 
-// Engine blocks allocated since `since` and still live, in all and per allocator.
+// Blocks allocated since `since` and still live, in all and per allocator: each engine allocator by
+// its name, and the tracked blocks (new, malloc, ... of the program and its libraries) by their
+// allocation function ("new", "new[]", "malloc", ...).
 struct LeakSummary {
     std::uint64_t blocks = 0;
     std::uint64_t bytes = 0;
@@ -197,11 +199,12 @@ AllocatorIdentity allocator_of(const void* ptr) noexcept;
 // The element type of the typed pool holding `ptr`, or "unknown".
 const char* type_of(const void* ptr) noexcept;
 
-
+// A checkpoint over every block: the engine allocators' and every tracked block. It walks the live
+// blocks once with the threads stopped (the heap checked on the way, as check_heap() does).
 Checkpoint checkpoint() noexcept;
 
-
-
+// What was allocated after `since` (from checkpoint()) and is still live. Checkpoint{0} (not from
+// checkpoint()) covers the engine allocators' live blocks only.
 LeakSummary leaks_since(Checkpoint since);
 
 

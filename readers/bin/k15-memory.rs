@@ -23,7 +23,7 @@ enum Command {
     Show {
         report: String,
         /// Only these kinds (comma-separated or repeated).
-        #[arg(long, value_delimiter = ',', value_parser = ["direct", "indirect", "reachable", "errors"])]
+        #[arg(long, value_delimiter = ',', value_parser = ["direct", "indirect", "reachable", "errors", "profile"])]
         kind: Vec<String>,
         /// Only sites of this tag and of its children.
         #[arg(long)]

@@ -102,6 +102,35 @@ function errors() {
   }
 }
 
+// profile=1: what was live at the peak and the sites with the most allocations, each row
+// opening on its stack.
+function profileRow(site, text) {
+  const first = site.stack !== null && D.stacks[site.stack].length ? D.frames[D.stacks[site.stack][0]][0] : "";
+  const label = el("summary", {}, text + (site.tag ? " [" + site.tag + "]" : "") + (site.at ? " at " + site.at : "") + " " + first);
+  const details = el("details", {}, label);
+  const stack = el("div", {});
+  details.append(stack);
+  details.addEventListener("toggle", () => { if (details.open && !stack.firstChild) stack.append(stackView(site.stack)); });
+  const row = el("div", { class: "site" }, details);
+  row.dataset.words = stackWords(site.stack) + "\n" + (site.at || "").toLowerCase() + "\n" + (site.tag || "").toLowerCase();
+  return row;
+}
+
+function profile() {
+  const p = D.profile;
+  if (!p) { $("profile-section").style.display = "none"; return; }
+  if (p.peak) {
+    const when = p.peak.frame ? " in frame " + p.peak.frame.toLocaleString("en") : "";
+    $("peak").append(el("h3", {}, "Live at the peak (" + bytes(p.peak.bytes) + when + ")"));
+    for (const s of p.peak.sites) $("peak").append(profileRow(s, bytes(s.figures[0]) + " in " + plural(s.figures[1], "block")));
+  }
+  $("most-calls").append(el("h3", {}, "Most allocations (temporary: freed before the thread's next allocation)"));
+  for (const s of p.sites) {
+    const [allocations, temporary, size] = s.figures;
+    $("most-calls").append(profileRow(s, plural(allocations, "allocation") + " (" + temporary.toLocaleString("en") + " temporary) of " + bytes(size)));
+  }
+}
+
 function tags() {
   if (!D.tags.length) { $("tags-section").style.display = "none"; return; }
   const table = el("table", {}, el("tr", {}, ...["Tag", "Live", "Blocks", "Peak", "Allocations", "Allocated", "Budget", ""].map((h) => el("th", {}, h))));
@@ -238,6 +267,7 @@ function update() {
 summary();
 leaks();
 errors();
+profile();
 tags();
 metricButtons();
 $("search").oninput = update;

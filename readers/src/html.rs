@@ -37,6 +37,9 @@ fn escape(text: &str) -> String {
         .replace('"', "&quot;")
 }
 
+/// Rows of each profile table on the page (the flame graph takes every site).
+const PROFILE_ROWS: usize = 20;
+
 /// What the page's script reads: the report by site, stacks and frames stored once.
 fn page_data(report: &Report) -> Value {
     let frames: Vec<Value> = report
@@ -101,6 +104,35 @@ fn page_data(report: &Report) -> Value {
             .map(|s| json!([s.stack, s.temporary]))
             .collect();
     }
+    let profile = report.profile.as_ref().map(|p| {
+        let place = |stack: Option<usize>, tag: &Option<String>, file: &Option<String>, line| {
+            json!({ "stack": stack, "tag": tag, "at": file.as_ref().map(|f| format!("{f}:{line}")) })
+        };
+        let sites: Vec<Value> = p
+            .sites
+            .iter()
+            .take(PROFILE_ROWS)
+            .map(|s| {
+                let mut row = place(s.stack, &s.tag, &s.file, s.line);
+                row["figures"] = json!([s.allocations, s.temporary, s.bytes]);
+                row
+            })
+            .collect();
+        let peak = p.peak.as_ref().map(|peak| {
+            let sites: Vec<Value> = peak
+                .sites
+                .iter()
+                .take(PROFILE_ROWS)
+                .map(|s| {
+                    let mut row = place(s.stack, &s.tag, &s.file, s.line);
+                    row["figures"] = json!([s.bytes, s.blocks]);
+                    row
+                })
+                .collect();
+            json!({ "bytes": peak.bytes, "frame": peak.frame, "sites": sites })
+        });
+        json!({ "sites": sites, "peak": peak })
+    });
     let errors: Vec<Value> = report
         .errors
         .iter()
@@ -122,6 +154,6 @@ fn page_data(report: &Report) -> Value {
         "summary": report.summary, "processes": processes,
         "frames": frames, "stacks": report.stacks,
         "sites": sites, "metrics": metrics, "errors": errors,
-        "tags": report.tags, "timeline": report.timeline,
+        "tags": report.tags, "timeline": report.timeline, "profile": profile,
     })
 }

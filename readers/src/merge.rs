@@ -72,7 +72,9 @@ pub fn merge(reports: &[Report]) -> Report {
     let mut errors = Vec::new();
     let mut summary = serde_json::Map::new();
     let mut tags: BTreeMap<String, Tag> = BTreeMap::new();
-    let mut profile_sites: BTreeMap<(Option<usize>, Option<String>), [u64; 3]> = BTreeMap::new();
+    // By stack, tag and `K15_NEW` place: allocations, bytes, temporary.
+    type ProfileKey = (Option<usize>, Option<String>, Option<String>, u64);
+    let mut profile_sites: BTreeMap<ProfileKey, [u64; 3]> = BTreeMap::new();
     let mut peak = None;
     let mut processes = Vec::new();
     for report in reports {
@@ -151,7 +153,12 @@ pub fn merge(reports: &[Report]) -> Report {
         if let Some(profile) = &report.profile {
             for s in &profile.sites {
                 let totals = profile_sites
-                    .entry((tables.stack(report, s.stack), s.tag.clone()))
+                    .entry((
+                        tables.stack(report, s.stack),
+                        s.tag.clone(),
+                        s.file.clone(),
+                        s.line,
+                    ))
                     .or_default();
                 totals[0] += s.allocations;
                 totals[1] += s.bytes;
@@ -180,12 +187,16 @@ pub fn merge(reports: &[Report]) -> Report {
         let mut sites: Vec<crate::report::ProfileSite> = profile_sites
             .into_iter()
             .map(
-                |((stack, tag), [allocations, bytes, temporary])| crate::report::ProfileSite {
-                    stack,
-                    tag,
-                    allocations,
-                    bytes,
-                    temporary,
+                |((stack, tag, file, line), [allocations, bytes, temporary])| {
+                    crate::report::ProfileSite {
+                        stack,
+                        tag,
+                        file,
+                        line,
+                        allocations,
+                        bytes,
+                        temporary,
+                    }
                 },
             )
             .collect();

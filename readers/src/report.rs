@@ -179,6 +179,11 @@ pub struct PeakSite {
     pub stack: Option<usize>,
     #[serde(default)]
     pub tag: Option<String>,
+    /// `K15_NEW`'s place, where stacks were off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    #[serde(default)]
+    pub line: u64,
     #[serde(default)]
     pub blocks: u64,
     #[serde(default)]
@@ -190,6 +195,11 @@ pub struct ProfileSite {
     pub stack: Option<usize>,
     #[serde(default)]
     pub tag: Option<String>,
+    /// `K15_NEW`'s place, where stacks were off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    #[serde(default)]
+    pub line: u64,
     #[serde(default)]
     pub allocations: u64,
     #[serde(default)]

@@ -6,7 +6,7 @@ use std::fmt::Write;
 /// What `show` lists.
 #[derive(Debug, Clone, Default)]
 pub struct Filter {
-    /// Leak kinds (`direct`, `indirect`, `reachable`) or `errors`; empty: all.
+    /// Leak kinds (`direct`, `indirect`, `reachable`), `errors` or `profile`; empty: all.
     pub kinds: Vec<String>,
     /// Only sites of this tag (a parent tag takes in its children: `Render` and `Render/Mesh`).
     pub tag: Option<String>,
@@ -95,6 +95,9 @@ fn write_text(out: &mut String, report: &Report, filter: &Filter) -> std::fmt::R
             filter.top
         )?;
     }
+    if let Some(profile) = report.profile.as_ref().filter(|_| filter.wants("profile")) {
+        write_profile(out, report, profile, filter)?;
+    }
     if filter.wants("errors") && filter.tag.is_none() {
         for error in &report.errors {
             writeln!(out)?;
@@ -141,6 +144,99 @@ fn write_site(out: &mut String, report: &Report, total: &SiteTotal) -> std::fmt:
         writeln!(out, "    in {}", names.join(", "))?;
     }
     Ok(())
+}
+
+/// Profile sites listed when `--top` does not say.
+const PROFILE_SITES: usize = 10;
+
+/// `profile=1`'s figures: the sites with the most allocations, then what was live at the peak.
+fn write_profile(
+    out: &mut String,
+    report: &Report,
+    profile: &crate::report::Profile,
+    filter: &Filter,
+) -> std::fmt::Result {
+    let top = if filter.top == 0 {
+        PROFILE_SITES
+    } else {
+        filter.top
+    };
+    let sites: Vec<_> = profile
+        .sites
+        .iter()
+        .filter(|s| filter.wants_tag(s.tag.as_deref()))
+        .collect();
+    writeln!(out, "\nMost allocations ({} listed):", top.min(sites.len()))?;
+    for s in sites.iter().take(top) {
+        write!(
+            out,
+            "  {} ({} temporary) of {}",
+            count(s.allocations, "allocation"),
+            s.temporary,
+            count(s.bytes, "byte")
+        )?;
+        write_profile_place(
+            out,
+            report,
+            s.tag.as_deref(),
+            s.file.as_deref(),
+            s.line,
+            s.stack,
+        )?;
+    }
+    let Some(peak) = &profile.peak else {
+        return Ok(());
+    };
+    let sites: Vec<_> = peak
+        .sites
+        .iter()
+        .filter(|s| filter.wants_tag(s.tag.as_deref()))
+        .collect();
+    write!(out, "\nLive at the peak ({}", count(peak.bytes, "byte"))?;
+    if let Some(frame) = peak.frame {
+        write!(out, " in frame {frame}")?;
+    }
+    writeln!(out, "; {} listed):", top.min(sites.len()))?;
+    for s in sites.iter().take(top) {
+        write!(
+            out,
+            "  {} in {}",
+            count(s.bytes, "byte"),
+            count(s.blocks, "block")
+        )?;
+        write_profile_place(
+            out,
+            report,
+            s.tag.as_deref(),
+            s.file.as_deref(),
+            s.line,
+            s.stack,
+        )?;
+    }
+    Ok(())
+}
+
+/// The rest of a profile site's lines: its tag, then its `K15_NEW` place or its stack.
+fn write_profile_place(
+    out: &mut String,
+    report: &Report,
+    tag: Option<&str>,
+    file: Option<&str>,
+    line: u64,
+    stack: Option<usize>,
+) -> std::fmt::Result {
+    if let Some(tag) = tag {
+        write!(out, " [{tag}]")?;
+    }
+    match file {
+        Some(file) if report.frames_of(stack).next().is_none() => {
+            writeln!(out, " at {file}:{line} (K15_NEW)")
+        }
+        _ => {
+            writeln!(out, " from:")?;
+            write_frames(out, report, stack, "    ")
+        }
+    }
 }
 
 /// `program (pid N)`.

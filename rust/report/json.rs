@@ -3,6 +3,7 @@
 //! by name), each stack once as a list of indices into `frames`, each distinct frame once; the
 //! figures of every tag (`tags`); written as it goes. Format 3 keeps every field of format 2.
 
+use super::profile::ProfileSite;
 use super::scan::LeakKind;
 use super::{Leak, Report};
 use crate::stack::StackId;
@@ -61,6 +62,7 @@ pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
     )?;
     write_tags(out, report)?;
     let mut stacks = StackTable::default();
+    write_profile(out, report, &mut stacks)?;
     // Blocks in report order: direct sites, each followed by what it holds, then reachable ones.
     let mut ordered: Vec<&Leak> = Vec::with_capacity(report.leaks.len());
     for direct in report.direct_sites() {
@@ -230,6 +232,57 @@ fn write_tags(out: &mut dyn Write, report: &Report) -> io::Result<()> {
         per_frame(&frames.process.allocations, frames.frames()),
         per_frame(&frames.process.frees, frames.frames())
     )
+}
+
+/// `profile` (`null` without `profile=1`): the sites with the most allocations and the peak's
+/// consumers, each list followed by the sum of the sites it leaves out.
+fn write_profile(out: &mut dyn Write, report: &Report, stacks: &mut StackTable) -> io::Result<()> {
+    let Some(p) = &report.profile else {
+        return writeln!(out, "  \"profile\": null,");
+    };
+    let place = |s: &ProfileSite, stacks: &mut StackTable| {
+        format!(
+            "\"stack\": {}, \"tag\": {}, \"file\": {}, \"line\": {}",
+            stacks.id(s.stack),
+            s.tag_name().map_or("null".to_owned(), |name| quoted(&name)),
+            s.file.map_or("null".to_owned(), quoted),
+            s.line
+        )
+    };
+    writeln!(out, "  \"profile\": {{")?;
+    writeln!(
+        out,
+        "    \"peak\": {{ \"bytes\": {}, \"frame\": {}, \"other\": {{ \"sites\": {}, \"blocks\": {}, \"bytes\": {} }}, \"sites\": [",
+        p.peak_bytes, p.peak_frame, p.other_peak.sites, p.other_peak.peak_blocks, p.other_peak.peak_bytes
+    )?;
+    for (i, s) in p.peak.iter().enumerate() {
+        writeln!(
+            out,
+            "      {{ {}, \"blocks\": {}, \"bytes\": {} }}{}",
+            place(s, stacks),
+            s.peak_blocks,
+            s.peak_bytes,
+            comma(i, p.peak.len())
+        )?;
+    }
+    writeln!(out, "    ] }},")?;
+    writeln!(
+        out,
+        "    \"uncounted_allocations\": {},\n    \"other_sites\": {{ \"sites\": {}, \"allocations\": {}, \"bytes\": {}, \"temporary\": {} }},\n    \"sites\": [",
+        p.uncounted, p.other_sites.sites, p.other_sites.allocations, p.other_sites.bytes, p.other_sites.temporary
+    )?;
+    for (i, s) in p.sites.iter().enumerate() {
+        writeln!(
+            out,
+            "      {{ {}, \"allocations\": {}, \"bytes\": {}, \"temporary\": {} }}{}",
+            place(s, stacks),
+            s.allocations,
+            s.bytes,
+            s.temporary,
+            comma(i, p.sites.len())
+        )?;
+    }
+    writeln!(out, "    ]\n  }},")
 }
 
 /// `{ "mean", "max", "max_frame" }` of a count over `frames` frames.

@@ -6,6 +6,7 @@ pub mod ignore;
 pub mod json;
 pub mod mappings;
 pub mod page;
+pub mod profile;
 pub mod scan;
 pub mod suppress;
 pub mod text;
@@ -21,6 +22,7 @@ use crate::tracker::suspend::Suspension;
 use crate::tracker::tags::{self, TagId};
 use crate::tracker::BlockKind;
 use core::sync::atomic::{AtomicBool, Ordering};
+use profile::ProfileReport;
 use scan::{LeakKind, Node};
 use std::collections::HashMap;
 use std::io::Write;
@@ -228,6 +230,8 @@ pub struct Report {
     pub tags: Vec<tags::TagStats>,
     /// What the frames did (`frame_mark()`), per tag and for the process.
     pub frames: crate::tracker::frames::FrameReport,
+    /// Most calls, temporary allocations and the peak's consumers, with `profile=1`.
+    pub profile: Option<ProfileReport>,
     /// Threads whose lists could not be settled (see `StoppedWorld`): listed as they were.
     pub unsettled_threads: Vec<u32>,
     /// Engine allocators whose live blocks are left out: their lock stayed held at exit
@@ -259,13 +263,17 @@ impl Report {
         } = snapshot(&symbolizer, stack);
         // After: the snapshot's heap check adds errors (and the threads are going again).
         let (mut all_errors, mut error_count) = errors::all();
-        let ids = leaks.iter().map(|l| l.stack).chain(
-            all_errors
-                .iter()
-                .flat_map(|e| [e.alloc_stack, e.free_stack, e.previous_free_stack]),
-        );
+        let profiled = crate::tracker::profile::read();
+        let ids = leaks
+            .iter()
+            .map(|l| l.stack)
+            .chain(
+                all_errors
+                    .iter()
+                    .flat_map(|e| [e.alloc_stack, e.free_stack, e.previous_free_stack]),
+            )
+            .chain(profiled.iter().flat_map(ProfileReport::stacks));
         let stacks = symbolizer.symbolize_stacks(ids);
-        drop(symbolizer);
         let runtime_blocks = remove_leaks(&mut leaks, |leak| {
             is_rust_runtime_setup(&stacks[&leak.stack])
         });
@@ -274,6 +282,8 @@ impl Report {
         for leak in &mut leaks {
             leak.stack = same_frames[&leak.stack];
         }
+        let profile = profiled.map(|p| ProfileReport::new(&p, &same_frames, &symbolizer));
+        drop(symbolizer);
 
         let mut rules: Vec<RuleCount> = IGNORE_RULES
             .into_iter()
@@ -309,6 +319,7 @@ impl Report {
             stats: crate::tracker::stats(),
             tags: crate::tracker::tag_stats(),
             frames: crate::tracker::frames::report(),
+            profile,
             unsettled_threads,
             unlisted_allocators,
             unreadable_blocks,

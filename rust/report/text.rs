@@ -2,6 +2,7 @@
 //! (largest first, each with the indirect blocks it holds), memory errors with both stacks, the
 //! reachable blocks, and what suppressions kept out.
 
+use super::profile;
 use super::scan::LeakKind;
 use super::{Report, Site, Total};
 use crate::stack::StackId;
@@ -188,6 +189,7 @@ pub fn write(out: &mut dyn Write, report: &Report) -> io::Result<()> {
         )?;
     }
     write_tags(out, report)?;
+    write_profile(out, report)?;
     writeln!(out)?;
     writeln!(
         out,
@@ -279,6 +281,85 @@ fn write_frames_table(out: &mut dyn Write, report: &Report, width: usize) -> io:
     }
     Ok(())
 }
+
+/// With `profile=1`: the sites with the most allocations, then the peak's largest consumers,
+/// [`profile::SHOWN`] of each, with their innermost frames.
+fn write_profile(out: &mut dyn Write, report: &Report) -> io::Result<()> {
+    let Some(p) = &report.profile else {
+        return Ok(());
+    };
+    let listed = p.sites.len() + p.other_sites.sites;
+    writeln!(
+        out,
+        "\nMost allocations ({} of {}; temporary: freed before the thread's next allocation):",
+        p.sites.len().min(profile::SHOWN),
+        count(listed, "site")
+    )?;
+    for s in p.sites.iter().take(profile::SHOWN) {
+        let figures = format!(
+            "{} ({} temporary) of {}",
+            count(s.allocations as usize, "allocation"),
+            s.temporary,
+            count(s.bytes as usize, "byte")
+        );
+        write_profile_site(out, report, s, &figures)?;
+    }
+    writeln!(
+        out,
+        "\nLive at the peak ({} in frame {}; {} of {}):",
+        count(p.peak_bytes as usize, "byte"),
+        p.peak_frame,
+        p.peak.len().min(profile::SHOWN),
+        count(p.peak.len() + p.other_peak.sites, "site")
+    )?;
+    for s in p.peak.iter().take(profile::SHOWN) {
+        let figures = format!(
+            "{} in {}",
+            count(s.peak_bytes as usize, "byte"),
+            count(s.peak_blocks as usize, "block")
+        );
+        write_profile_site(out, report, s, &figures)?;
+    }
+    if p.uncounted > 0 {
+        writeln!(
+            out,
+            "  ({} of stacks beyond the profile's table are in no site.)",
+            count(p.uncounted as usize, "allocation")
+        )?;
+    }
+    Ok(())
+}
+
+/// One site of the profile: `figures`, its tag, and its first frames (or its `K15_NEW` place).
+fn write_profile_site(
+    out: &mut dyn Write,
+    report: &Report,
+    s: &profile::ProfileSite,
+    figures: &str,
+) -> io::Result<()> {
+    let mut text = format!("  {figures}");
+    if let Some(tag) = s.tag_name() {
+        let _ = write!(text, ", tag {tag}");
+    }
+    let frames = report.frames(s.stack);
+    match s.file {
+        Some(file) if frames.is_empty() => {
+            let _ = writeln!(text, ", at {file}:{}", s.line);
+        }
+        _ => {
+            text.push_str(", from:\n");
+            let _ = write_frames(
+                &mut text,
+                &frames[..frames.len().min(PROFILE_FRAMES)],
+                "    ",
+            );
+        }
+    }
+    out.write_all(text.as_bytes())
+}
+
+/// The innermost frames shown of a profile site's stack (the JSON has them all).
+const PROFILE_FRAMES: usize = 4;
 
 /// `n thing` or `n things`.
 pub fn count(n: usize, thing: &str) -> String {

@@ -10,6 +10,7 @@
 
 use super::live_list;
 use super::tags::{self, TagId, MAX_TAGS};
+use core::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// One count's figures over the frames.
@@ -76,12 +77,21 @@ static FRAMES: Mutex<Frames> = Mutex::new(Frames {
     figures: [NO_FIGURES; MAX_TAGS],
 });
 
+/// The marks so far, without the lock: the frame under way (0: start-up), for `profile`'s peak.
+static MARKS: AtomicU64 = AtomicU64::new(0);
+
+/// The frame under way: the marks so far (0 before the first).
+pub fn marks_so_far() -> u64 {
+    MARKS.load(Ordering::Relaxed)
+}
+
 /// `frame_mark()`: ends the frame under way (the first mark ends start-up).
 pub fn mark() {
     let Ok(mut frames) = FRAMES.lock() else {
         return;
     };
     frames.marks += 1;
+    MARKS.store(frames.marks, Ordering::Relaxed);
     let ended = frames.marks - 1;
     let process = live_list::totals();
     frames.record(0, [process.allocations, process.frees, 0], ended);

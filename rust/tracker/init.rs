@@ -15,6 +15,7 @@ const HOT_FREE_STACKS: u32 = 1 << 29;
 const HOT_BREAK_ON: u32 = 1 << 28;
 const HOT_QUARANTINE: u32 = 1 << 27;
 const HOT_MALLOC: u32 = 1 << 26;
+const HOT_PROFILE: u32 = 1 << 25;
 
 impl Hot {
     /// Frames to capture per allocation; 0: no call stacks.
@@ -48,10 +49,17 @@ impl Hot {
         self.0 & HOT_BREAK_ON != 0
     }
 
-    /// `budget` or `break_on`: an allocation leaves the common path (one test for both).
+    /// Whether every allocation and free is counted per stack (`profile=1`).
+    #[inline]
+    pub fn profile(self) -> bool {
+        self.0 & HOT_PROFILE != 0
+    }
+
+    /// `budget`, `break_on` or `profile`: an allocation leaves the common path (one test for
+    /// all).
     #[inline(always)]
     pub fn rare_allocation_options(self) -> bool {
-        self.0 & (HOT_BUDGET | HOT_BREAK_ON) != 0
+        self.0 & (HOT_BUDGET | HOT_BREAK_ON | HOT_PROFILE) != 0
     }
 
     /// Whether each `delete` records its call stack in the freed block (`free_stacks=1`).
@@ -143,6 +151,11 @@ fn set_up_once() {
         0
     };
     let malloc = if options.malloc { HOT_MALLOC } else { 0 };
+    let profile = if options.profile && super::profile::set_up() {
+        HOT_PROFILE
+    } else {
+        0
+    };
     HOT.store(
         HOT_READY
             | budget
@@ -150,6 +163,7 @@ fn set_up_once() {
             | break_on
             | quarantine
             | malloc
+            | profile
             | options.stack_depth as u32,
         Ordering::Release,
     );

@@ -6,6 +6,7 @@
 //! blocks, the first call of a thread) are `#[cold]`.
 
 pub mod budget;
+pub mod checkpoints;
 pub mod errors;
 pub mod fork;
 pub mod frames;
@@ -18,6 +19,7 @@ mod kind;
 pub mod live_list;
 pub mod malloc;
 pub(crate) mod pending_stacks;
+pub mod profile;
 mod quarantine;
 pub mod raw;
 mod resize;
@@ -339,6 +341,9 @@ unsafe fn allocate_elsewhere(
         if block.placement != Placement::Heap {
             held.link(header);
         }
+        if hot.profile() {
+            profile::count_allocation(&*header, block.user);
+        }
     }
     held.count_allocation(size);
     if hot.break_on() {
@@ -485,14 +490,14 @@ fn free_live(
     let hot = init::set_up_hot();
     // The option bits are tested once on the common path (none of them set); the path with
     // any of them is the same code with their steps compiled in.
-    if hot.free_stacks() || hot.quarantine() || hot.budget() {
+    if hot.free_stacks() || hot.quarantine() || hot.budget() || hot.profile() {
         free_live_with_options(header, cookie, shard, kind, start, hot)
     } else {
         free_live_as_asked::<false>(header, cookie, shard, kind, start, hot)
     }
 }
 
-/// [`free_live`] with `free_stacks`, `quarantine` or `budget` set.
+/// [`free_live`] with `free_stacks`, `quarantine`, `budget` or `profile` set.
 #[cold]
 #[inline(never)]
 fn free_live_with_options(
@@ -507,7 +512,7 @@ fn free_live_with_options(
 }
 
 /// The rest of [`free_live`], once the guard is checked: `OPTIONS` says whether `hot` may ask
-/// for free stacks, quarantine or the budget.
+/// for free stacks, quarantine, the budget or the profile.
 #[inline(always)]
 fn free_live_as_asked<const OPTIONS: bool>(
     header: *mut BlockHeader,
@@ -523,6 +528,9 @@ fn free_live_as_asked<const OPTIONS: bool>(
     // SAFETY: as above.
     if unsafe { !(*header).freed_by_its_family(kind) } {
         report_mismatch(header, kind, start());
+    }
+    if OPTIONS && hot.profile() {
+        profile::count_free(header);
     }
     let me = guard::me();
     if shard != me.shard.index {
