@@ -188,16 +188,13 @@ fn carve(room: usize) -> Option<usize> {
                 return Some(start);
             }
         }
-        let fresh = map_unreserved(CHUNK_BYTES);
-        if fresh.is_null() {
-            return None;
-        }
-        let first = fresh as usize + core::mem::size_of::<Chunk>().next_multiple_of(PREFIX);
+        let header = core::mem::size_of::<Chunk>().next_multiple_of(PREFIX);
+        let (fresh, len) = map_chunk(header + room)?;
         // SAFETY: a fresh mapping of ours, large enough and aligned for the chunk's header.
         unsafe {
             fresh.cast::<Chunk>().write(Chunk {
-                next: AtomicUsize::new(first),
-                end: fresh as usize + CHUNK_BYTES,
+                next: AtomicUsize::new(fresh as usize + header),
+                end: fresh as usize + len,
             })
         };
         // Another thread may have published a chunk meanwhile: carve from that one instead.
@@ -206,8 +203,24 @@ fn carve(room: usize) -> Option<usize> {
             .is_err()
         {
             // SAFETY: our own fresh mapping, never published.
-            unsafe { unmap_pages(fresh, CHUNK_BYTES) };
+            unsafe { unmap_pages(fresh, len) };
         }
+    }
+}
+
+/// A new chunk of [`CHUNK_BYTES`], or, where the address space is short (`ulimit -v`), of a
+/// quarter of that and so on down to `least` bytes: where it starts and its length.
+fn map_chunk(least: usize) -> Option<(*mut u8, usize)> {
+    let mut len = CHUNK_BYTES;
+    loop {
+        let fresh = map_unreserved(len);
+        if !fresh.is_null() {
+            return Some((fresh, len));
+        }
+        if len <= least {
+            return None;
+        }
+        len = (len / 4).max(least.next_multiple_of(PAGE_SIZE));
     }
 }
 
