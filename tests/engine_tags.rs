@@ -98,6 +98,7 @@ fn engine_allocators_blocks_count_against_the_scope_s_tag() {
         .collect();
     leaked.sort();
     let want = [
+        (40, "tags.things", "Engine/Things"),
         (64, "named", "Engine/Named"),
         (100, "tags.pool", "Engine/Pool"),
         (128, "tags.dropped", "Engine/Dropped"),
