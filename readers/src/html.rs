@@ -90,30 +90,31 @@ fn page_data(report: &Report) -> Value {
             metrics["peak"] = peak
                 .sites
                 .iter()
-                .map(|s| json!([s.stack, s.bytes]))
+                .map(|s| json!([s.place.stack, s.bytes]))
                 .collect();
         }
         metrics["allocations"] = profile
             .sites
             .iter()
-            .map(|s| json!([s.stack, s.allocations]))
+            .map(|s| json!([s.place.stack, s.allocations]))
             .collect();
         metrics["temporary"] = profile
             .sites
             .iter()
-            .map(|s| json!([s.stack, s.temporary]))
+            .map(|s| json!([s.place.stack, s.temporary]))
             .collect();
     }
     let profile = report.profile.as_ref().map(|p| {
-        let place = |stack: Option<usize>, tag: &Option<String>, file: &Option<String>, line| {
-            json!({ "stack": stack, "tag": tag, "at": file.as_ref().map(|f| format!("{f}:{line}")) })
+        let place = |p: &crate::report::SitePlace| {
+            let at = p.file.as_ref().map(|f| format!("{f}:{}", p.line));
+            json!({ "stack": p.stack, "tag": p.tag, "at": at })
         };
         let sites: Vec<Value> = p
             .sites
             .iter()
             .take(PROFILE_ROWS)
             .map(|s| {
-                let mut row = place(s.stack, &s.tag, &s.file, s.line);
+                let mut row = place(&s.place);
                 row["figures"] = json!([s.allocations, s.temporary, s.bytes]);
                 row
             })
@@ -124,7 +125,7 @@ fn page_data(report: &Report) -> Value {
                 .iter()
                 .take(PROFILE_ROWS)
                 .map(|s| {
-                    let mut row = place(s.stack, &s.tag, &s.file, s.line);
+                    let mut row = place(&s.place);
                     row["figures"] = json!([s.bytes, s.blocks]);
                     row
                 })

@@ -73,8 +73,7 @@ pub fn merge(reports: &[Report]) -> Report {
     let mut summary = serde_json::Map::new();
     let mut tags: BTreeMap<String, Tag> = BTreeMap::new();
     // By stack, tag and `K15_NEW` place: allocations, bytes, temporary.
-    type ProfileKey = (Option<usize>, Option<String>, Option<String>, u64);
-    let mut profile_sites: BTreeMap<ProfileKey, [u64; 3]> = BTreeMap::new();
+    let mut profile_sites: BTreeMap<crate::report::SitePlace, [u64; 3]> = BTreeMap::new();
     let mut peak = None;
     let mut processes = Vec::new();
     for report in reports {
@@ -152,14 +151,11 @@ pub fn merge(reports: &[Report]) -> Report {
         }
         if let Some(profile) = &report.profile {
             for s in &profile.sites {
-                let totals = profile_sites
-                    .entry((
-                        tables.stack(report, s.stack),
-                        s.tag.clone(),
-                        s.file.clone(),
-                        s.line,
-                    ))
-                    .or_default();
+                let place = crate::report::SitePlace {
+                    stack: tables.stack(report, s.place.stack),
+                    ..s.place.clone()
+                };
+                let totals = profile_sites.entry(place).or_default();
                 totals[0] += s.allocations;
                 totals[1] += s.bytes;
                 totals[2] += s.temporary;
@@ -172,7 +168,7 @@ pub fn merge(reports: &[Report]) -> Report {
                 {
                     let mut p = p.clone();
                     for s in &mut p.sites {
-                        s.stack = tables.stack(report, s.stack);
+                        s.place.stack = tables.stack(report, s.place.stack);
                     }
                     peak = Some(p);
                 }
@@ -187,16 +183,11 @@ pub fn merge(reports: &[Report]) -> Report {
         let mut sites: Vec<crate::report::ProfileSite> = profile_sites
             .into_iter()
             .map(
-                |((stack, tag, file, line), [allocations, bytes, temporary])| {
-                    crate::report::ProfileSite {
-                        stack,
-                        tag,
-                        file,
-                        line,
-                        allocations,
-                        bytes,
-                        temporary,
-                    }
+                |(place, [allocations, bytes, temporary])| crate::report::ProfileSite {
+                    place,
+                    allocations,
+                    bytes,
+                    temporary,
                 },
             )
             .collect();

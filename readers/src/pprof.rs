@@ -138,7 +138,7 @@ pub fn write(report: &Report, out: impl Write) -> std::io::Result<()> {
     }
     for site in report.profile.iter().flat_map(|p| &p.sites) {
         let values = samples
-            .entry((site.stack, site.tag.as_deref(), None))
+            .entry((site.place.stack, site.place.tag.as_deref(), None))
             .or_insert_with(|| vec![0; width]);
         values[2] += site.allocations as i64;
         values[3] += site.bytes as i64;

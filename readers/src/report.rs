@@ -174,8 +174,9 @@ pub struct Peak {
     pub sites: Vec<PeakSite>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct PeakSite {
+/// Where a profile row's blocks were allocated: their stack and tag, and `K15_NEW`'s place.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct SitePlace {
     pub stack: Option<usize>,
     #[serde(default)]
     pub tag: Option<String>,
@@ -184,6 +185,12 @@ pub struct PeakSite {
     pub file: Option<String>,
     #[serde(default)]
     pub line: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PeakSite {
+    #[serde(flatten)]
+    pub place: SitePlace,
     #[serde(default)]
     pub blocks: u64,
     #[serde(default)]
@@ -192,14 +199,8 @@ pub struct PeakSite {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ProfileSite {
-    pub stack: Option<usize>,
-    #[serde(default)]
-    pub tag: Option<String>,
-    /// `K15_NEW`'s place, where stacks were off.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub file: Option<String>,
-    #[serde(default)]
-    pub line: u64,
+    #[serde(flatten)]
+    pub place: SitePlace,
     #[serde(default)]
     pub allocations: u64,
     #[serde(default)]
@@ -271,8 +272,8 @@ impl Report {
             let peak = p
                 .peak
                 .iter()
-                .flat_map(|peak| peak.sites.iter().map(|s| s.stack));
-            peak.chain(p.sites.iter().map(|s| s.stack))
+                .flat_map(|peak| peak.sites.iter().map(|s| s.place.stack));
+            peak.chain(p.sites.iter().map(|s| s.place.stack))
         });
         for s in profile_stacks {
             if !stack_ok(s) {

@@ -164,7 +164,7 @@ fn write_profile(
     let sites: Vec<_> = profile
         .sites
         .iter()
-        .filter(|s| filter.wants_tag(s.tag.as_deref()))
+        .filter(|s| filter.wants_tag(s.place.tag.as_deref()))
         .collect();
     writeln!(out, "\nMost allocations ({} listed):", top.min(sites.len()))?;
     for s in sites.iter().take(top) {
@@ -175,14 +175,7 @@ fn write_profile(
             s.temporary,
             count(s.bytes, "byte")
         )?;
-        write_profile_place(
-            out,
-            report,
-            s.tag.as_deref(),
-            s.file.as_deref(),
-            s.line,
-            s.stack,
-        )?;
+        write_profile_place(out, report, &s.place)?;
     }
     let Some(peak) = &profile.peak else {
         return Ok(());
@@ -190,7 +183,7 @@ fn write_profile(
     let sites: Vec<_> = peak
         .sites
         .iter()
-        .filter(|s| filter.wants_tag(s.tag.as_deref()))
+        .filter(|s| filter.wants_tag(s.place.tag.as_deref()))
         .collect();
     write!(out, "\nLive at the peak ({}", count(peak.bytes, "byte"))?;
     if let Some(frame) = peak.frame {
@@ -204,14 +197,7 @@ fn write_profile(
             count(s.bytes, "byte"),
             count(s.blocks, "block")
         )?;
-        write_profile_place(
-            out,
-            report,
-            s.tag.as_deref(),
-            s.file.as_deref(),
-            s.line,
-            s.stack,
-        )?;
+        write_profile_place(out, report, &s.place)?;
     }
     Ok(())
 }
@@ -220,21 +206,18 @@ fn write_profile(
 fn write_profile_place(
     out: &mut String,
     report: &Report,
-    tag: Option<&str>,
-    file: Option<&str>,
-    line: u64,
-    stack: Option<usize>,
+    place: &crate::report::SitePlace,
 ) -> std::fmt::Result {
-    if let Some(tag) = tag {
+    if let Some(tag) = &place.tag {
         write!(out, " [{tag}]")?;
     }
-    match file {
-        Some(file) if report.frames_of(stack).next().is_none() => {
-            writeln!(out, " at {file}:{line} (K15_NEW)")
+    match &place.file {
+        Some(file) if report.frames_of(place.stack).next().is_none() => {
+            writeln!(out, " at {file}:{} (K15_NEW)", place.line)
         }
         _ => {
             writeln!(out, " from:")?;
-            write_frames(out, report, stack, "    ")
+            write_frames(out, report, place.stack, "    ")
         }
     }
 }
