@@ -283,9 +283,8 @@ unsafe fn allocate_inside_as<const TAGGED: bool>(
 }
 
 /// Counts a tagged block against its tag and the tag's parents; reports each budget it
-/// crossed, with the shard let go; returns `user`.
-#[cold]
-#[inline(never)]
+/// crossed, with the shard let go; returns `user`. Inlined: its callers are tagged paths.
+#[inline(always)]
 fn count_tagged_then(
     held: live_list::HeldShard<'_>,
     owner: Owner,

@@ -222,8 +222,7 @@ fn bump(counter: &AtomicU64, by: u64) -> u64 {
 
 /// Counts a new block of `size` bytes tagged `tag` (not 0) on `shard`, which the caller holds;
 /// returns the tags whose budgets it crossed (`tag_budgets`).
-#[cold]
-#[inline(never)]
+#[inline]
 pub fn count_allocation(shard: u8, tag: TagId, size: usize) -> Crossed {
     let mut crossed = Crossed::default();
     let mut tag = tag;
