@@ -598,7 +598,7 @@ fn free_live_as_asked<const OPTIONS: bool>(
         if OPTIONS && hot.budget() {
             budget::credit_block((*header).size());
         }
-        free_on_own_list(held, header, OPTIONS && hot.quarantine());
+        free_on_own_list(held, header, OPTIONS && hot.quarantine(), hot.tags());
     }
 }
 
@@ -702,7 +702,7 @@ pub fn apply_deferred_frees() {
 
 /// Frees a block on the calling thread's own shard (`held`): a heap block goes to the thread's
 /// lists (see `heap`), unless freed blocks go into `quarantine`; another block leaves the
-/// shard's list.
+/// shard's list. `tags`: whether the block may carry a tag ([`init::Hot::tags`]).
 ///
 /// # Safety
 /// `header` is a live block on the list of `held`, the calling thread's shard, and nobody else
@@ -712,10 +712,11 @@ unsafe fn free_on_own_list(
     mut held: live_list::HeldShard<'_>,
     header: *mut BlockHeader,
     quarantine: bool,
+    tags: bool,
 ) {
     // SAFETY: guaranteed by the caller.
     let h = unsafe { &mut *header };
-    count_free(&mut held, h);
+    count_free(&mut held, h, tags);
     let in_heap = h.placement() == Placement::Heap;
     if in_heap && !quarantine {
         // SAFETY: a heap block of class `h.class` of this thread, which park marks freed.
@@ -732,12 +733,13 @@ unsafe fn free_on_own_list(
     unsafe { release_freed(header, init::set_up_hot(), Settling::No) };
 }
 
-/// Counts the free of `h`, a block on the list of `held`, process-wide and against its tag.
+/// Counts the free of `h`, a block on the list of `held`, process-wide and against its tag if
+/// it `may_be_tagged`.
 #[inline(always)]
-fn count_free(held: &mut live_list::HeldShard<'_>, h: &BlockHeader) {
+fn count_free(held: &mut live_list::HeldShard<'_>, h: &BlockHeader, may_be_tagged: bool) {
     let size = h.size();
     held.count_free(size);
-    if tags::any() {
+    if may_be_tagged {
         let tag = h.tag();
         if tag != 0 {
             tags::count_free(h.shard(), tag, size);
@@ -797,7 +799,7 @@ unsafe fn free_off_list(
         // SAFETY: guaranteed by the caller.
         unsafe { held.unlink(header) };
     }
-    count_free(&mut held, h);
+    count_free(&mut held, h, tags::any());
     if !h.is_claimed() {
         budget::credit_block(h.size()); // a claimed block's bytes went back when it was claimed
     }
