@@ -50,8 +50,8 @@ static PARENTS: [AtomicU16; MAX_TAGS] = [const { AtomicU16::new(0) }; MAX_TAGS];
 /// Open addressing by the name's hash: ids, 0 for an empty slot.
 static INDEX: [AtomicU16; INDEX_SLOTS] = [const { AtomicU16::new(0) }; INDEX_SLOTS];
 /// Whether any block may have a tag: any tag interned, a bit of the hot word (`init`), so that
-/// a free of the common path tests it with the options. A block's tag was interned before it
-/// was allocated, so a thread that frees it sees this set.
+/// a free tests it in the word it loaded anyway. A block's tag was interned (and the bit set)
+/// before it was allocated, so a thread that frees it sees this set.
 #[inline(always)]
 pub fn any() -> bool {
     super::init::set_up_hot().tags()
