@@ -16,6 +16,7 @@ const HOT_BREAK_ON: u32 = 1 << 28;
 const HOT_QUARANTINE: u32 = 1 << 27;
 const HOT_MALLOC: u32 = 1 << 26;
 const HOT_PROFILE: u32 = 1 << 25;
+const HOT_TAGS: u32 = 1 << 24;
 
 impl Hot {
     /// Frames to capture per allocation; 0: no call stacks.
@@ -68,6 +69,13 @@ impl Hot {
         self.0 & HOT_FREE_STACKS != 0
     }
 
+    /// Whether a block may carry a tag: set by the first tag interned (`tags`), before or after
+    /// the set-up. A bit of this word, so that a free tests it in the word it loaded anyway.
+    #[inline]
+    pub fn tags(self) -> bool {
+        self.0 & HOT_TAGS != 0
+    }
+
     /// Whether the C family is tracked (`malloc=1`).
     #[inline]
     pub fn malloc(self) -> bool {
@@ -75,7 +83,7 @@ impl Hot {
     }
 }
 
-/// 0 until the set-up is done.
+/// Without [`HOT_READY`] until the set-up is done ([`HOT_TAGS`] may come first).
 static HOT: AtomicU32 = AtomicU32::new(0);
 static SET_UP: Once = Once::new();
 
@@ -84,7 +92,7 @@ static SET_UP: Once = Once::new();
 #[inline]
 pub fn hot() -> Hot {
     match HOT.load(Ordering::Acquire) {
-        0 => set_up(),
+        hot if hot & HOT_READY == 0 => set_up(),
         hot => Hot(hot),
     }
 }
@@ -100,9 +108,15 @@ pub fn set_up_hot() -> Hot {
 #[inline]
 pub fn peek() -> Option<Hot> {
     match HOT.load(Ordering::Acquire) {
-        0 => None,
+        hot if hot & HOT_READY == 0 => None,
         hot => Some(Hot(hot)),
     }
+}
+
+/// Notes that a tag was interned ([`Hot::tags`]); before the tag is published, so that whoever
+/// holds a block of it (allocated after) sees the bit.
+pub fn note_tags_in_use() {
+    HOT.fetch_or(HOT_TAGS, Ordering::Relaxed);
 }
 
 /// Once per process; a second thread arriving meanwhile waits for the first.
@@ -156,7 +170,8 @@ fn set_up_once() {
     } else {
         0
     };
-    HOT.store(
+    // Or'd: a tag interned before the set-up set its bit already.
+    HOT.fetch_or(
         HOT_READY
             | budget
             | free_stacks

@@ -17,7 +17,7 @@
 use super::live_list::SHARD_COUNT;
 use super::tag_budgets::{self, Crossed};
 use core::cell::UnsafeCell;
-use core::sync::atomic::{AtomicBool, AtomicI64, AtomicU16, AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicI64, AtomicU16, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// A tag's id: 0 for none (untagged), else its index in the table.
@@ -49,14 +49,12 @@ static ENTRIES: [AtomicU32; MAX_TAGS] = [const { AtomicU32::new(0) }; MAX_TAGS];
 static PARENTS: [AtomicU16; MAX_TAGS] = [const { AtomicU16::new(0) }; MAX_TAGS];
 /// Open addressing by the name's hash: ids, 0 for an empty slot.
 static INDEX: [AtomicU16; INDEX_SLOTS] = [const { AtomicU16::new(0) }; INDEX_SLOTS];
-/// Whether any tag was interned: until then no block has a tag, and a free reads none.
-static ANY: AtomicBool = AtomicBool::new(false);
-
-/// Whether any block may have a tag. A block's tag was interned before it was allocated, so a
-/// thread that frees it sees this set.
+/// Whether any block may have a tag: any tag interned, a bit of the hot word (`init`), so that
+/// a free tests it in the word it loaded anyway. A block's tag was interned (and the bit set)
+/// before it was allocated, so a thread that frees it sees this set.
 #[inline(always)]
 pub fn any() -> bool {
-    ANY.load(Ordering::Relaxed)
+    super::init::set_up_hot().tags()
 }
 
 /// What only interning changes: the ids and name bytes given out so far.
@@ -111,6 +109,7 @@ fn intern_locked(interned: &mut Interned, name: &[u8], hash: u64) -> TagId {
         let room = NAME_BYTES.0.get().cast::<u8>().add(offset);
         core::ptr::copy_nonoverlapping(name.as_ptr(), room, name.len());
     }
+    super::init::note_tags_in_use();
     PARENTS[id as usize].store(parent, Ordering::Relaxed);
     ENTRIES[id as usize].store((offset << 16 | name.len()) as u32, Ordering::Release);
     let mut slot = hash as usize % INDEX_SLOTS;
@@ -120,7 +119,6 @@ fn intern_locked(interned: &mut Interned, name: &[u8], hash: u64) -> TagId {
     INDEX[slot].store(id, Ordering::Release);
     interned.tags += 1;
     interned.name_bytes += name.len();
-    ANY.store(true, Ordering::Relaxed);
     id
 }
 
@@ -222,8 +220,7 @@ fn bump(counter: &AtomicU64, by: u64) -> u64 {
 
 /// Counts a new block of `size` bytes tagged `tag` (not 0) on `shard`, which the caller holds;
 /// returns the tags whose budgets it crossed (`tag_budgets`).
-#[cold]
-#[inline(never)]
+#[inline]
 pub fn count_allocation(shard: u8, tag: TagId, size: usize) -> Crossed {
     let mut crossed = Crossed::default();
     let mut tag = tag;
