@@ -106,29 +106,42 @@ fn debian_source(work: &Path, package: &str) -> PathBuf {
     src
 }
 
-/// yaml-cpp's library and its test program, built at `-O2 -g` (Debian's own flags, without the
-/// hardening that would differ between variants).
+/// Configures the CMake project in `src` in `build` with `options`, at `-O2 -g` (Debian's own
+/// optimization, without the hardening that would differ between variants), and makes `targets`.
+fn cmake_build(src: &Path, build: &Path, options: &[&str], targets: &[&str]) {
+    std::fs::create_dir_all(build).unwrap();
+    run_ok(
+        Command::new("cmake")
+            .current_dir(build)
+            .arg(src)
+            .args(["-DCMAKE_BUILD_TYPE=None", "-DCMAKE_CXX_FLAGS=-O2 -g"])
+            .args(options),
+        "cmake",
+    );
+    run_ok(
+        Command::new("make")
+            .current_dir(build)
+            .arg("-j2")
+            .args(targets),
+        &format!("make {}", targets.join(" ")),
+    );
+}
+
+/// yaml-cpp's library and its test program ([`cmake_build`]).
 fn yaml_cpp(work: &Path) -> Suite {
     let src = debian_source(work, "yaml-cpp");
     let build = work.join("build");
     let tests = build.join("test");
     if !tests.join("yaml-cpp-tests").exists() {
-        std::fs::create_dir_all(&build).unwrap();
-        run_ok(
-            Command::new("cmake").current_dir(&build).arg(&src).args([
+        cmake_build(
+            &src,
+            &build,
+            &[
                 "-DYAML_CPP_BUILD_TESTS=ON",
                 "-DYAML_CPP_BUILD_TOOLS=OFF",
                 "-DINSTALL_GTEST=OFF",
-                "-DCMAKE_BUILD_TYPE=None",
-                "-DCMAKE_CXX_FLAGS=-O2 -g",
-            ]),
-            "cmake",
-        );
-        run_ok(
-            Command::new("make")
-                .current_dir(&build)
-                .args(["-j2", "yaml-cpp-tests"]),
-            "make yaml-cpp-tests",
+            ],
+            &["yaml-cpp-tests"],
         );
     }
     let link_line = std::fs::read_to_string(tests.join("CMakeFiles/yaml-cpp-tests.dir/link.txt"))
@@ -159,11 +172,10 @@ fn bullet(work: &Path) -> Suite {
         "src/LinearMath/libLinearMath.a",
     ];
     if !archives.iter().all(|a| build.join(a).exists()) {
-        std::fs::create_dir_all(&build).unwrap();
-        run_ok(
-            Command::new("cmake").current_dir(&build).arg(&src).args([
-                "-DCMAKE_BUILD_TYPE=None",
-                "-DCMAKE_CXX_FLAGS=-O2 -g",
+        cmake_build(
+            &src,
+            &build,
+            &[
                 "-DBUILD_SHARED_LIBS=OFF",
                 "-DBUILD_EXTRAS=OFF",
                 "-DBUILD_UNIT_TESTS=OFF",
@@ -172,18 +184,13 @@ fn bullet(work: &Path) -> Suite {
                 "-DBUILD_BULLET2_DEMOS=OFF",
                 "-DBUILD_BULLET3=OFF",
                 "-DBUILD_PYBULLET=OFF",
-            ]),
-            "cmake (bullet)",
-        );
-        run_ok(
-            Command::new("make").current_dir(&build).args([
-                "-j2",
+            ],
+            &[
                 "BulletSoftBody",
                 "BulletDynamics",
                 "BulletCollision",
                 "LinearMath",
-            ]),
-            "make (bullet's libraries)",
+            ],
         );
     }
     let program = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/programs/bullet_scenes.cpp");
