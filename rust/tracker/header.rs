@@ -804,8 +804,10 @@ impl BlockHeader {
             Layout::Full if in_heap => exposed,
             Layout::Full => 0,
         };
-        state == FREED ^ freed_cover
-            || state == DAMAGED ^ freed_cover
+        // A damaged mark covers what a freed cookie covers (`mark_damaged`).
+        let uncovered = state ^ freed_cover;
+        uncovered == FREED
+            || uncovered == DAMAGED
             || [LIVE, CLAIMED, UNTRACKED].contains(&(state ^ covered))
     }
 

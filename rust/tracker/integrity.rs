@@ -376,9 +376,9 @@ fn damaged_beyond_repair(
         Blame::Overrun(error) if error.free_stack == StackId(0) => Some(MemoryError {
             free_stack,
             freed_with,
-            ..error
+            ..*error
         }),
-        Blame::Overrun(error) => Some(error),
+        Blame::Overrun(error) => Some(*error),
         Blame::Shown => None,
         Blame::Nobody => Some(corruption_error(
             header, what, found, freed_with, free_stack,
@@ -389,7 +389,7 @@ fn damaged_beyond_repair(
 /// What a heap header found damaged beyond repair is reported as.
 enum Blame {
     /// An `overrun` of a block in front of it, named.
-    Overrun(MemoryError),
+    Overrun(Box<MemoryError>),
     /// Nothing: the damage is part of an overrun reported already, its bytes shown there.
     Shown,
     /// Nobody to name: `heap_corruption`.
@@ -448,11 +448,11 @@ fn blame_in_front(at: usize, repaired: Option<[u8; 8]>) -> Blame {
         }
         _ => return Blame::Nobody,
     };
-    Blame::Overrun(MemoryError {
+    Blame::Overrun(Box::new(MemoryError {
         previous_free_stack,
         victim: reach.victim,
         ..culprit.overrun_showing(Some(shown), Some(detail))
-    })
+    }))
 }
 
 /// The nearest heap block in front of `at` (a block's start) whose header holds (in any state),
@@ -498,7 +498,7 @@ pub fn front_overrun_error(at: usize, damage: FirstWordDamage) -> Option<MemoryE
     }
     // Behind a block whose header the same write damaged further.
     match blame_in_front(at, Some(damage.found)) {
-        Blame::Overrun(error) => return Some(error),
+        Blame::Overrun(error) => return Some(*error),
         Blame::Shown => return None,
         Blame::Nobody => {}
     }
