@@ -121,7 +121,7 @@ fn named_rightly(shape: &Shape, named: &[&serde_json::Value]) -> bool {
 }
 
 /// What is true of every shape: no error names its block wrongly (another kind, size, offset,
-/// stack or bytes than the program's) or twice. Nearly every shape is named (92% measured; the
+/// stack or bytes than the program's) or twice. Nearly every shape is named (93% measured; the
 /// rest: an exact fit whose neighbour's header, a free block's, is written over again by a
 /// later overrun before the heap looks at it, and is then blamed on the last writer only).
 #[test]
