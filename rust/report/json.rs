@@ -297,8 +297,9 @@ fn per_frame(figures: &PerFrame, frames: u64) -> String {
 
 /// The fields of the error kinds that name bytes, a first free, a tag or an alignment: `offset`
 /// and `bytes` (hex pairs as found) for damage, `offset` for a pointer inside a block,
-/// `previous_free_stack`, a `tag_over_budget`'s `tag`, `budget_bytes` and `live_bytes`, and an
-/// `invalid_alignment`'s `alignment`.
+/// `previous_free_stack`, a `tag_over_budget`'s `tag`, `budget_bytes` and `live_bytes`, an
+/// `invalid_alignment`'s `alignment`, and the `victim` of an `overrun` that reached the header
+/// behind its block.
 fn write_damage_fields(
     out: &mut dyn Write,
     e: &MemoryError,
@@ -325,6 +326,9 @@ fn write_damage_fields(
     }
     if let Some(align) = e.alignment {
         write!(out, ", \"alignment\": {align}")?;
+    }
+    if let Some(victim) = e.victim {
+        write!(out, ", \"victim\": \"{victim:#x}\"")?;
     }
     if e.previous_free_stack != StackId(0) {
         write!(

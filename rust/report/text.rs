@@ -572,6 +572,12 @@ fn write_damage(out: &mut String, e: &MemoryError, stacks: &ErrorStacks) -> std:
         )?;
     }
     writeln!(out)?;
+    if let Some(victim) = e.victim {
+        writeln!(
+            out,
+            "  (it reached the header of the block at {victim:#x} behind it)"
+        )?;
+    }
     if let Some(detail) = e.detail {
         writeln!(out, "  ({detail})")?;
     }

@@ -102,6 +102,9 @@ pub struct MemoryError {
     pub over_budget: Option<OverBudget>,
     /// For an `invalid_alignment`: the alignment asked for.
     pub alignment: Option<usize>,
+    /// For an `overrun` that ran into the header of the block behind (see `overrun_reach`): that
+    /// block's user address.
+    pub victim: Option<usize>,
 }
 
 /// A tag's budget crossed: its budget, and its live bytes with the crossing allocation.
@@ -122,7 +125,21 @@ pub struct Damage {
 }
 
 impl Damage {
-    pub const MAX_BYTES: usize = 16;
+    /// An overrun's bytes are shown up to 64 past the block's end, and on to the end of a header
+    /// that begins within them (`overrun_reach`).
+    pub const MAX_BYTES: usize = 96;
+
+    /// `found`, which begins at `offset`, as it is (up to [`Damage::MAX_BYTES`] of it).
+    pub fn as_found(offset: isize, found: &[u8]) -> Damage {
+        let len = found.len().min(Self::MAX_BYTES);
+        let mut bytes = [0; Self::MAX_BYTES];
+        bytes[..len].copy_from_slice(&found[..len]);
+        Damage {
+            offset,
+            found: bytes,
+            len: len as u8,
+        }
+    }
 
     /// The bytes of `found` (which begin at `start`) from the first one that differs from
     /// `expected` to the last one that does; `None` when none does.
@@ -138,14 +155,7 @@ impl Damage {
     fn where_differs(start: isize, found: &[u8], expected: impl Fn(usize) -> u8) -> Option<Damage> {
         let first = (0..found.len()).position(|i| found[i] != expected(i))?;
         let last = (0..found.len()).rposition(|i| found[i] != expected(i))?;
-        let len = (last + 1 - first).min(Self::MAX_BYTES);
-        let mut bytes = [0; Self::MAX_BYTES];
-        bytes[..len].copy_from_slice(&found[first..first + len]);
-        Some(Damage {
-            offset: start + first as isize,
-            found: bytes,
-            len: len as u8,
-        })
+        Some(Self::as_found(start + first as isize, &found[first..=last]))
     }
 
     pub fn bytes(&self) -> &[u8] {
@@ -185,6 +195,7 @@ impl MemoryError {
             previous_free_stack: StackId(0),
             over_budget: None,
             alignment: None,
+            victim: None,
         }
     }
 }

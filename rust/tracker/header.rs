@@ -690,6 +690,14 @@ impl BlockHeader {
         guard_len(self.packed_byte(CLASS_BYTE), self.size())
     }
 
+    /// Whether `packed` reads as that of a heap block of class `class` (its class and placement,
+    /// a size the class holds): how far a write past the end of the block in front reached
+    /// into a header whose cookie no longer vouches for it (`overrun_reach`).
+    pub fn packed_fits_heap_class(&self, class: u8) -> bool {
+        self.packed_byte(CLASS_BYTE) == class | (Placement::Heap as u8) << CLASS_BITS
+            && self.size() <= self.heap_room()
+    }
+
     /// The bytes a heap block's class holds for user bytes and guard (a block resized in place
     /// may take any size up to it: `resize`).
     #[inline]
@@ -796,15 +804,21 @@ impl BlockHeader {
             Layout::Full if in_heap => exposed,
             Layout::Full => 0,
         };
-        state == FREED ^ freed_cover
-            || state == DAMAGED
+        // A damaged mark covers what a freed cookie covers (`mark_damaged`).
+        let uncovered = state ^ freed_cover;
+        uncovered == FREED
+            || uncovered == DAMAGED
             || [LIVE, CLAIMED, UNTRACKED].contains(&(state ^ covered))
     }
 
     /// Marks a heap block whose header was reported damaged beyond repair: it is left alone from
-    /// then on (its memory stays unused).
-    pub fn mark_damaged(&mut self) {
-        let damaged = DAMAGED ^ self.address();
+    /// then on (its memory stays unused). The mark covers what a freed block's cookie covers,
+    /// the exposed word among them, so that a later write past the end of the block in front
+    /// is seen there again and its block named (`integrity::blame_in_front`).
+    pub fn mark_damaged(&mut self, layout: Layout) {
+        // SAFETY: the header of a heap block laid out as `layout` (the span table's word, which
+        // a damaged class byte cannot change), readable with its side word.
+        let damaged = unsafe { Self::freed_cookie_at(self, layout) } ^ FREED ^ DAMAGED;
         self.cookie.store(damaged, Ordering::Relaxed);
     }
 
@@ -1085,7 +1099,10 @@ impl BlockHeader {
             Lookup::Live(header, cookie)
         } else if cookie == h.expected_as(UNTRACKED, layout) {
             Lookup::Untracked(header)
-        } else if cookie == DAMAGED ^ addr {
+        } else if cookie == {
+            // SAFETY: as above.
+            (unsafe { Self::freed_cookie_at(header, layout) }) ^ FREED ^ DAMAGED
+        } {
             Lookup::Damaged
         } else if let Some(damage) = super::heap::contains(header as usize)
             .then(|| {

@@ -5,9 +5,11 @@
 use super::errors::{self, Damage, ErrorKind, MemoryError};
 use super::guard::{self, Inside};
 use super::header::{
-    far_links, BlockHeader, FirstWordDamage, Layout, GUARD, GUARD_BYTE, HEADER_SIZE,
+    far_links, BlockHeader, FirstWordDamage, Layout, GUARD, GUARD_BYTE, GUARD_SIZE, HEADER_SIZE,
 };
+use super::heap::HeapBlock;
 use super::live_list::{HeldShard, StoppedWorld};
+use super::overrun_reach::{self, REACH};
 use super::BlockKind;
 use crate::stack::{StackId, StartFrame};
 use core::fmt::Write;
@@ -86,13 +88,48 @@ fn inspect(header: *mut BlockHeader, found_by: FoundBy, problems: &mut Vec<Memor
     if !h.guard_intact() {
         let found = h.guard_bytes();
         let damage = Damage::against_fill(h.size() as isize, &found, GUARD_BYTE);
+        let user = BlockHeader::user_ptr(header) as usize;
+        let shown =
+            damage.is_some_and(|d| shown_already(user.wrapping_add_signed(d.offset), d.bytes()));
+        let reach = (!shown).then(|| reach_past_guard(user, h.size())).flatten();
         h.restore_guard();
-        problems.push(MemoryError {
-            damage,
-            detail: found_by.detail(),
-            ..block_error(ErrorKind::Overrun, header, h.kind(), StackId(0))
-        });
+        if !shown {
+            problems.push(MemoryError {
+                damage: reach.as_ref().map_or(damage, |(shown, _)| Some(*shown)),
+                victim: reach.and_then(|(_, victim)| victim),
+                detail: found_by.detail(),
+                ..block_error(ErrorKind::Overrun, header, h.kind(), StackId(0))
+            });
+        }
     }
+}
+
+/// Where the damaged guard of the live heap block at `user` runs on into the headers behind it:
+/// the whole overrun's bytes (remembered as shown, so that the damage behind is not reported
+/// again when it is found) and the first block whose header it reached.
+fn reach_past_guard(user: usize, size: usize) -> Option<(Damage, Option<usize>)> {
+    let block = super::heap::block_containing(user).filter(|b| b.user() == user)?;
+    let end = block.start + block.size;
+    let reach = overrun_reach::reach_behind(block, size).filter(|r| r.range.end > end)?;
+    let shown = remember_reach(reach.range.start, &reach.bytes(), user);
+    Some((shown, reach.victim))
+}
+
+/// `bytes`, found from `start` on past the block at `user`, as an overrun shows them;
+/// remembered as shown.
+fn remember_reach(start: usize, bytes: &[u8], user: usize) -> Damage {
+    let shown = Damage::as_found((start - user) as isize, bytes);
+    if let Some(mut log) = found_log_within() {
+        let slot = log.next_reach % SHOWN_REACHES;
+        log.reaches[slot] = Some(ShownReach { start, shown });
+        log.next_reach = slot + 1;
+    }
+    shown
+}
+
+/// Whether `found`, seen at `at`, lies within the bytes of an overrun reported already.
+fn shown_already(at: usize, found: &[u8]) -> bool {
+    found_log_within().is_some_and(|log| log.shown_already(at, found))
 }
 
 /// Reports the damage around a live block being freed by `freed_with` (cold: only when the
@@ -141,7 +178,8 @@ fn look_closer_behind(header: *mut BlockHeader, at: usize, start: impl Fn() -> S
     let Some((_, class)) = super::spans::serving_span(at - 1) else {
         return;
     };
-    let damaged = match super::spans::behind(at, class) {
+    let behind = super::spans::behind(at, class);
+    let damaged = match behind {
         // SAFETY: a guard word inside the span, readable (another thread may be carving a block
         // over it: then it reads otherwise, and nothing confirms the suspect).
         Some(super::spans::Found::GuardWord(word)) => (unsafe { word.read_volatile() }) != GUARD,
@@ -153,6 +191,11 @@ fn look_closer_behind(header: *mut BlockHeader, at: usize, start: impl Fn() -> S
         return;
     }
     let _inside = Inside::enter();
+    if let Some(super::spans::Found::Block(next, layout)) = behind {
+        if is_left_alone(next) {
+            return report_into_left_alone(header, next, layout, super::capture_stack_of(start()));
+        }
+    }
     // SAFETY: as for the guard word above.
     let found = unsafe { (at as *const u64).read_volatile() }.to_ne_bytes();
     let suspect = Suspect {
@@ -172,6 +215,49 @@ fn look_closer_behind(header: *mut BlockHeader, at: usize, start: impl Fn() -> S
     let slot = log.next_suspect % SUSPECTS;
     log.suspects[slot] = Some(suspect);
     log.next_suspect = slot + 1;
+}
+
+/// At the `delete` of the exact fit at `header` (its stack `stack`): damage in the header behind
+/// it, `next`, of a block left alone since its own header was found damaged beyond repair
+/// (nobody else reads or writes it), is this block's overrun for certain: reported now, with all
+/// its bytes, and `next` marked again, so that a later overrun into it is seen too (a suspect
+/// would be confirmed only by the report's walk, by which time a later overrun may have written
+/// over this one).
+fn report_into_left_alone(
+    header: *mut BlockHeader,
+    next: *mut BlockHeader,
+    layout: Layout,
+    stack: StackId,
+) {
+    // SAFETY: the live block being freed by this thread: its header is its own.
+    let h = unsafe { &*header };
+    let user = BlockHeader::user_ptr(header) as usize;
+    let Some(reach) = super::heap::block_containing(user)
+        .filter(|b| b.user() == user)
+        .and_then(|block| overrun_reach::reach_behind(block, h.size()))
+    else {
+        return;
+    };
+    let bytes = reach.bytes();
+    // Reported already where another header it reached was found first.
+    let reported = shown_already(reach.range.start, &bytes);
+    let shown = Damage::as_found((reach.range.start - user) as isize, &bytes);
+    // SAFETY: a header of the heap that only the tracker reads or writes (left alone).
+    unsafe { (*next).mark_damaged(layout) };
+    if reported {
+        return;
+    }
+    errors::report(MemoryError {
+        victim: reach.victim,
+        ..Culprit::of(h, header, stack).overrun_showing(Some(shown), None)
+    });
+}
+
+/// Whether `header` is that of a block left alone since its header was found damaged beyond
+/// repair ([`damaged_beyond_repair`]), as far as the log remembers.
+fn is_left_alone(header: *mut BlockHeader) -> bool {
+    found_log_within()
+        .is_some_and(|log| log.left_alone[..log.left_alone_count].contains(&(header as usize)))
 }
 
 /// Every live block (on the shards' lists and in the heap), checked and repaired on the way;
@@ -209,7 +295,7 @@ fn check_heap_blocks(
                 inspect(header, found_by, problems);
                 visit(header);
             } else if settled && still && !h.cookie_valid(layout) {
-                problems.push(damaged_heap_header(header, layout, found_by));
+                problems.extend(damaged_heap_header(header, layout, found_by));
             }
         }
         super::spans::Found::GuardWord(word) => {
@@ -222,55 +308,205 @@ fn check_heap_blocks(
                     found: found.to_ne_bytes(),
                     was: GUARD.to_ne_bytes(),
                 };
-                problems.push(MemoryError {
-                    detail: found_by
-                        .detail()
-                        .or(Some(Corrupted::OverrunFromFront.detail())),
-                    ..front_overrun_error(word as usize, damage)
-                });
+                problems.extend(front_overrun_error(word as usize, damage).map(|error| {
+                    MemoryError {
+                        detail: found_by
+                            .detail()
+                            .or(Some(Corrupted::OverrunFromFront.detail())),
+                        ..error
+                    }
+                }));
             }
         }
     });
 }
 
 /// The error for a heap header found damaged by a walk: repaired when only its first word went
-/// (a write past the end of the block in front), else marked damaged and left alone.
-fn damaged_heap_header(header: *mut BlockHeader, layout: Layout, found_by: FoundBy) -> MemoryError {
+/// (a write past the end of the block in front), else marked damaged and left alone (and the
+/// block in front named, where it can be: [`blame_in_front`]). `None` where the damage is part
+/// of an overrun reported already.
+fn damaged_heap_header(
+    header: *mut BlockHeader,
+    layout: Layout,
+    found_by: FoundBy,
+) -> Option<MemoryError> {
     // SAFETY: a block of the heap, which nobody changes meanwhile (see check_heap_blocks).
-    if let Some(damage) = unsafe { BlockHeader::front_overrun(header, layout) } {
-        let error = front_overrun_error(BlockHeader::exposed_word_at(header, layout), damage);
-        return MemoryError {
-            detail: error.detail.or(found_by.detail()),
-            ..error
-        };
-    }
-    let found = header_bytes(header);
-    // SAFETY: as above; from now on the block is left alone.
-    unsafe { (*header).mark_damaged() };
-    corruption_error(header, Corrupted::Header, found, BlockKind::New, StackId(0))
+    let error = match unsafe { BlockHeader::front_overrun(header, layout) } {
+        Some(damage) => front_overrun_error(BlockHeader::exposed_word_at(header, layout), damage)?,
+        None => damaged_beyond_repair(
+            header,
+            layout,
+            Corrupted::Header,
+            BlockKind::New,
+            StackId(0),
+        )?,
+    };
+    Some(MemoryError {
+        detail: error.detail.or(found_by.detail()),
+        ..error
+    })
 }
+
+/// The error for the heap header at `header`, damaged beyond repair, found by a `delete` through
+/// `freed_with` (its stack `free_stack`) or a walk: an overrun of the block in front where it can
+/// be named ([`blame_in_front`]; `None` where that overrun was reported already), else
+/// `heap_corruption` (saying `what` was damaged). The header is marked damaged: its block is left
+/// alone from now on.
+fn damaged_beyond_repair(
+    header: *mut BlockHeader,
+    layout: Layout,
+    what: Corrupted,
+    freed_with: BlockKind,
+    free_stack: StackId,
+) -> Option<MemoryError> {
+    let blame = blame_in_front(BlockHeader::exposed_word_at(header, layout), None);
+    // Read before the mark, which a compact header's bytes shown include.
+    let found = header_bytes(header);
+    // SAFETY: a heap block's header (the caller's to check, or found by a walk with the world
+    // stopped); marked so that it is reported once.
+    unsafe { (*header).mark_damaged(layout) };
+    if let Some(mut log) = found_log_within() {
+        let count = log.left_alone_count;
+        if count < LEFT_ALONE && !log.left_alone[..count].contains(&(header as usize)) {
+            log.left_alone[count] = header as usize;
+            log.left_alone_count = count + 1;
+        }
+    }
+    match blame {
+        Blame::Overrun(error) if error.free_stack == StackId(0) => Some(MemoryError {
+            free_stack,
+            freed_with,
+            ..*error
+        }),
+        Blame::Overrun(error) => Some(*error),
+        Blame::Shown => None,
+        Blame::Nobody => Some(corruption_error(
+            header, what, found, freed_with, free_stack,
+        )),
+    }
+}
+
+/// What a heap header found damaged beyond repair is reported as.
+enum Blame {
+    /// An `overrun` of a block in front of it, named.
+    Overrun(Box<MemoryError>),
+    /// Nothing: the damage is part of an overrun reported already, its bytes shown there.
+    Shown,
+    /// Nobody to name: `heap_corruption`.
+    Nobody,
+}
+
+/// The overrun that damaged the heap header whose exposed word lies at `at`: of the block in
+/// front of it, or, where that block's header is damaged too, of the nearest one within
+/// [`REACH`] bytes whose header holds, when the damage runs on from that block's end to here
+/// ([`overrun_reach::reach_behind`]). The header is damaged beyond repair, or (`repaired`, its
+/// exposed word as found) repaired already, behind a block whose own header is damaged. The
+/// block named is the one seen at its `delete` with this damage behind it (a suspect, confirmed
+/// now: its memory may serve another block since), else the live block there (its fields read,
+/// then its cookie again, as its owner may free it meanwhile), else the freed one the quarantine
+/// holds; nobody else (a block freed since it wrote, or never live, would be named on its
+/// memory's word alone).
+fn blame_in_front(at: usize, repaired: Option<[u8; 8]>) -> Blame {
+    // SAFETY: a header of the heap, readable.
+    let found =
+        repaired.unwrap_or_else(|| unsafe { (at as *const u64).read_volatile() }.to_ne_bytes());
+    if shown_already(at, &found) {
+        return Blame::Shown;
+    }
+    let Some(front) = intact_in_front_of(at) else {
+        return Blame::Nobody;
+    };
+    let end = front.start + front.size;
+    // SAFETY: the block behind `front`, in the same span (its damaged header, or one between).
+    let found_at_end = unsafe { (end as *const u64).read_volatile() }.to_ne_bytes();
+    let suspect = found_log_within().and_then(|mut log| log.confirm_suspect(end, found_at_end));
+    let (culprit, previous_free_stack, detail) = if let Some(suspect) = suspect {
+        (suspect.block, StackId(0), SEEN_AT_DELETE)
+    } else if let Some(live) = Culprit::live_in_front_of(end) {
+        (live, StackId(0), RECORD_LOST_DETAIL)
+    } else if let Some((held, free_stack)) = Culprit::held_in_front_of(end) {
+        (held, free_stack, HELD_DETAIL)
+    } else {
+        return Blame::Nobody;
+    };
+    let Some(reach) = overrun_reach::reach_behind(front, culprit.size) else {
+        return Blame::Nobody;
+    };
+    let shown = match repaired {
+        None if reach.range.contains(&at) => {
+            remember_reach(reach.range.start, &reach.bytes(), culprit.user)
+        }
+        // The damaged header right in front of `at` is the reach's last: the write crossed that
+        // block's bytes to reach the word repaired at `at`.
+        Some(found)
+            if super::heap::block_containing(at - 1)
+                .is_some_and(|adjacent| reach.range.end >= adjacent.user()) =>
+        {
+            let crossed = overrun_reach::bytes_at(reach.range.start..at);
+            let bytes = [crossed.as_slice(), &found].concat();
+            remember_reach(reach.range.start, &bytes, culprit.user)
+        }
+        _ => return Blame::Nobody,
+    };
+    Blame::Overrun(Box::new(MemoryError {
+        previous_free_stack,
+        victim: reach.victim,
+        ..culprit.overrun_showing(Some(shown), Some(detail))
+    }))
+}
+
+/// The nearest heap block in front of `at` (a block's start) whose header holds (in any state),
+/// every block between them damaged, within [`REACH`] bytes of `at`.
+fn intact_in_front_of(at: usize) -> Option<HeapBlock> {
+    let mut end = at;
+    while at - end < REACH {
+        let front = super::heap::block_containing(end - 1).filter(|b| b.start + b.size == end)?;
+        // SAFETY: a header carved in a span, readable; only read.
+        if unsafe { (*front.header()).cookie_valid(front.layout()) } {
+            return Some(front);
+        }
+        end = front.start;
+    }
+    None
+}
+
+/// The detail of an overrun found where it damaged the header behind the block beyond repair.
+const RECORD_LOST_DETAIL: &str = "found in the header behind the block, overwritten beyond repair: the block there (victim) is no longer tracked";
 
 /// The error for damage that a write past the end of the block in front of `at` did (to the
 /// first word of the header there, or to a guard word of a span): an overrun of that block when
 /// it is live or was seen so at its `delete` ([`look_behind_exact_fit`]), else heap corruption
-/// at `at`. Has no stack yet unless it was seen at a `delete`.
-pub fn front_overrun_error(at: usize, damage: FirstWordDamage) -> MemoryError {
+/// at `at`. Has no stack yet unless it was seen at a `delete`. `None` where the damage is part of
+/// an overrun reported already.
+pub fn front_overrun_error(at: usize, damage: FirstWordDamage) -> Option<MemoryError> {
+    if shown_already(at, &damage.found) {
+        return None;
+    }
     if let Some(suspect) =
         found_log_within().and_then(|mut log| log.confirm_suspect(at, damage.found))
     {
-        return suspect.block.overrun(at, damage, Some(SEEN_AT_DELETE));
+        return Some(suspect.block.overrun(at, damage, Some(SEEN_AT_DELETE)));
     }
     if let Some(front) = Culprit::live_in_front_of(at) {
-        return front.overrun(at, damage, None);
+        return Some(front.overrun(at, damage, None));
     }
-    if let Some(error) = overrun_of_held_block(at, damage) {
-        return error;
+    if let Some((held, free_stack)) = Culprit::held_in_front_of(at) {
+        return Some(MemoryError {
+            previous_free_stack: free_stack,
+            ..held.overrun(at, damage, Some(HELD_DETAIL))
+        });
+    }
+    // Behind a block whose header the same write damaged further.
+    match blame_in_front(at, Some(damage.found)) {
+        Blame::Overrun(error) => return Some(*error),
+        Blame::Shown => return None,
+        Blame::Nobody => {}
     }
     // The block behind, whose header's exposed word lies at `at` (none behind a span's last).
     let user = super::heap::block_containing(at)
         .filter(|b| b.start == at)
         .map_or(at + HEADER_SIZE, |b| b.user());
-    MemoryError {
+    Some(MemoryError {
         detail: Some(Corrupted::OverrunFromFront.detail()),
         damage: Damage::between(-((user - at) as isize), &damage.found, &damage.was),
         ..MemoryError::at_free(
@@ -279,26 +515,11 @@ pub fn front_overrun_error(at: usize, damage: FirstWordDamage) -> MemoryError {
             BlockKind::New,
             StackId(0),
         )
-    }
-}
-
-/// The overrun of the freed block that the quarantine holds with its bytes ending at `at`: a
-/// write just past the end of a block after its `delete`, where its class leaves it no guard
-/// bytes (the next header was written). With its allocation and free stacks.
-fn overrun_of_held_block(at: usize, damage: FirstWordDamage) -> Option<MemoryError> {
-    let front = super::heap::block_containing(at - 1).filter(|b| b.start + b.size == at)?;
-    let header = front.header();
-    let free_stack = super::quarantine::free_stack_of_without_waiting(header)?;
-    // SAFETY: a block the quarantine holds: freed, its header as its `delete` left it, and
-    // nobody's to change.
-    let h = unsafe { &*header };
-    Some(MemoryError {
-        previous_free_stack: free_stack,
-        ..Culprit::of(h, header, StackId(0)).overrun(at, damage, Some(HELD_DETAIL))
     })
 }
 
-/// The detail of an overrun of a freed block held by the quarantine, found in the header behind.
+/// The detail of an overrun of a freed block held by the quarantine (a write just past its end
+/// after its `delete`), found in the header behind.
 const HELD_DETAIL: &str =
     "written after its delete: found in the header behind it, while in quarantine; repaired";
 
@@ -428,6 +649,27 @@ struct FoundLog {
     /// Damage seen behind blocks at their `delete`, not yet confirmed; the oldest give way.
     suspects: [Option<Suspect>; SUSPECTS],
     next_suspect: usize,
+    /// The bytes of the latest overruns reported with the headers they reached: damage found
+    /// within them later is theirs, not reported again; the oldest give way.
+    reaches: [Option<ShownReach>; SHOWN_REACHES],
+    next_reach: usize,
+    /// The headers marked damaged beyond repair, whose blocks are left alone: the first
+    /// [`LEFT_ALONE`] of them.
+    left_alone: [usize; LEFT_ALONE],
+    left_alone_count: usize,
+}
+
+/// Headers left alone that the log remembers (8 KiB): each is an error reported.
+const LEFT_ALONE: usize = 1024;
+
+/// Overruns' bytes kept as shown (see [`FoundLog::reaches`]; 6.5 KiB).
+const SHOWN_REACHES: usize = 64;
+
+/// The bytes of an overrun as reported: from `start` on.
+#[derive(Clone, Copy)]
+struct ShownReach {
+    start: usize,
+    shown: Damage,
 }
 
 /// Suspects kept at once (see [`look_behind_exact_fit`]): each is damage seen, rare outside a
@@ -439,9 +681,24 @@ static FOUND: Mutex<FoundLog> = Mutex::new(FoundLog {
     dropped: 0,
     suspects: [None; SUSPECTS],
     next_suspect: 0,
+    reaches: [None; SHOWN_REACHES],
+    next_reach: 0,
+    left_alone: [0; LEFT_ALONE],
+    left_alone_count: 0,
 });
 
 impl FoundLog {
+    /// Whether `found`, seen at `at`, is what an overrun reported already showed there (the
+    /// same bytes: damage written there since is another's).
+    fn shown_already(&self, at: usize, found: &[u8]) -> bool {
+        self.reaches.iter().flatten().any(|reach| {
+            let shown = reach.shown.bytes();
+            at.checked_sub(reach.start)
+                .filter(|&offset| offset < shown.len())
+                .is_some_and(|offset| shown[offset..].iter().zip(found).all(|(a, b)| a == b))
+        })
+    }
+
     /// The suspect that saw `found` at `at`: the damage found there now is the damage it saw at
     /// its block's `delete`, so its block wrote it. It goes, now that the damage is repaired
     /// (suspects that saw other bytes there stay: damage written there again, found later).
@@ -503,13 +760,46 @@ impl Culprit {
         h.cookie_is(cookie).then_some(culprit)
     }
 
-    /// Its overrun that changed `damage.was` at `at` into `damage.found`.
+    /// The freed block that the quarantine holds with its bytes ending at `at`, and the stack of
+    /// its `delete`.
+    fn held_in_front_of(at: usize) -> Option<(Culprit, StackId)> {
+        let front = super::heap::block_containing(at - 1).filter(|b| b.start + b.size == at)?;
+        let header = front.header();
+        let free_stack = super::quarantine::free_stack_of_without_waiting(header)?;
+        // SAFETY: a block the quarantine holds: freed, its header as its `delete` left it, and
+        // nobody's to change.
+        let h = unsafe { &*header };
+        Some((Culprit::of(h, header, StackId(0)), free_stack))
+    }
+
+    /// Its overrun that changed `damage.was` at `at` into `damage.found`: shown from its guard
+    /// on where its guard lies in front of `at` (within [`REACH`] bytes) and the guard's last
+    /// byte changed too, the write having run on over it (remembered as shown, so that the
+    /// guard's damage, found at the block's `delete`, is not reported again).
     fn overrun(
         &self,
         at: usize,
         damage: FirstWordDamage,
         detail: Option<&'static str>,
     ) -> MemoryError {
+        let behind = (self.user + self.size)..at;
+        if (1..=REACH).contains(&behind.len()) {
+            let crossed = overrun_reach::bytes_at(behind.clone());
+            let guard = &crossed[..crossed.len().min(GUARD_SIZE)];
+            if let Some(first) = guard.iter().position(|&b| b != GUARD_BYTE) {
+                if guard.last() != Some(&GUARD_BYTE) {
+                    let bytes = [&crossed[first..], &damage.found[..]].concat();
+                    let shown = remember_reach(behind.start + first, &bytes, self.user);
+                    return self.overrun_showing(Some(shown), detail);
+                }
+            }
+        }
+        let damage = Damage::between((at - self.user) as isize, &damage.found, &damage.was);
+        self.overrun_showing(damage, detail)
+    }
+
+    /// Its overrun that left `damage`.
+    fn overrun_showing(&self, damage: Option<Damage>, detail: Option<&'static str>) -> MemoryError {
         MemoryError {
             size: self.size,
             file: file_at(self.kind, self.file as *const core::ffi::c_char),
@@ -517,7 +807,7 @@ impl Culprit {
             allocated_with: Some(self.kind),
             alloc_stack: self.alloc_stack,
             detail,
-            damage: Damage::between((at - self.user) as isize, &damage.found, &damage.was),
+            damage,
             ..MemoryError::at_free(
                 ErrorKind::Overrun,
                 self.user as *mut u8,
@@ -631,7 +921,9 @@ fn log_corruption(
 ) {
     let mut log = found_log();
     let seen = |e: &Option<Corruption>| e.is_some_and(|c| c.header == header && c.what == what);
-    if log.entries.iter().any(seen) {
+    if log.entries.iter().any(seen)
+        || front.is_some_and(|damage| log.shown_already(header, &damage.found))
+    {
         return;
     }
     // Confirmed now, not when reported: a block that writes the same bytes there again after
@@ -703,26 +995,50 @@ fn report_found_now() {
                     FOUND_BEHIND_DETAIL
                 }),
             ),
-            (Some(damage), None) => {
-                let error = front_overrun_error(c.header, damage);
-                MemoryError {
+            (Some(damage), None) => match front_overrun_error(c.header, damage) {
+                Some(error) => MemoryError {
                     detail: error.detail.or(Some(FOUND_BEHIND_DETAIL)),
                     ..error
+                },
+                None => continue,
+            },
+            (None, _) => match given_up_free_block(c.header, c.what) {
+                Some(layout) => {
+                    let header = c.header as *mut BlockHeader;
+                    match damaged_beyond_repair(header, layout, c.what, BlockKind::New, StackId(0))
+                    {
+                        Some(error) => error,
+                        None => continue,
+                    }
                 }
-            }
-            (None, _) => corruption_error(
-                c.header as *mut BlockHeader,
-                c.what,
-                c.found,
-                BlockKind::New,
-                StackId(0),
-            ),
+                None => corruption_error(
+                    c.header as *mut BlockHeader,
+                    c.what,
+                    c.found,
+                    BlockKind::New,
+                    StackId(0),
+                ),
+            },
         });
     }
     if dropped > 0 {
         let line = format!("k15-memory: {dropped} more damaged headers found, not listed\n");
         crate::sys::write_fd(2, line.as_bytes());
     }
+}
+
+/// The layout of the free heap block at `header` whose damaged header a free list led to
+/// ([`Corrupted::FreeList`]): its list was given up there, so nobody uses it and its header
+/// stays as it was found (damaged beyond repair: [`damaged_beyond_repair`] names the block in
+/// front where it can and leaves it alone). `None` for other records.
+fn given_up_free_block(header: usize, what: Corrupted) -> Option<Layout> {
+    let user = BlockHeader::user_ptr(header as *mut BlockHeader) as usize;
+    if what != Corrupted::FreeList || super::heap::block_containing(user)?.user() != user {
+        return None;
+    }
+    let layout = super::heap::layout_at(user);
+    // SAFETY: a block of the heap, readable.
+    (!unsafe { (*(header as *mut BlockHeader)).cookie_valid(layout) }).then_some(layout)
 }
 
 /// Whether `p` could be a header of ours at all (aligned, in user space): cheap enough for every
@@ -864,35 +1180,52 @@ pub fn lies_in_tracked_block(addr: usize) -> bool {
     super::heap::block_containing(addr).is_some() || large_block_start(addr).is_some()
 }
 
-pub fn foreign_free_error(ptr: *mut u8, freed_with: BlockKind, free_stack: StackId) -> MemoryError {
+/// The error for a `delete` of `ptr` (see above): a heap block's header damaged beyond repair
+/// names the overrun of the block in front where it can ([`damaged_beyond_repair`]); `None`
+/// where that overrun was reported already.
+pub fn foreign_free_error(
+    ptr: *mut u8,
+    freed_with: BlockKind,
+    free_stack: StackId,
+) -> Option<MemoryError> {
     let plain = MemoryError::at_free(ErrorKind::InvalidFree, ptr, freed_with, free_stack);
     let addr = ptr as usize;
     let (header, layout) = match super::heap::block_containing(addr) {
         Some(block) => (block.header(), block.layout()),
         None => match large_block_start(addr) {
             Some(header) => (header, Layout::Full),
-            None => return plain,
+            None => return Some(plain),
         },
     };
     let user = BlockHeader::user_ptr(header) as usize;
     // SAFETY: a heap block's header, or one found mapped; only read.
     let h = unsafe { &*header };
     if h.is_live() && addr > user {
-        return MemoryError {
+        return Some(MemoryError {
             interior_offset: Some(addr - user),
             ..block_error(ErrorKind::InvalidFree, header, freed_with, free_stack)
-        };
+        });
     }
     if addr == user && !h.cookie_valid(layout) {
-        // Read before the mark, which a compact header's bytes shown include.
-        let found = header_bytes(header);
         if super::heap::contains(addr) {
-            // SAFETY: a heap block's header; marked so that it is reported once.
-            unsafe { (*header).mark_damaged() };
+            return damaged_beyond_repair(
+                header,
+                layout,
+                Corrupted::Header,
+                freed_with,
+                free_stack,
+            );
         }
-        return corruption_error(header, Corrupted::Header, found, freed_with, free_stack);
+        let found = header_bytes(header);
+        return Some(corruption_error(
+            header,
+            Corrupted::Header,
+            found,
+            freed_with,
+            free_stack,
+        ));
     }
-    plain
+    Some(plain)
 }
 
 /// The first 16 bytes of a readable header that are its block's (a far block's list links; a
@@ -921,11 +1254,7 @@ fn corruption_error(
     let at = -(header_front(header) as isize);
     MemoryError {
         detail: Some(what.detail()),
-        damage: found.map(|found| Damage {
-            offset: at,
-            found,
-            len: found.len() as u8,
-        }),
+        damage: found.map(|found| Damage::as_found(at, &found)),
         ..MemoryError::at_free(ErrorKind::HeapCorruption, user, freed_with, free_stack)
     }
 }

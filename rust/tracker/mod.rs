@@ -18,6 +18,7 @@ pub(crate) mod integrity;
 mod kind;
 pub mod live_list;
 pub mod malloc;
+mod overrun_reach;
 pub(crate) mod pending_stacks;
 pub mod profile;
 mod quarantine;
@@ -1010,10 +1011,13 @@ pub fn capture_stack(_inside: &Inside, start: StartFrame) -> StackId {
 /// report allocate stays out of the lists (an error inside the tracker is reported as is).
 #[cold]
 #[inline(never)]
-fn bad_free(error: impl FnOnce() -> MemoryError) {
+fn bad_free<E: Into<Option<MemoryError>>>(error: impl FnOnce() -> E) {
     let _inside = Inside::enter();
     integrity::report_found();
-    errors::report(error());
+    // None: reported already (the header of a block that an overrun reported reached).
+    if let Some(error) = error().into() {
+        errors::report(error);
+    }
 }
 
 /// `check_heap()`: see [`integrity::check_heap`].
