@@ -330,11 +330,15 @@ fn remember_unmapped(block: UnmappedBlock) {
     ring.next = (slot + 1) % UNMAPPED_HISTORY;
 }
 
-/// A recent large free at `user`, if any.
+/// The latest large free at `user`, if recent (the kept mappings and the OS give addresses out
+/// again: older frees at the same address are other blocks').
 pub fn recently_unmapped(user: usize) -> Option<UnmappedBlock> {
     let ring = unmapped();
-    ring.entries
+    let (newer, older) = ring.entries.split_at(ring.next);
+    newer
         .iter()
+        .rev()
+        .chain(older.iter().rev())
         .flatten()
         .find(|b| b.user == user)
         .copied()

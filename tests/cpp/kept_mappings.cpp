@@ -55,7 +55,7 @@ int main() {
 #ifndef K15_MEMORY_DISABLED
     char* twice = static_cast<char*>(std::malloc(kSizes[1]));
     twice[0] = 1;
-    std::free(twice);
+    std::free(twice);  // FIRST FREE OF A KEPT LARGE BLOCK
     std::free(twice);  // SECOND FREE OF A KEPT LARGE BLOCK
 #endif
 
