@@ -23,7 +23,7 @@
 
 use super::guard::Inside;
 use super::live_list::{self, StoppedWorld};
-use super::{errors, heap, integrity, quarantine, raw};
+use super::{errors, heap, integrity, kept_mappings, quarantine, raw};
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
 use std::any::Any;
 use std::cell::Cell;
@@ -172,6 +172,7 @@ extern "C" fn prepare() {
     guards.push(Box::new(crate::stack::history::lock_for_fork()));
     guards.push(Box::new(quarantine::lock_for_fork()));
     guards.push(Box::new(raw::lock_for_fork()));
+    guards.push(Box::new(kept_mappings::lock_for_fork()));
     guards.push(Box::new(heap::lock_for_fork()));
     guards.push(Box::new(integrity::lock_for_fork()));
     guards.push(Box::new(crate::stack::lock_caches_for_fork()));

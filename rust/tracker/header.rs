@@ -1140,6 +1140,10 @@ impl BlockHeader {
                 previous_free_stack: if super::heap::contains(addr) {
                     // SAFETY: a freed block of the heap.
                     unsafe { super::recorded_free_stack(user) }
+                } else if h.placement() == Placement::Mapped {
+                    // Its pages kept for the next large block (`kept_mappings`): its free was
+                    // remembered as an unmapping is.
+                    raw::recently_unmapped(addr).map_or(StackId(0), |freed| freed.free_stack)
                 } else {
                     StackId(0)
                 },

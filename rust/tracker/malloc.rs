@@ -172,7 +172,7 @@ pub unsafe extern "C" fn k15_memory_c_calloc(
     if let Lookup::Live(header, _) | Lookup::Untracked(header) = BlockHeader::lookup(ptr) {
         // SAFETY: a fresh block of ours of `total` bytes; fresh mappings are zero already.
         unsafe {
-            if (*header).placement() != Placement::Mapped {
+            if (*header).placement() != Placement::Mapped || super::raw::mapping_reused(header) {
                 ptr.write_bytes(0, total);
             }
         }

@@ -15,6 +15,7 @@ pub mod header;
 mod heap;
 mod init;
 pub(crate) mod integrity;
+mod kept_mappings;
 mod kind;
 pub mod live_list;
 pub mod malloc;
@@ -675,11 +676,13 @@ fn record_deferred(free: guard::DeferredFree) {
 }
 
 /// Before the exit report: the calling thread's cached free blocks go back to their classes
-/// and every free span's pages to the OS, so that symbolizing runs in memory the heap gave up
-/// and adds little or nothing to the process's peak (yaml-cpp's suite: 8 MiB of free spans).
+/// and every free span's pages and kept mapping to the OS, so that symbolizing runs in memory
+/// the heap gave up and adds little or nothing to the process's peak (yaml-cpp's suite: 8 MiB
+/// of free spans).
 pub fn release_free_memory() {
     guard::give_back_own_lists();
     spans::return_kept_spans();
+    kept_mappings::unmap_all();
 }
 
 /// Applies the calling thread's deferred frees: when it leaves the tracker, at its exit, and

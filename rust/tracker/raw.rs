@@ -1,11 +1,13 @@
 //! The memory under each block: our heap (`heap`) for tracked blocks up to 128 KiB aligned up to
-//! 64 bytes, our own mappings for larger ones, the tracker's own heap (`sys::own_heap`, never
+//! 64 bytes, our own mappings for larger ones (kept for the next large block after a `free`
+//! within glibc's bounds, `kept_mappings`), the tracker's own heap (`sys::own_heap`, never
 //! glibc's: a signal handler may allocate there whatever its thread was doing) for the tracker's
-//! own memory and for more strongly aligned blocks, and a record of recently unmapped blocks so that a second `delete` of
-//! one is recognised without touching unmapped memory.
+//! own memory and for more strongly aligned blocks, and a record of recently freed mapped blocks
+//! so that a second `delete` of one is recognised without touching unmapped memory.
 
 use super::header::{BlockHeader, Placement, FAR_PREFIX, GUARD_SIZE, HEADER_SIZE, SIZE_LIMIT};
 use super::heap;
+use super::kept_mappings;
 use super::live_list::HeldShard;
 use crate::stack::StackId;
 use crate::sys::{self, PAGE_SIZE};
@@ -171,14 +173,19 @@ fn malloc_user_offset(raw: usize, align: usize) -> usize {
     }
 }
 
-/// A mapping whose user pointer is page-aligned, with the header at the end of the page before.
+/// A mapping whose user pointer is page-aligned, with the header at the end of the page before:
+/// kept pages of freed blocks where they hold it (not for alignments over a page), else fresh.
 fn acquire_mapped(size: usize, align: usize) -> Option<RawBlock> {
     let slack = if align > PAGE_SIZE { align } else { 0 };
     let len = PAGE_SIZE
         .checked_add(slack)?
         .checked_add(size)?
         .checked_next_multiple_of(PAGE_SIZE)?;
-    let start = sys::map_pages(len);
+    let start = if slack == 0 {
+        kept_mappings::take(len).unwrap_or_else(|| sys::map_pages(len))
+    } else {
+        sys::map_pages(len)
+    };
     if start.is_null() {
         return None;
     }
@@ -204,8 +211,9 @@ fn acquire_mapped(size: usize, align: usize) -> Option<RawBlock> {
 }
 
 /// Gives the memory of a block not from the heap back. The header must already be marked freed.
-/// A tracked block unmapped is remembered ([`recently_unmapped`]); the tracker's own are not (a
-/// signal handler may free one while its thread holds the record's lock).
+/// A tracked mapped block is remembered ([`recently_unmapped`]) whether its pages are kept or
+/// unmapped; the tracker's own are not (a signal handler may free one while its thread holds the
+/// record's lock).
 ///
 /// # Safety
 /// `header` belongs to a block from [`acquire`] or [`acquire_system`], not from the heap, that
@@ -235,7 +243,7 @@ pub unsafe fn release(header: *mut BlockHeader, raw_offset: usize, tracked: bool
                 });
             }
             // SAFETY: the kept range of acquire_mapped for this block, no longer referenced.
-            unsafe { sys::unmap_pages(raw, mapped_len(size)) };
+            unsafe { kept_mappings::keep_or_unmap(raw, mapped_len(size)) };
         }
     }
 }
@@ -244,6 +252,17 @@ pub unsafe fn release(header: *mut BlockHeader, raw_offset: usize, tracked: bool
 /// guard.
 fn mapped_len(size: usize) -> usize {
     (PAGE_SIZE + size + GUARD_SIZE).next_multiple_of(PAGE_SIZE)
+}
+
+/// Whether the pages of a mapped block (its header at `header`) may hold bytes other than 0:
+/// kept pages of an earlier block's, which a `calloc` zeroes (fresh pages are zero already).
+///
+/// # Safety
+/// `header` is a live [`Placement::Mapped`] block's.
+pub unsafe fn mapping_reused(header: *mut BlockHeader) -> bool {
+    let raw = BlockHeader::user_ptr(header).wrapping_sub(PAGE_SIZE);
+    // SAFETY: guaranteed by the caller: the block's mapping starts a page before its user bytes.
+    unsafe { kept_mappings::reused(raw) }
 }
 
 /// Resizes a mapped block of `old_size` user bytes (its header at `header`) to `new_size`:
@@ -311,11 +330,15 @@ fn remember_unmapped(block: UnmappedBlock) {
     ring.next = (slot + 1) % UNMAPPED_HISTORY;
 }
 
-/// A recent large free at `user`, if any.
+/// The latest large free at `user`, if recent (the kept mappings and the OS give addresses out
+/// again: older frees at the same address are other blocks').
 pub fn recently_unmapped(user: usize) -> Option<UnmappedBlock> {
     let ring = unmapped();
-    ring.entries
+    let (newer, older) = ring.entries.split_at(ring.next);
+    newer
         .iter()
+        .rev()
+        .chain(older.iter().rev())
         .flatten()
         .find(|b| b.user == user)
         .copied()

@@ -1,0 +1,175 @@
+//! Freed large blocks' mappings kept resident for the next large block, bounded as glibc bounds
+//! what its dynamic mmap threshold keeps: a program that frees its large blocks and allocates
+//! them again (a level unloaded, the next one loaded) does not fault every page in again.
+//!
+//! A mapping is kept only if one at least as long was freed before (the first of each length
+//! goes back to the OS, as glibc unmaps the block that raises its threshold), up to twice the
+//! longest freed (glibc's trim threshold) in all, the ranges kept longest going back first to
+//! make room, and only up to [`LONGEST_KEPT`] each. A block
+//! takes the shortest kept range that holds it, the rest of the range staying kept; ranges
+//! that touch are joined. All goes back to the OS before the exit report.
+//!
+//! The lock is only ever tried: a signal handler that lands on a thread holding it (its own
+//! large blocks come through here too) maps and unmaps as if nothing were kept.
+
+use crate::sys;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+/// The longest mapping kept (glibc's `DEFAULT_MMAP_THRESHOLD_MAX` on 64-bit): longer ones are
+/// unmapped when freed.
+const LONGEST_KEPT: usize = 32 << 20;
+
+/// Ranges kept at most: a freed mapping finding no slot (and touching no kept range) is unmapped.
+const SLOTS: usize = 32;
+
+/// A kept range of pages: `len` bytes from `start`, both page multiples; `len` 0 is a free slot.
+#[derive(Clone, Copy)]
+struct Range {
+    start: usize,
+    len: usize,
+    /// When it was kept (its [`Kept::frees`]), joined ranges counting as kept last.
+    kept_at: u64,
+}
+
+struct Kept {
+    ranges: [Range; SLOTS],
+    /// Bytes kept in all.
+    bytes: usize,
+    /// Ranges kept so far.
+    frees: u64,
+    /// The longest mapping freed so far, up to [`LONGEST_KEPT`]: mappings up to it are kept, up
+    /// to twice it in all.
+    threshold: usize,
+}
+
+static KEPT: Mutex<Kept> = Mutex::new(Kept {
+    ranges: [Range {
+        start: 0,
+        len: 0,
+        kept_at: 0,
+    }; SLOTS],
+    bytes: 0,
+    frees: 0,
+    threshold: 0,
+});
+
+/// The first word of a mapping handed out again: its pages hold what earlier blocks wrote (a
+/// fresh mapping's first word is 0).
+const REUSED: usize = 1;
+
+/// `len` bytes (a page multiple) of kept pages, or `None` (then the caller maps fresh ones).
+pub fn take(len: usize) -> Option<*mut u8> {
+    let mut kept = KEPT.try_lock().ok()?;
+    let best = kept
+        .ranges
+        .iter_mut()
+        .filter(|range| range.len >= len)
+        .min_by_key(|range| range.len)?;
+    let start = best.start;
+    best.start += len;
+    best.len -= len;
+    kept.bytes -= len;
+    let start = start as *mut u8;
+    // SAFETY: the range's first page is ours (kept, now handed out) and writable.
+    unsafe { start.cast::<usize>().write(REUSED) };
+    Some(start)
+}
+
+/// Whether the mapping at `start` (from [`take`] or fresh) holds what earlier blocks wrote: a
+/// `calloc` must zero it.
+///
+/// # Safety
+/// `start` is the start of a live mapping of a large block.
+pub unsafe fn reused(start: *const u8) -> bool {
+    // SAFETY: guaranteed by the caller: the mapping's first page is readable.
+    unsafe { start.cast::<usize>().read() == REUSED }
+}
+
+/// Keeps the freed mapping of `len` bytes at `start` (page multiples) for [`take`], or unmaps it.
+///
+/// # Safety
+/// The mapping is ours and nothing uses it any more.
+pub unsafe fn keep_or_unmap(start: *mut u8, len: usize) {
+    let kept = KEPT.try_lock().is_ok_and(|mut kept| {
+        // The decision of glibc's free: kept below its threshold, which rises to the longest
+        // chunk freed, the oldest kept going back to make room.
+        let keep = len <= kept.threshold && kept.make_room(len) && kept.add(start as usize, len);
+        if len <= LONGEST_KEPT {
+            kept.threshold = kept.threshold.max(len);
+        }
+        keep
+    });
+    if !kept {
+        // SAFETY: guaranteed by the caller.
+        unsafe { sys::unmap_pages(start, len) };
+    }
+}
+
+impl Kept {
+    /// Unmaps the ranges kept longest until `len` more bytes fit in twice the threshold (it
+    /// does, as `len` is at most the threshold).
+    fn make_room(&mut self, len: usize) -> bool {
+        while self.bytes + len > 2 * self.threshold {
+            let Some(oldest) = self
+                .ranges
+                .iter_mut()
+                .filter(|range| range.len > 0)
+                .min_by_key(|range| range.kept_at)
+            else {
+                return false;
+            };
+            // SAFETY: a kept range: ours, and nothing uses it.
+            unsafe { sys::unmap_pages(oldest.start as *mut u8, oldest.len) };
+            self.bytes -= oldest.len;
+            oldest.len = 0;
+        }
+        true
+    }
+
+    /// Adds a range, joined to any kept range it touches; `false` when no slot is left for it.
+    fn add(&mut self, mut start: usize, mut len: usize) -> bool {
+        for range in self.ranges.iter_mut().filter(|range| range.len > 0) {
+            if range.start + range.len == start || start + len == range.start {
+                start = start.min(range.start);
+                len += range.len;
+                self.bytes -= range.len;
+                range.len = 0;
+            }
+        }
+        self.frees += 1;
+        let kept_at = self.frees;
+        match self.ranges.iter_mut().find(|range| range.len == 0) {
+            Some(slot) => {
+                *slot = Range {
+                    start,
+                    len,
+                    kept_at,
+                };
+                self.bytes += len;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Every kept range goes back to the OS (at exit, before the report: memory the program will
+/// hardly ask for again, and the symbolizer may).
+pub fn unmap_all() {
+    let mut kept = lock();
+    for range in kept.ranges.iter_mut().filter(|range| range.len > 0) {
+        // SAFETY: a kept range: ours, and nothing uses it.
+        unsafe { sys::unmap_pages(range.start as *mut u8, range.len) };
+        range.len = 0;
+    }
+    kept.bytes = 0;
+}
+
+fn lock() -> MutexGuard<'static, Kept> {
+    KEPT.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Held by `fork` (see `tracker::fork`).
+pub(crate) fn lock_for_fork() -> MutexGuard<'static, impl Sized> {
+    lock()
+}
