@@ -1,6 +1,7 @@
 //! Memory comes back: freed spans go back to the OS (resident memory drops, at most glibc's after
 //! freeing everything, at most twice plain once 500 threads are gone), small objects cost little
-//! more than under glibc (compact headers: at most 1.25x its peak), and what was freed before
+//! more than under glibc (compact headers, and every block's record kept out of an overrun's
+//! reach: at most 1.35x its peak), and what was freed before
 //! its span went back is still checked: a second delete is a double free, the pages are reused
 //! by another class with fresh headers and guards, and earlier leaks are still reported.
 
@@ -114,12 +115,14 @@ fn small_objects_and_500_threads_take_memory_close_to_plain_and_give_it_back() {
     let tracked = support::build(&dir, "tracked", &source, &["-O2"]);
     let options = format!("report=0:log_path={}", dir.join("k15.log").display());
 
-    // 5M blocks of 16 bytes and 1M of 200 live at once: the 16-byte ones take a compact header.
+    // 5M blocks of 16 bytes and 1M of 200 live at once: the 16-byte ones take a compact header
+    // (a 32-byte slot where glibc takes 32 bytes, and 16 bytes of side and record tables), the
+    // 200-byte ones 240 bytes and a record (glibc: 208).
     let plain_all = resident_kib(&plain, &["free_all"], "");
     let tracked_all = resident_kib(&tracked, &["free_all"], &options);
     let peak = |stdout: &str| printed(stdout, "peak_kib") as f64;
     assert!(
-        peak(&tracked_all) <= 1.25 * peak(&plain_all),
+        peak(&tracked_all) <= 1.35 * peak(&plain_all),
         "small objects' peak: {tracked_all} tracked, {plain_all} plain"
     );
     let (plain_after, tracked_after) = (

@@ -196,6 +196,64 @@ fn low_bytes(shard: u8, kind: BlockKind, class_and_placement: u8) -> u64 {
 /// The byte of a compact block's `packed` that holds its size.
 const COMPACT_SIZE_BYTE: usize = CLASS_BYTE + 1;
 
+/// A live heap block's record, kept in the record table (`spans::record_word`) out of reach of
+/// any overrun, so that a header damaged beyond repair is rebuilt from it
+/// ([`BlockHeader::rebuild`]); 0 for a free block. A compact block's is its `packed` (which
+/// the class byte makes nonzero); a full block's has bit 0 set, the kind (bits 1..5), the shard
+/// (5..13) and the size (13..30: a heap block holds less than 128 KiB). Both keep the stack
+/// field in bits 32..64 (a ring's tag until its stack is interned:
+/// [`BlockHeader::record_stack_interned`]).
+#[derive(Clone, Copy)]
+struct Record(usize);
+
+const RECORD_KIND_SHIFT: u32 = 1;
+const RECORD_SHARD_SHIFT: u32 = 5;
+const RECORD_SIZE_SHIFT: u32 = 13;
+const RECORD_SIZE_BITS: u32 = 17;
+const _: () = assert!((BlockKind::Named as usize) < 1 << (RECORD_SHARD_SHIFT - RECORD_KIND_SHIFT));
+const _: () = assert!(RECORD_SIZE_SHIFT + RECORD_SIZE_BITS <= 32);
+
+impl Record {
+    #[inline(always)]
+    fn of(size: usize, shard: u8, kind: BlockKind, alloc_stack: StackId) -> Record {
+        Record(
+            (alloc_stack.0 as usize) << 32
+                | size << RECORD_SIZE_SHIFT
+                | (shard as usize) << RECORD_SHARD_SHIFT
+                | (kind as usize) << RECORD_KIND_SHIFT
+                | 1,
+        )
+    }
+
+    fn is_live(self) -> bool {
+        self.0 != 0
+    }
+
+    fn size(self) -> usize {
+        (self.0 >> RECORD_SIZE_SHIFT) & ((1 << RECORD_SIZE_BITS) - 1)
+    }
+
+    fn shard(self) -> u8 {
+        (self.0 >> RECORD_SHARD_SHIFT) as u8
+    }
+
+    fn kind(self) -> BlockKind {
+        BlockKind::from_byte(((self.0 >> RECORD_KIND_SHIFT) & 0xf) as u8)
+    }
+
+    fn stack(self) -> StackId {
+        StackId((self.0 >> 32) as u32)
+    }
+}
+
+/// The record word of the heap block of class `class` at user pointer `user`.
+#[inline(always)]
+fn record_at(user: usize, class: u8) -> &'static AtomicUsize {
+    // SAFETY: a word of the side table, committed with the span (`spans::record_word`), only
+    // ever accessed as an atomic or by its block's owner; `AtomicUsize` has `usize`'s layout.
+    unsafe { &*super::spans::record_word(user, class).cast::<AtomicUsize>() }
+}
+
 const _: () = assert!(core::mem::size_of::<BlockHeader>() == HEADER_SIZE);
 
 /// The bits of the header's `site` word that hold the site's id; the tag's id lies above.
@@ -624,6 +682,9 @@ impl BlockHeader {
                 first_word(header, layout).write(first_word_value);
                 let packed = pack_compact(block.size, owner.shard, block.kind, owner.alloc_stack);
                 (&raw mut (*header).packed).write(packed);
+                if state == LIVE {
+                    record_at(user, COMPACT_CLASS).store(packed as usize, Ordering::Relaxed);
+                }
                 (packed, cover_compact(packed as usize, first_word_value))
             } else {
                 let packed = pack(
@@ -643,6 +704,9 @@ impl BlockHeader {
                 (&raw mut (*header).packed).write(packed);
                 if raw.placement == Placement::Malloc {
                     words.sub(1).write(raw.raw_offset);
+                } else if raw.placement == Placement::Heap && state == LIVE {
+                    let record = Record::of(block.size, owner.shard, block.kind, owner.alloc_stack);
+                    record_at(user, raw.class).store(record.0, Ordering::Relaxed);
                 }
                 (packed, cover_full(first_word_value, word1, packed as usize))
             }
@@ -1018,11 +1082,88 @@ impl BlockHeader {
         state ^ self.address() ^ unsafe { covered(self, layout) }
     }
 
-    /// Marks the block freed: a later free of the same pointer finds `FREED`.
+    /// Marks the block freed: a later free of the same pointer finds `FREED`, and a heap block's
+    /// record says it is no live block.
     pub fn mark_freed(&mut self) {
+        let layout = self.layout();
+        if self.placement() == Placement::Heap {
+            Self::clear_record(self.address(), self.class());
+        }
         // SAFETY: the header is readable (we are writing it).
-        let freed = unsafe { Self::freed_cookie_at(self, self.layout()) };
+        let freed = unsafe { Self::freed_cookie_at(self, layout) };
         self.cookie.store(freed, Ordering::Relaxed);
+    }
+
+    /// Clears the record of the heap block of class `class` at user pointer `user`, freed.
+    #[inline(always)]
+    pub fn clear_record(user: usize, class: u8) {
+        record_at(user, class).store(0, Ordering::Relaxed);
+    }
+
+    /// Rebuilds the header of the heap block at `header` (of class `class`, as the span table
+    /// says), damaged beyond repair, from its record, where it is a live block's: its size,
+    /// kind, shard and stack as allocated; a compact block's thread and sequence number too (in
+    /// the side table), a full block's are lost with its site and tag (0). False where the
+    /// record says no live block is there.
+    ///
+    /// # Safety
+    /// `header` is the header of a block carved from a span of class `class`, and nobody else
+    /// writes it meanwhile (the caller holds the found log, or the world is stopped).
+    #[cold]
+    pub unsafe fn rebuild(header: *mut BlockHeader, class: u8) -> bool {
+        let user = Self::user_ptr(header) as usize;
+        let record = Record(record_at(user, class).load(Ordering::Acquire));
+        if Layout::of_class(class as usize) == Layout::Compact {
+            if !is_compact_packed(record.0) {
+                return false;
+            }
+            // SAFETY: guaranteed by the caller; the side word of a compact block of the heap.
+            unsafe {
+                let side = first_word(header, Layout::Compact).read();
+                (&raw mut (*header).packed).write(record.0 as u64);
+                let cookie = LIVE ^ user ^ cover_compact(record.0, side);
+                (*header).cookie.store(cookie, Ordering::Relaxed);
+            }
+            return true;
+        }
+        let byte = class | (Placement::Heap as u8) << CLASS_BITS;
+        if !record.is_live() || record.size() as u64 > ROOM[byte as usize] {
+            return false;
+        }
+        let packed = pack(
+            record.size(),
+            record.shard(),
+            class,
+            record.kind(),
+            Placement::Heap,
+        );
+        let word1 = (record.stack().0 as usize) << 32;
+        let words = header.cast::<usize>();
+        // SAFETY: guaranteed by the caller: the header's words are ours to write.
+        unsafe {
+            words.write(0);
+            words.add(1).write(word1);
+            (&raw mut (*header).packed).write(packed);
+            let cookie = LIVE ^ user ^ cover_full(0, word1, packed as usize);
+            (*header).cookie.store(cookie, Ordering::Relaxed);
+        }
+        true
+    }
+
+    /// The stack of the full heap block at `header` was interned as `id` in place of the ring's
+    /// `tag`: its record learns it too, where it still holds the tag.
+    pub fn record_stack_interned(header: *const BlockHeader, tag: StackId, id: StackId) {
+        // SAFETY: a header whose cookie the caller checked, readable.
+        let h = unsafe { &*header };
+        if h.placement() != Placement::Heap {
+            return;
+        }
+        let record = record_at(h.address(), h.class());
+        let _ = record.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |word| {
+            let held = Record(word);
+            (held.is_live() && held.stack() == tag)
+                .then_some(word & 0xffff_ffff | (id.0 as usize) << 32)
+        });
     }
 
     /// Claims a live block for a free by a thread that does not own its shard; false when

@@ -391,6 +391,7 @@ pub unsafe fn park(block: *mut u8, class: u8, _mine: &mut HeldShard<'_>) {
         retire_full_list(class, lists, head);
         (head, count) = (null_mut(), 0);
     }
+    BlockHeader::clear_record(BlockHeader::user_ptr(block.cast()) as usize, class as u8);
     // SAFETY: guaranteed by the caller: the block is free and now this thread's.
     unsafe { BlockHeader::set_free_link(block.cast(), head, Layout::of_class(class)) };
     lists.active.set(block);

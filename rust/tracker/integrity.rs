@@ -296,6 +296,9 @@ fn check_heap_blocks(
                 visit(header);
             } else if settled && still && !h.cookie_valid(layout) {
                 problems.extend(damaged_heap_header(header, layout, found_by));
+                if h.is_live() {
+                    visit(header); // rebuilt from its record
+                }
             }
         }
         super::spans::Found::GuardWord(word) => {
@@ -362,23 +365,37 @@ fn damaged_beyond_repair(
     let blame = blame_in_front(BlockHeader::exposed_word_at(header, layout), None);
     // Read before the mark, which a compact header's bytes shown include.
     let found = header_bytes(header);
-    // SAFETY: a heap block's header (the caller's to check, or found by a walk with the world
-    // stopped); marked so that it is reported once.
-    unsafe { (*header).mark_damaged(layout) };
-    if let Some(mut log) = found_log_within() {
-        let count = log.left_alone_count;
-        if count < LEFT_ALONE && !log.left_alone[..count].contains(&(header as usize)) {
-            log.left_alone[count] = header as usize;
-            log.left_alone_count = count + 1;
+    let mut log = found_log_within();
+    // Under the log, so that two threads freeing the same pointer do not both rebuild it.
+    let rebuilt = log.is_some() && rebuilt_from_record(header);
+    if !rebuilt {
+        // SAFETY: a heap block's header (the caller's to check, or found by a walk with the
+        // world stopped); marked so that it is reported once.
+        unsafe { (*header).mark_damaged(layout) };
+        if let Some(log) = log.as_mut() {
+            let count = log.left_alone_count;
+            if count < LEFT_ALONE && !log.left_alone[..count].contains(&(header as usize)) {
+                log.left_alone[count] = header as usize;
+                log.left_alone_count = count + 1;
+            }
         }
     }
+    drop(log);
+    let detail = |error: &MemoryError| match error.detail {
+        Some(RECORD_LOST_DETAIL) if rebuilt => Some(RECORD_KEPT_DETAIL),
+        detail => detail,
+    };
     match blame {
         Blame::Overrun(error) if error.free_stack == StackId(0) => Some(MemoryError {
             free_stack,
             freed_with,
+            detail: detail(&error),
             ..*error
         }),
-        Blame::Overrun(error) => Some(*error),
+        Blame::Overrun(error) => Some(MemoryError {
+            detail: detail(&error),
+            ..*error
+        }),
         Blame::Shown => None,
         Blame::Nobody => Some(corruption_error(
             header, what, found, freed_with, free_stack,
@@ -469,6 +486,22 @@ fn intact_in_front_of(at: usize) -> Option<HeapBlock> {
     }
     None
 }
+
+/// Rebuilds the heap header at `header`, damaged beyond repair, from its block's record (a live
+/// full block keeps one beside the heap: `BlockHeader::rebuild`); true when the block is
+/// tracked again as it was allocated.
+fn rebuilt_from_record(header: *mut BlockHeader) -> bool {
+    let user = BlockHeader::user_ptr(header) as usize;
+    super::heap::block_containing(user)
+        .filter(|block| block.user() == user)
+        // SAFETY: the header of a block carved in a span of that class; the caller holds the
+        // found log or has stopped the world.
+        .is_some_and(|block| unsafe { BlockHeader::rebuild(header, block.class) })
+}
+
+/// The detail of an overrun found where it damaged the header behind the block beyond repair,
+/// rebuilt from the record kept beside the heap.
+const RECORD_KEPT_DETAIL: &str = "found in the header behind the block, overwritten beyond repair: the block there (victim) is still tracked, its header rebuilt from the record kept beside the heap (its thread, sequence number and K15_NEW site are lost)";
 
 /// The detail of an overrun found where it damaged the header behind the block beyond repair.
 const RECORD_LOST_DETAIL: &str = "found in the header behind the block, overwritten beyond repair: the block there (victim) is no longer tracked";

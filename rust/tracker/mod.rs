@@ -497,7 +497,7 @@ fn handed_back(ptr: *mut u8) -> bool {
 /// glibc block included: with `malloc=0` the tracker cannot tell it from a stray pointer).
 #[cold]
 #[inline(never)]
-fn free_foreign(ptr: *mut u8, kind: BlockKind, start: impl Fn() -> StartFrame) {
+fn free_foreign(ptr: *mut u8, kind: BlockKind, start: impl Fn() -> StartFrame + Copy) {
     // Never a pointer into one of the heap's blocks (one compare): glibc would take it for its own.
     if heap::block_containing(ptr as usize).is_none()
         && malloc::same_family(kind, BlockKind::Malloc)
@@ -510,10 +510,14 @@ fn free_foreign(ptr: *mut u8, kind: BlockKind, start: impl Fn() -> StartFrame) {
     if handed_back(ptr) {
         return;
     }
-    bad_free(|| integrity::foreign_free_error(ptr, kind, capture_stack_of(start())))
+    bad_free(|| integrity::foreign_free_error(ptr, kind, capture_stack_of(start())));
+    // A header damaged beyond repair and rebuilt from its block's record: freed as asked.
+    if let Lookup::Live(header, cookie) = BlockHeader::lookup(ptr) {
+        free_live(header, cookie, kind, start);
+    }
 }
 
-#[inline]
+#[inline(always)]
 fn free_live(
     header: *mut BlockHeader,
     cookie: usize,

@@ -191,17 +191,21 @@ pub(super) fn attach(id: StackId, header: *mut BlockHeader, placement: Placement
 /// still holds the tag (its block was taken for gone, its header damaged).
 pub(super) fn resolve(h: &BlockHeader, tag: StackId) -> StackId {
     let field = h.stack_field();
-    let Some(id) = intern_entry(tag) else {
+    let id = match intern_entry(tag) {
         // The entry's owner settles the header before it lets the entry go.
-        return match field.load(Acquire) {
+        None => match field.load(Acquire) {
             now if now & PENDING == 0 => StackId(now),
             _ => StackId(0),
-        };
+        },
+        Some(id) => match field.compare_exchange(tag.0, id.0, Relaxed, Acquire) {
+            Err(now) if now & PENDING == 0 => StackId(now),
+            _ => id,
+        },
     };
-    match field.compare_exchange(tag.0, id.0, Relaxed, Acquire) {
-        Err(now) if now & PENDING == 0 => StackId(now),
-        _ => id,
+    if id != StackId(0) {
+        BlockHeader::record_stack_interned(h, tag, id);
     }
+    id
 }
 
 /// `id` itself, or for a tag its entry's stack interned now (`StackId(0)` once the entry is
@@ -426,9 +430,12 @@ impl Ring {
                 core::slice::from_raw_parts(self.words.as_ptr().add(at + 2).cast::<usize>(), n)
             };
             let id = stack::intern_frames(frames);
-            let _ = h
+            let settled = h
                 .stack_field_as(layout)
                 .compare_exchange(tag, id.0, Relaxed, Relaxed);
+            if settled.is_ok() {
+                BlockHeader::record_stack_interned(h, StackId(tag), id);
+            }
         }
         // Readers that see the tag gone see the header settled; what follows (the next
         // entries' frames) is not taken for this entry by any reader.

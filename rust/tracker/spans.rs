@@ -14,8 +14,10 @@
 //! header, and where there is no next block yet, this word. A span keeps [`GUARD_SIZE`] bytes
 //! at its end for it.
 //!
-//! Behind the spans' range lies the side table ([`side_word`]): a word per 32 bytes of it, where
-//! compact blocks keep their header's word 0, out of reach of an overrun.
+//! Behind the spans' range lie two tables of the same size, out of reach of an overrun: the side
+//! table, a word per 32 bytes ([`side_word`]), where compact blocks keep their header's word 0,
+//! and the record table, where every live block keeps its record ([`record_word`]: a word per
+//! block of a span, touched only where blocks lie).
 
 use super::header::{BlockHeader, Layout, GUARD, GUARD_SIZE};
 use super::heap::{self, List};
@@ -34,7 +36,7 @@ const KEPT_FREE_SPANS: u32 = 4;
 
 /// The heap's address space is reserved once, inaccessible, and made usable a region at a time:
 /// one range, so that whether an address is the heap's is a subtraction and a compare
-/// ([`contains`]). The first size the OS grants is used (with the side table, a quarter more):
+/// ([`contains`]). The first size the OS grants is used (with the side and record tables, half more):
 /// the small ones for a process under an address-space limit (`ulimit -v`).
 const RESERVE_BYTES: [usize; 5] = [64 << 30, 8 << 30, 1 << 30, 256 << 20, REGION_BYTES];
 /// Bytes made usable at once.
@@ -48,12 +50,15 @@ struct Carved {
     bytes: AtomicUsize,
     /// Start of the side table ([`side_word`]), reserved behind the spans' range.
     side: AtomicUsize,
+    /// Start of the record table ([`record_word`]), reserved behind the side table.
+    records: AtomicUsize,
 }
 
 static CARVED: Carved = Carved {
     base: AtomicUsize::new(0),
     bytes: AtomicUsize::new(0),
     side: AtomicUsize::new(0),
+    records: AtomicUsize::new(0),
 };
 
 /// The side table has a word for every [`SIDE_STRIDE`] bytes of the spans' range: a compact
@@ -68,6 +73,52 @@ const SIDE_BYTES_PER_SPAN: usize = side_bytes(SPAN_BYTES);
 pub fn side_word(user: usize) -> *mut usize {
     let offset = user.wrapping_sub(CARVED.base.load(Ordering::Relaxed)) / SIDE_STRIDE;
     (CARVED.side.load(Ordering::Relaxed) as *mut usize).wrapping_add(offset)
+}
+
+/// A word of the record table for each `1 << RECORD_SHIFT[class]` bytes of a span of class
+/// `class`: the largest power of two that its blocks' size reaches, so that every block of the
+/// span has a word of its own at one shift (at most twice the words a block number would take;
+/// a 240-byte class, 8 bytes per 128) and the words fit the span's part of the table.
+static RECORD_SHIFT: [u8; heap::CLASS_COUNT] = {
+    let mut shifts = [0; heap::CLASS_COUNT];
+    let mut class = 0;
+    while class < heap::CLASS_COUNT {
+        let size = heap::size_of_class(class);
+        shifts[class] = (usize::BITS - 1 - size.leading_zeros()) as u8;
+        class += 1;
+    }
+    shifts
+};
+const _: () = assert!(SPAN_BYTES >> 5 <= SIDE_BYTES_PER_SPAN / size_of::<usize>());
+
+/// The word of the record table where the live block of class `class` whose user pointer is
+/// `user` keeps its record (`header`), an address of a span serving that class.
+#[inline(always)]
+pub fn record_word(user: usize, class: u8) -> *mut usize {
+    let offset = user.wrapping_sub(CARVED.base.load(Ordering::Relaxed));
+    let in_span = (offset % SPAN_BYTES) >> RECORD_SHIFT[class as usize];
+    let span_part = offset / SPAN_BYTES * SIDE_BYTES_PER_SPAN;
+    (CARVED.records.load(Ordering::Relaxed) as *mut u8)
+        .wrapping_add(span_part)
+        .cast::<usize>()
+        .wrapping_add(in_span)
+}
+
+/// Clears the records of span `index`, kept resident since it last served a class, before it
+/// serves class `class`: a word its blocks will use may hold a record of the blocks of an older
+/// class (freed ones clear theirs, but a block left alone keeps it), which must not be taken for
+/// a live block's.
+fn clear_records(index: u32, class: usize) {
+    let records = CARVED.records.load(Ordering::Relaxed) + span_tables_offset(index);
+    let words = SPAN_BYTES >> RECORD_SHIFT[class];
+    // SAFETY: the span's part of the record table, committed with the span; nobody uses its
+    // words (the span serves no class yet: the caller holds the region lock).
+    unsafe { core::ptr::write_bytes(records as *mut usize, 0, words) };
+}
+
+/// Where span `index`'s part of the side table, or of the record table, starts in its table.
+fn span_tables_offset(index: u32) -> usize {
+    side_bytes(index as usize * SPAN_BYTES)
 }
 
 /// One byte per span of the reservation, read without a lock (bad frees, heap checks): 0 where
@@ -499,9 +550,16 @@ fn region() -> MutexGuard<'static, Region> {
 /// new one from the reservation.
 fn new_span(class: usize) -> Option<u32> {
     let mut region = region();
-    let index = match region.pop_free(true).or_else(|| region.pop_free(false)) {
-        Some(index) => index,
-        None => fresh_span(&mut region)?,
+    let index = match region.pop_free(true) {
+        Some(index) => {
+            clear_records(index, class);
+            index
+        }
+        // Pages given back to the OS, or never used: their side words read 0.
+        None => match region.pop_free(false) {
+            Some(index) => index,
+            None => fresh_span(&mut region)?,
+        },
     };
     // SAFETY: a span nobody serves, under the region lock; the class lock (held by the caller)
     // guards it from now on.
@@ -531,9 +589,11 @@ fn fresh_span(region: &mut Region) -> Option<u32> {
     while end > region.usable {
         let more = REGION_BYTES.min(region.reserved - region.usable);
         let side = CARVED.side.load(Ordering::Relaxed) + side_bytes(region.usable);
+        let records = CARVED.records.load(Ordering::Relaxed) + side_bytes(region.usable);
         if more == 0
             || !sys::commit_pages((base + region.usable) as *mut u8, more)
             || !sys::commit_pages(side as *mut u8, side_bytes(more))
+            || !sys::commit_pages(records as *mut u8, side_bytes(more))
         {
             return None;
         }
@@ -586,11 +646,13 @@ pub fn return_kept_spans() {
 /// # Safety
 /// The span is free: nobody uses its blocks or their side words.
 unsafe fn return_span_pages(index: u32) {
-    let side = CARVED.side.load(Ordering::Relaxed) + side_bytes(index as usize * SPAN_BYTES);
+    let side = CARVED.side.load(Ordering::Relaxed) + span_tables_offset(index);
+    let records = CARVED.records.load(Ordering::Relaxed) + span_tables_offset(index);
     // SAFETY: guaranteed by the caller.
     unsafe {
         sys::return_pages(span_start(index) as *mut u8, SPAN_BYTES);
         sys::return_pages(side as *mut u8, SIDE_BYTES_PER_SPAN);
+        sys::return_pages(records as *mut u8, SIDE_BYTES_PER_SPAN);
     }
 }
 
@@ -603,7 +665,7 @@ const fn side_bytes(bytes: usize) -> usize {
 #[cold]
 fn reserve(region: &mut Region) -> Option<()> {
     for bytes in RESERVE_BYTES {
-        let base = sys::reserve_pages(bytes + side_bytes(bytes));
+        let base = sys::reserve_pages(bytes + 2 * side_bytes(bytes));
         if base.is_null() {
             continue;
         }
@@ -611,10 +673,13 @@ fn reserve(region: &mut Region) -> Option<()> {
         let table = sys::map_pages(spans * (size_of::<Span>() + 1));
         if table.is_null() {
             // SAFETY: the reservation was made just above and is used by nobody.
-            unsafe { sys::unmap_pages(base, bytes + side_bytes(bytes)) };
+            unsafe { sys::unmap_pages(base, bytes + 2 * side_bytes(bytes)) };
             return None;
         }
         CARVED.side.store(base as usize + bytes, Ordering::Relaxed);
+        CARVED
+            .records
+            .store(base as usize + bytes + side_bytes(bytes), Ordering::Relaxed);
         SPANS.store(table.cast(), Ordering::Relaxed);
         OWNERS.store(
             table.wrapping_add(spans * size_of::<Span>()).cast(),
