@@ -199,29 +199,28 @@ const COMPACT_SIZE_BYTE: usize = CLASS_BYTE + 1;
 /// A live heap block's record, kept in the record table (`spans::record_word`) out of reach of
 /// any overrun, so that a header damaged beyond repair is rebuilt from it
 /// ([`BlockHeader::rebuild`]); 0 for a free block. A compact block's is its `packed` (which
-/// the class byte makes nonzero); a full block's has bit 0 set, the kind (bits 1..5), the shard
-/// (5..13) and the size (13..30: a heap block holds less than 128 KiB). Both keep the stack
-/// field in bits 32..64 (a ring's tag until its stack is interned:
-/// [`BlockHeader::record_stack_interned`]).
+/// the class byte makes nonzero); a full block's has its shard and kind where `packed` has them
+/// (bytes 0 and 1, the kind in 4 bits: built from the same value), the size in bits 12..29 (a
+/// heap block holds less than 128 KiB) and bit 30 set. Both keep the stack field in bits 32..64
+/// (a ring's tag until its stack is interned: [`BlockHeader::record_stack_interned`]).
 #[derive(Clone, Copy)]
 struct Record(usize);
 
-const RECORD_KIND_SHIFT: u32 = 1;
-const RECORD_SHARD_SHIFT: u32 = 5;
-const RECORD_SIZE_SHIFT: u32 = 13;
+const RECORD_SIZE_SHIFT: u32 = 12;
 const RECORD_SIZE_BITS: u32 = 17;
-const _: () = assert!((BlockKind::Named as usize) < 1 << (RECORD_SHARD_SHIFT - RECORD_KIND_SHIFT));
-const _: () = assert!(RECORD_SIZE_SHIFT + RECORD_SIZE_BITS <= 32);
+const RECORD_LIVE: usize = 1 << (RECORD_SIZE_SHIFT + RECORD_SIZE_BITS + 1);
+const _: () = assert!((BlockKind::Named as u32) < 1 << (RECORD_SIZE_SHIFT - 8 * KIND_BYTE as u32));
+const _: () = assert!(RECORD_LIVE < 1 << 32);
 
 impl Record {
+    /// A full block's record, `shard_and_kind` as `packed` holds them ([`low_bytes`]).
     #[inline(always)]
-    fn of(size: usize, shard: u8, kind: BlockKind, alloc_stack: StackId) -> Record {
+    fn of(size: usize, shard_and_kind: u64, alloc_stack: StackId) -> Record {
         Record(
             (alloc_stack.0 as usize) << 32
                 | size << RECORD_SIZE_SHIFT
-                | (shard as usize) << RECORD_SHARD_SHIFT
-                | (kind as usize) << RECORD_KIND_SHIFT
-                | 1,
+                | shard_and_kind as usize
+                | RECORD_LIVE,
         )
     }
 
@@ -234,11 +233,11 @@ impl Record {
     }
 
     fn shard(self) -> u8 {
-        (self.0 >> RECORD_SHARD_SHIFT) as u8
+        self.0.to_le_bytes()[SHARD_BYTE]
     }
 
     fn kind(self) -> BlockKind {
-        BlockKind::from_byte(((self.0 >> RECORD_KIND_SHIFT) & 0xf) as u8)
+        BlockKind::from_byte(self.0.to_le_bytes()[KIND_BYTE] & 0xf)
     }
 
     fn stack(self) -> StackId {
@@ -705,7 +704,8 @@ impl BlockHeader {
                 if raw.placement == Placement::Malloc {
                     words.sub(1).write(raw.raw_offset);
                 } else if raw.placement == Placement::Heap && state == LIVE {
-                    let record = Record::of(block.size, owner.shard, block.kind, owner.alloc_stack);
+                    let shard_and_kind = low_bytes(owner.shard, block.kind, 0);
+                    let record = Record::of(block.size, shard_and_kind, owner.alloc_stack);
                     record_at(user, raw.class).store(record.0, Ordering::Relaxed);
                 }
                 (packed, cover_full(first_word_value, word1, packed as usize))

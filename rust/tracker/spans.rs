@@ -14,10 +14,10 @@
 //! header, and where there is no next block yet, this word. A span keeps [`GUARD_SIZE`] bytes
 //! at its end for it.
 //!
-//! Behind the spans' range lie two tables of the same size, out of reach of an overrun: the side
-//! table, a word per 32 bytes ([`side_word`]), where compact blocks keep their header's word 0,
-//! and the record table, where every live block keeps its record ([`record_word`]: a word per
-//! block of a span, touched only where blocks lie).
+//! Behind the spans' range lie tables out of reach of an overrun: the side table, a word per 32
+//! bytes ([`side_word`]), where compact blocks keep their header's word 0, and the record tables,
+//! where every live block keeps its record ([`record_word`]: a word per block, touched only where
+//! blocks lie).
 
 use super::header::{BlockHeader, Layout, GUARD, GUARD_SIZE};
 use super::heap::{self, List};
@@ -50,15 +50,12 @@ struct Carved {
     bytes: AtomicUsize,
     /// Start of the side table ([`side_word`]), reserved behind the spans' range.
     side: AtomicUsize,
-    /// Start of the record table ([`record_word`]), reserved behind the side table.
-    records: AtomicUsize,
 }
 
 static CARVED: Carved = Carved {
     base: AtomicUsize::new(0),
     bytes: AtomicUsize::new(0),
     side: AtomicUsize::new(0),
-    records: AtomicUsize::new(0),
 };
 
 /// The side table has a word for every [`SIDE_STRIDE`] bytes of the spans' range: a compact
@@ -75,33 +72,66 @@ pub fn side_word(user: usize) -> *mut usize {
     (CARVED.side.load(Ordering::Relaxed) as *mut usize).wrapping_add(offset)
 }
 
-/// A word of the record table for each `1 << RECORD_SHIFT[class]` bytes of a span of class
-/// `class`: the largest power of two that its blocks' size reaches, so that every block of the
-/// span has a word of its own at one shift (at most twice the words a block number would take;
-/// a 240-byte class, 8 bytes per 128) and the words fit the span's part of the table.
-static RECORD_SHIFT: [u8; heap::CLASS_COUNT] = {
-    let mut shifts = [0; heap::CLASS_COUNT];
+/// Where the blocks of a class keep their records: a word for each `1 << shift` bytes of the
+/// spans' range, `shift` the largest power of two that the class's blocks reach, so that every
+/// block has a word of its own (at most twice the words a block number would take: a 240-byte
+/// class, 8 bytes per 128), in a table of its own for each shift (behind the side table). The
+/// spans' range starts on a span boundary, so that a block's word is `origin + (user >> shift)
+/// * 8`: two loads and two steps on every `new` and `delete`.
+struct RecordTable {
+    /// The table's start less the word the range's first byte would have (0 until reserved).
+    origin: AtomicUsize,
+    shift: u32,
+}
+
+const FIRST_SHIFT: u32 = 5;
+const LAST_SHIFT: u32 =
+    usize::BITS - 1 - heap::size_of_class(heap::CLASS_COUNT - 1).leading_zeros();
+
+const fn record_shift(class: usize) -> u32 {
+    usize::BITS - 1 - heap::size_of_class(class).leading_zeros()
+}
+
+static RECORD_TABLES: [RecordTable; heap::CLASS_COUNT] = {
+    let mut tables = [const {
+        RecordTable {
+            origin: AtomicUsize::new(0),
+            shift: FIRST_SHIFT,
+        }
+    }; heap::CLASS_COUNT];
     let mut class = 0;
     while class < heap::CLASS_COUNT {
-        let size = heap::size_of_class(class);
-        shifts[class] = (usize::BITS - 1 - size.leading_zeros()) as u8;
+        let shift = record_shift(class);
+        tables[class].shift = if shift < FIRST_SHIFT {
+            FIRST_SHIFT
+        } else {
+            shift
+        };
         class += 1;
     }
-    shifts
+    tables
 };
-const _: () = assert!(SPAN_BYTES >> 5 <= SIDE_BYTES_PER_SPAN / size_of::<usize>());
 
-/// The word of the record table where the live block of class `class` whose user pointer is
-/// `user` keeps its record (`header`), an address of a span serving that class.
+/// Where the record table of `shift` starts, behind the side table of a reservation of `bytes`
+/// starting at `base`: the tables of smaller shifts come first.
+fn record_table_start(base: usize, bytes: usize, shift: u32) -> usize {
+    let tables: usize = (FIRST_SHIFT..shift)
+        .map(|s| record_table_bytes(bytes, s))
+        .sum();
+    base + bytes + side_bytes(bytes) + tables
+}
+
+/// The bytes of the record table of `shift` for `bytes` of the spans' range.
+const fn record_table_bytes(bytes: usize, shift: u32) -> usize {
+    (bytes >> shift) * size_of::<usize>()
+}
+
+/// The word where the live block of class `class` whose user pointer is `user` keeps its record
+/// (`header`), an address of a span serving that class.
 #[inline(always)]
 pub fn record_word(user: usize, class: u8) -> *mut usize {
-    let offset = user.wrapping_sub(CARVED.base.load(Ordering::Relaxed));
-    let in_span = (offset % SPAN_BYTES) >> RECORD_SHIFT[class as usize];
-    let span_part = offset / SPAN_BYTES * SIDE_BYTES_PER_SPAN;
-    (CARVED.records.load(Ordering::Relaxed) as *mut u8)
-        .wrapping_add(span_part)
-        .cast::<usize>()
-        .wrapping_add(in_span)
+    let table = &RECORD_TABLES[class as usize];
+    (table.origin.load(Ordering::Relaxed) as *mut usize).wrapping_add(user >> table.shift)
 }
 
 /// Clears the records of span `index`, kept resident since it last served a class, before it
@@ -109,16 +139,11 @@ pub fn record_word(user: usize, class: u8) -> *mut usize {
 /// class (freed ones clear theirs, but a block left alone keeps it), which must not be taken for
 /// a live block's.
 fn clear_records(index: u32, class: usize) {
-    let records = CARVED.records.load(Ordering::Relaxed) + span_tables_offset(index);
-    let words = SPAN_BYTES >> RECORD_SHIFT[class];
-    // SAFETY: the span's part of the record table, committed with the span; nobody uses its
-    // words (the span serves no class yet: the caller holds the region lock).
-    unsafe { core::ptr::write_bytes(records as *mut usize, 0, words) };
-}
-
-/// Where span `index`'s part of the side table, or of the record table, starts in its table.
-fn span_tables_offset(index: u32) -> usize {
-    side_bytes(index as usize * SPAN_BYTES)
+    let first = record_word(span_start(index), class as u8);
+    let words = SPAN_BYTES >> RECORD_TABLES[class].shift;
+    // SAFETY: the span's part of its class's record table, committed with the span; nobody uses
+    // its words (the span serves no class yet: the caller holds the region lock).
+    unsafe { core::ptr::write_bytes(first, 0, words) };
 }
 
 /// One byte per span of the reservation, read without a lock (bad frees, heap checks): 0 where
@@ -589,11 +614,17 @@ fn fresh_span(region: &mut Region) -> Option<u32> {
     while end > region.usable {
         let more = REGION_BYTES.min(region.reserved - region.usable);
         let side = CARVED.side.load(Ordering::Relaxed) + side_bytes(region.usable);
-        let records = CARVED.records.load(Ordering::Relaxed) + side_bytes(region.usable);
+        let records_committed = || {
+            (FIRST_SHIFT..=LAST_SHIFT).all(|shift| {
+                let table = record_table_start(base, region.reserved, shift);
+                let from = table + record_table_bytes(region.usable, shift);
+                sys::commit_pages(from as *mut u8, record_table_bytes(more, shift))
+            })
+        };
         if more == 0
             || !sys::commit_pages((base + region.usable) as *mut u8, more)
             || !sys::commit_pages(side as *mut u8, side_bytes(more))
-            || !sys::commit_pages(records as *mut u8, side_bytes(more))
+            || !records_committed()
         {
             return None;
         }
@@ -646,13 +677,25 @@ pub fn return_kept_spans() {
 /// # Safety
 /// The span is free: nobody uses its blocks or their side words.
 unsafe fn return_span_pages(index: u32) {
-    let side = CARVED.side.load(Ordering::Relaxed) + span_tables_offset(index);
-    let records = CARVED.records.load(Ordering::Relaxed) + span_tables_offset(index);
+    let side = CARVED.side.load(Ordering::Relaxed) + side_bytes(index as usize * SPAN_BYTES);
     // SAFETY: guaranteed by the caller.
     unsafe {
         sys::return_pages(span_start(index) as *mut u8, SPAN_BYTES);
         sys::return_pages(side as *mut u8, SIDE_BYTES_PER_SPAN);
-        sys::return_pages(records as *mut u8, SIDE_BYTES_PER_SPAN);
+    }
+    // The span's part of each record table where it fills whole pages (those of larger shifts
+    // are shared with the spans beside it and stay).
+    for shift in FIRST_SHIFT..=LAST_SHIFT {
+        let bytes = record_table_bytes(SPAN_BYTES, shift);
+        if bytes.is_multiple_of(sys::PAGE_SIZE) {
+            let table = RECORD_TABLES.iter().find(|t| t.shift == shift);
+            if let Some(table) = table {
+                let first = (table.origin.load(Ordering::Relaxed) as *mut usize)
+                    .wrapping_add(span_start(index) >> shift);
+                // SAFETY: guaranteed by the caller: nobody uses the span's records.
+                unsafe { sys::return_pages(first.cast(), bytes) };
+            }
+        }
     }
 }
 
@@ -665,27 +708,32 @@ const fn side_bytes(bytes: usize) -> usize {
 #[cold]
 fn reserve(region: &mut Region) -> Option<()> {
     for bytes in RESERVE_BYTES {
-        let base = sys::reserve_pages(bytes + 2 * side_bytes(bytes));
-        if base.is_null() {
+        // A span more, so that the range starts on a span boundary (see `RecordTable`).
+        let reserved = record_table_start(0, bytes, LAST_SHIFT + 1) + SPAN_BYTES;
+        let start = sys::reserve_pages(reserved);
+        if start.is_null() {
             continue;
         }
+        let base = (start as usize).next_multiple_of(SPAN_BYTES);
         let spans = bytes / SPAN_BYTES;
         let table = sys::map_pages(spans * (size_of::<Span>() + 1));
         if table.is_null() {
             // SAFETY: the reservation was made just above and is used by nobody.
-            unsafe { sys::unmap_pages(base, bytes + 2 * side_bytes(bytes)) };
+            unsafe { sys::unmap_pages(start, reserved) };
             return None;
         }
-        CARVED.side.store(base as usize + bytes, Ordering::Relaxed);
-        CARVED
-            .records
-            .store(base as usize + bytes + side_bytes(bytes), Ordering::Relaxed);
+        CARVED.side.store(base + bytes, Ordering::Relaxed);
+        for table in &RECORD_TABLES {
+            let first_word = (base >> table.shift) * size_of::<usize>();
+            let origin = record_table_start(base, bytes, table.shift).wrapping_sub(first_word);
+            table.origin.store(origin, Ordering::Relaxed);
+        }
         SPANS.store(table.cast(), Ordering::Relaxed);
         OWNERS.store(
             table.wrapping_add(spans * size_of::<Span>()).cast(),
             Ordering::Relaxed,
         );
-        CARVED.base.store(base as usize, Ordering::Relaxed);
+        CARVED.base.store(base, Ordering::Relaxed);
         region.reserved = bytes;
         return Some(());
     }
