@@ -81,9 +81,11 @@ fn sweep(test: &str, mut check: impl FnMut(&str, &Shape, &[&serde_json::Value], 
                 .iter()
                 .filter(|e| e["address"] == shape.address.as_str() && e["size"] == shape.size)
                 .filter(|e| {
+                    let from = e["offset"].as_u64().map(|o| o.saturating_sub(shape.size));
                     e["bytes"]
                         .as_str()
-                        .is_some_and(|b| agree(b, &shape.written))
+                        .zip(from)
+                        .is_some_and(|(b, from)| agree(b, &shape.written, from as usize))
                 })
                 .collect();
             check(seed, shape, &named, about_others);
@@ -91,33 +93,39 @@ fn sweep(test: &str, mut check: impl FnMut(&str, &Shape, &[&serde_json::Value], 
     }
 }
 
-/// Whether the bytes an error shows (`41 41`) agree with those written (`4141`) as far as both
-/// go: a header overwritten in part is shown to the end of its words, which its check word no
-/// longer tells apart.
-fn agree(shown: &str, written: &str) -> bool {
+/// Whether the bytes an error shows (`41 41`) from `from` bytes past the block's end agree with
+/// those written (`4141`) as far as both go: a header overwritten in part is shown to the end of
+/// its words, which its check word no longer tells apart, and a write of a byte a header held
+/// already is no damage (the bytes shown start later). Shapes are told apart by their bytes.
+fn agree(shown: &str, written: &str, from: usize) -> bool {
     let shown = shown.replace(' ', "");
+    let written = written.get(2 * from..).unwrap_or("");
     let common = shown.len().min(written.len());
-    !shown.is_empty() && shown[..common] == written[..common]
+    !shown.is_empty() && !written.is_empty() && shown[..common] == written[..common]
 }
 
 /// Whether `named` is one `overrun` of the shape's block as the program made it: its size, the
-/// offset of its end, its allocation line, and at least the bytes written up to a guard's end
-/// and a header's first word.
+/// offset of its end (or of the first byte written that changed what was there), its allocation
+/// line, and at least the bytes written up to a guard's end and a header's first word.
 fn named_rightly(shape: &Shape, named: &[&serde_json::Value]) -> bool {
+    let unchanged = named
+        .first()
+        .and_then(|e| e["offset"].as_u64())
+        .map_or(u64::MAX, |offset| offset.wrapping_sub(shape.size)) as usize;
     let shown = named
         .first()
         .and_then(|e| e["bytes"].as_str())
         .map_or(0, |b| b.replace(' ', "").len() / 2);
     named.len() == 1
         && named[0]["kind"] == "overrun"
-        && named[0]["offset"] == shape.size
+        && unchanged < shape.length
         && named[0]["alloc_stack"][0]["line"]
             .as_u64()
             .is_some_and(|l| {
                 l == support::line_of(SOURCE, "// ALLOC sweep")
                     || l == support::line_of(SOURCE, "// ALLOC sweep at site")
             })
-        && shown >= shape.length.min(8)
+        && unchanged + shown >= shape.length.min(8)
 }
 
 /// What is true of every shape: no error names its block wrongly (another kind, size, offset,
