@@ -89,8 +89,17 @@ fn inspect(header: *mut BlockHeader, found_by: FoundBy, problems: &mut Vec<Memor
         let found = h.guard_bytes();
         let damage = Damage::against_fill(h.size() as isize, &found, GUARD_BYTE);
         let user = BlockHeader::user_ptr(header) as usize;
-        let shown =
-            damage.is_some_and(|d| shown_already(user.wrapping_add_signed(d.offset), d.bytes()));
+        let block = super::heap::block_containing(user).filter(|b| b.user() == user);
+        let shown = damage.is_some_and(|d| {
+            let at = user.wrapping_add_signed(d.offset);
+            found_log_within().is_some_and(|mut log| {
+                let shown = log.shown_in_block(at, d.bytes(), block);
+                if found_by == FoundBy::Delete {
+                    log.forget_reaches_in(block);
+                }
+                shown
+            })
+        });
         let reach = (!shown).then(|| reach_past_guard(user, h.size())).flatten();
         h.restore_guard();
         if !shown {
@@ -196,6 +205,17 @@ fn look_closer_behind(header: *mut BlockHeader, at: usize, start: impl Fn() -> S
             return report_into_left_alone(header, next, layout, super::capture_stack_of(start()));
         }
     }
+    let underrun_behind = match behind {
+        // SAFETY: as above; only read.
+        Some(super::spans::Found::Block(next, _)) => unsafe { (*next).underrun_bytes().is_some() },
+        _ => false,
+    };
+    if !underrun_behind && super::threads::alone() {
+        // Nobody else can be changing what lies behind, and the damage is no write in front of
+        // that block's own bytes (which changes its check word's top bytes first): it is this
+        // block's overrun.
+        return report_reach_now(header, super::capture_stack_of(start()), None);
+    }
     // SAFETY: as for the guard word above.
     let found = unsafe { (at as *const u64).read_volatile() }.to_ne_bytes();
     let suspect = Suspect {
@@ -229,6 +249,19 @@ fn report_into_left_alone(
     layout: Layout,
     stack: StackId,
 ) {
+    report_reach_now(header, stack, Some((next, layout)));
+}
+
+/// Reports the write past the end of the live block at `header`, being freed by this thread
+/// (its stack `stack`), with every byte it left behind, where that damage is known to be its
+/// own: the headers behind are left alone, or no other thread could be changing them. The
+/// reach is remembered, so that finding it again later reports nothing more; a header `left`
+/// alone is marked again (after its bytes are read: a compact one's mark is among them).
+fn report_reach_now(
+    header: *mut BlockHeader,
+    stack: StackId,
+    left: Option<(*mut BlockHeader, Layout)>,
+) {
     // SAFETY: the live block being freed by this thread: its header is its own.
     let h = unsafe { &*header };
     let user = BlockHeader::user_ptr(header) as usize;
@@ -241,12 +274,14 @@ fn report_into_left_alone(
     let bytes = reach.bytes();
     // Reported already where another header it reached was found first.
     let reported = shown_already(reach.range.start, &bytes);
-    let shown = Damage::as_found((reach.range.start - user) as isize, &bytes);
-    // SAFETY: a header of the heap that only the tracker reads or writes (left alone).
-    unsafe { (*next).mark_damaged(layout) };
+    if let Some((next, layout)) = left {
+        // SAFETY: a header of the heap that only the tracker reads or writes (left alone).
+        unsafe { (*next).mark_damaged(layout) };
+    }
     if reported {
         return;
     }
+    let shown = remember_reach(reach.range.start, &bytes, user);
     errors::report(MemoryError {
         victim: reach.victim,
         ..Culprit::of(h, header, stack).overrun_showing(Some(shown), None)
@@ -730,6 +765,38 @@ impl FoundLog {
                 .filter(|&offset| offset < shown.len())
                 .is_some_and(|offset| shown[offset..].iter().zip(found).all(|(a, b)| a == b))
         })
+    }
+
+    /// Whether `found`, seen at `at` in the guard of the heap block `block` (a block outside the
+    /// heap has no reach), lies within the bytes of an overrun reported already: one that ran
+    /// into the block from in front of it, or the block's own, which starts at its guard (a
+    /// reach starting elsewhere in the block is an earlier block's there: its guard was written
+    /// again since).
+    fn shown_in_block(&self, at: usize, found: &[u8], block: Option<HeapBlock>) -> bool {
+        let Some(block) = block else {
+            return self.shown_already(at, found);
+        };
+        self.reaches.iter().flatten().any(|reach| {
+            let shown = reach.shown.bytes();
+            (reach.start < block.start || reach.start == at)
+                && at
+                    .checked_sub(reach.start)
+                    .filter(|&offset| offset < shown.len())
+                    .is_some_and(|offset| shown[offset..].iter().zip(found).all(|(a, b)| a == b))
+        })
+    }
+
+    /// Forgets the reaches that start in `block`, being freed: its memory's next block is
+    /// another's, whose guard is written afresh.
+    fn forget_reaches_in(&mut self, block: Option<HeapBlock>) {
+        if let Some(block) = block {
+            let within = block.start..block.start + block.size;
+            for reach in &mut self.reaches {
+                if reach.as_ref().is_some_and(|r| within.contains(&r.start)) {
+                    *reach = None;
+                }
+            }
+        }
     }
 
     /// The suspect that saw `found` at `at`: the damage found there now is the damage it saw at

@@ -97,6 +97,18 @@ pub fn register(own: [Range<usize>; OWN_RANGES]) {
     let _ = MINE.try_with(|mine| mine.set(index + 1));
 }
 
+/// Whether the calling thread is the only one that has used the tracker and not exited: then
+/// no other thread can be changing a heap header (a thread is in the record before its first
+/// allocation or free, `guard::join`).
+pub fn alone() -> bool {
+    let mine = MINE.try_with(core::cell::Cell::get).unwrap_or(0);
+    mine != 0
+        && SLOTS
+            .iter()
+            .enumerate()
+            .all(|(index, slot)| index + 1 == mine || slot.tid.load(Ordering::Acquire) == 0)
+}
+
 /// The calling thread is exiting.
 pub fn unregister() {
     if let Ok(Some(index)) = MINE.try_with(|mine| mine.replace(0).checked_sub(1)) {
