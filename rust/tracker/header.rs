@@ -923,20 +923,35 @@ impl BlockHeader {
         // the stack's bytes is no such write, but an underrun, which changes the cookie's top
         // bytes: a change those bytes alone would undo is not taken for one.
         let from_front = |packed: usize| is_compact_packed(packed) && (packed ^ found) as u32 != 0;
-        // A compact cookie does not cover the stack's bytes: a live block's are in its record;
-        // a free block's are taken as found where they still name a stack of this block, else
-        // as lost (0), and counted as damaged.
+        // A compact cookie does not cover the stack's bytes: a free block's are taken as found
+        // where they still name a stack of this block, else as lost (0), and counted as damaged
+        // (a live block's `packed` is its record, stack and all).
         let found_stack = StackId((found >> 32) as u32);
         let recorded = match layout {
             Layout::Compact => Some(record_at(address, COMPACT_CLASS).load(Ordering::Relaxed))
                 .filter(|&record| is_compact_packed(record)),
             Layout::Full => None,
         };
+        if let Some(record) = recorded {
+            // A live compact block's `packed` is its record: put back where the cookie still
+            // vouches for the rest (the side word).
+            let vouched = [LIVE, CLAIMED]
+                .into_iter()
+                .any(|state| cookie == state ^ address ^ exposed_part(record, layout) ^ beyond);
+            if !vouched || record == found {
+                return None;
+            }
+            // SAFETY: as above.
+            unsafe { exposed.write(record) };
+            return Some(FirstWordDamage {
+                found: found.to_ne_bytes(),
+                was: record.to_ne_bytes(),
+            });
+        }
         let stack_held = layout == Layout::Compact
             && super::pending_stacks::names_block(found_stack, header, layout);
-        let with_stack = |was: usize| match (layout, recorded) {
-            (Layout::Compact, Some(record)) => was | record & STACK_BITS,
-            (Layout::Compact, None) if stack_held => was | found & STACK_BITS,
+        let with_stack = |was: usize| match layout {
+            Layout::Compact if stack_held => was | found & STACK_BITS,
             _ => was,
         };
         // A freed block the quarantine holds is on no list: its first word is what its owner

@@ -94,7 +94,8 @@ fn inspect(header: *mut BlockHeader, found_by: FoundBy, problems: &mut Vec<Memor
             let at = user.wrapping_add_signed(d.offset);
             found_log_within().is_some_and(|mut log| {
                 let shown = log.shown_in_block(at, d.bytes(), block);
-                if found_by == FoundBy::Delete {
+                if !shown {
+                    // Reaches of blocks this memory held before: the one reported now replaces them.
                     log.forget_reaches_in(block);
                 }
                 shown
@@ -786,8 +787,8 @@ impl FoundLog {
         })
     }
 
-    /// Forgets the reaches that start in `block`, being freed: its memory's next block is
-    /// another's, whose guard is written afresh.
+    /// Forgets the reaches that start in `block`: those of blocks its memory held before (its
+    /// guard was written afresh since).
     fn forget_reaches_in(&mut self, block: Option<HeapBlock>) {
         if let Some(block) = block {
             let within = block.start..block.start + block.size;
