@@ -5,9 +5,8 @@
 //! allocation line), where a header it damaged beyond repair is found too (docs/limits.md).
 //!
 //! Still not true, and checked by an ignored test (`cargo test --release --test overrun_sweep --
-//! --ignored` lists the shapes): every shape named, no other error, and every record kept (a
-//! header damaged beyond repair loses its block's record, and `stats().live_blocks` stays one
-//! too high).
+//! --ignored`): no error about another block (damage left in a free block's header until the
+//! report, once its overrun is no longer remembered, is shown again as `heap_corruption`).
 
 mod support;
 
@@ -128,57 +127,22 @@ fn named_rightly(shape: &Shape, named: &[&serde_json::Value]) -> bool {
         && unchanged + shown >= shape.length.min(8)
 }
 
-/// What is true of every shape: no error names its block wrongly (another kind, size, offset,
-/// stack or bytes than the program's) or twice. Nearly every shape is named (93% measured; the
-/// rest: an exact fit whose neighbour's header, a free block's, is written over again by a
-/// later overrun before the heap looks at it, and is then blamed on the last writer only).
+/// Every shape is named once, rightly (its kind, size, offset, stack and bytes), and every
+/// record is kept: `stats().live_blocks` comes back to what it was once the eight blocks are
+/// freed, the block whose header the overrun wiped among them (its header rebuilt from the
+/// record kept beside the heap). Single-threaded, so damage behind an exact fit is reported at
+/// its `delete` for certain.
 #[test]
-fn overruns_are_named_with_their_block_stack_and_every_byte_seen() {
-    let mut wrong = Vec::new();
-    let (mut shapes, mut unnamed) = (0, 0);
-    sweep("named", |seed, shape, named, _| {
-        shapes += 1;
-        if named.is_empty() {
-            unnamed += 1;
-        } else if !named_rightly(shape, named) {
-            wrong.push(format!(
-                "seed {seed}: {} bytes, {} written, freed {}: {:?}",
-                shape.size, shape.length, shape.order, named
-            ));
-        }
-    });
-    assert!(
-        wrong.is_empty(),
-        "{} named wrongly:\n{}",
-        wrong.len(),
-        wrong.join("\n")
-    );
-    assert!(
-        unnamed * 10 < shapes,
-        "{unnamed} of {shapes} shapes named by no error"
-    );
-}
-
-#[test]
-#[ignore = "issue 40: an overrun that damages the next block's header beyond repair loses that block's record (stats().live_blocks stays one too high: freeing it is not provably safe, docs/limits.md); an exact fit's free neighbour written over again before the heap looks at it names only the last writer; some 16-byte shapes still blame another block"]
 fn every_overrun_names_its_block_and_keeps_every_record() {
     let mut failed = Vec::new();
-    let mut others = Vec::new();
-    sweep("every", |seed, shape, named, about_others| {
+    sweep("every", |seed, shape, named, _| {
         if !(named_rightly(shape, named) && shape.count_ok) {
             failed.push(format!(
-                "seed {seed}: {} bytes, {} written, freed {}: {} errors name it, count {}",
+                "seed {seed}: {} bytes, {} written, freed {}: count {}, named by {named:?}",
                 shape.size,
                 shape.length,
                 shape.order,
-                named.len(),
                 if shape.count_ok { "ok" } else { "off" }
-            ));
-        }
-        if about_others > 0 && !others.contains(&seed.to_owned()) {
-            others.push(seed.to_owned());
-            failed.push(format!(
-                "seed {seed}: {about_others} errors that are no overrun"
             ));
         }
     });
@@ -188,6 +152,18 @@ fn every_overrun_names_its_block_and_keeps_every_record() {
         failed.len(),
         failed.join("\n")
     );
+}
+
+#[test]
+#[ignore = "issue 40: damage an overrun left in a free block's header that nothing reads before the report (the block's span emptied and carved again, or its list given up) is found again at exit and shown as heap_corruption when the overrun that wrote it is no longer remembered: about 21 such errors in each seed's 4,096 shapes"]
+fn no_error_is_about_another_block() {
+    let mut failed = Vec::new();
+    sweep("others", |seed, _, _, about_others| {
+        if about_others > 0 && !failed.iter().any(|f: &String| f.starts_with(seed)) {
+            failed.push(format!("{seed}: {about_others} errors that are no overrun"));
+        }
+    });
+    assert!(failed.is_empty(), "seed {}", failed.join("\nseed "));
 }
 
 /// valgrind, on the plain build, names the same block for a subset of the shapes: each write

@@ -122,7 +122,34 @@ fn reach_past_guard(user: usize, size: usize) -> Option<(Damage, Option<usize>)>
     let end = block.start + block.size;
     let reach = overrun_reach::reach_behind(block, size).filter(|r| r.range.end > end)?;
     let shown = remember_reach(reach.range.start, &reach.bytes(), user);
+    repair_behind_if_alone(block, reach.range.end);
     Some((shown, reach.victim))
+}
+
+/// Puts back the headers behind the heap block `front` up to `end` that a write past its end
+/// damaged (shown already), where no other thread can be changing them: a first word from its
+/// check word, a live block's header from its record. Those left damaged (a free block's whole
+/// header) are found again where they are next read, and shown there as part of this overrun
+/// while it is remembered.
+fn repair_behind_if_alone(front: HeapBlock, end: usize) {
+    if !super::threads::alone() {
+        return;
+    }
+    let mut at = front.start + front.size;
+    while at < end {
+        let Some(super::spans::Found::Block(header, layout)) =
+            super::spans::behind(at, front.class as usize)
+        else {
+            break;
+        };
+        // SAFETY: a header carved in a span, which no other thread uses (alone).
+        if !unsafe { (*header).cookie_valid(layout) }
+            && unsafe { BlockHeader::front_overrun(header, layout) }.is_none()
+        {
+            rebuilt_from_record(header);
+        }
+        at += front.size;
+    }
 }
 
 /// `bytes`, found from `start` on past the block at `user`, as an overrun shows them;
@@ -283,6 +310,11 @@ fn report_reach_now(
         return;
     }
     let shown = remember_reach(reach.range.start, &bytes, user);
+    if left.is_none() {
+        if let Some(block) = super::heap::block_containing(user) {
+            repair_behind_if_alone(block, reach.range.end);
+        }
+    }
     errors::report(MemoryError {
         victim: reach.victim,
         ..Culprit::of(h, header, stack).overrun_showing(Some(shown), None)
