@@ -1172,11 +1172,9 @@ impl BlockHeader {
         true
     }
 
-    /// The stack of the full heap block at `header` was interned as `id` in place of the ring's
-    /// `tag`: its record learns it too, where it still holds the tag.
-    pub fn record_stack_interned(header: *const BlockHeader, tag: StackId, id: StackId) {
-        // SAFETY: a header whose cookie the caller checked, readable.
-        let h = unsafe { &*header };
+    /// The stack of the heap block of header `h` (its cookie checked) was interned as `id` in
+    /// place of the ring's `tag`: its record learns it too, where it still holds the tag.
+    pub fn record_stack_interned(h: &BlockHeader, tag: StackId, id: StackId) {
         if h.placement() != Placement::Heap {
             return;
         }

@@ -142,10 +142,12 @@ fn repair_behind_if_alone(front: HeapBlock, end: usize) {
         else {
             break;
         };
-        // SAFETY: a header carved in a span, which no other thread uses (alone).
-        if !unsafe { (*header).cookie_valid(layout) }
-            && unsafe { BlockHeader::front_overrun(header, layout) }.is_none()
-        {
+        // SAFETY: a header carved in a span, which no other thread uses (alone): read, and put
+        // back where its check word or record vouches for what it was.
+        let repaired = unsafe {
+            (*header).cookie_valid(layout) || BlockHeader::front_overrun(header, layout).is_some()
+        };
+        if !repaired {
             rebuilt_from_record(header);
         }
         at += front.size;
