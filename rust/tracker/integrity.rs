@@ -235,17 +235,6 @@ fn look_closer_behind(header: *mut BlockHeader, at: usize, start: impl Fn() -> S
             return report_into_left_alone(header, next, layout, super::capture_stack_of(start()));
         }
     }
-    let underrun_behind = match behind {
-        // SAFETY: as above; only read.
-        Some(super::spans::Found::Block(next, _)) => unsafe { (*next).underrun_bytes().is_some() },
-        _ => false,
-    };
-    if !underrun_behind && super::threads::alone() {
-        // Nobody else can be changing what lies behind, and the damage is no write in front of
-        // that block's own bytes (which changes its check word's top bytes first): it is this
-        // block's overrun.
-        return report_reach_now(header, super::capture_stack_of(start()), None);
-    }
     // SAFETY: as for the guard word above.
     let found = unsafe { (at as *const u64).read_volatile() }.to_ne_bytes();
     let suspect = Suspect {
@@ -265,6 +254,50 @@ fn look_closer_behind(header: *mut BlockHeader, at: usize, start: impl Fn() -> S
     let slot = log.next_suspect % SUSPECTS;
     log.suspects[slot] = Some(suspect);
     log.next_suspect = slot + 1;
+    drop(log);
+    confirm_if_alone(behind);
+}
+
+/// Where no other thread has used the tracker, nobody can be changing what lies behind a block
+/// being deleted: the damage seen there (and just noted as a suspect) is found for certain now,
+/// as it would be where that header or word is next read, unless it is a write in front of the
+/// block behind's own bytes (an underrun, which changes its check word's top bytes first).
+fn confirm_if_alone(behind: Option<super::spans::Found>) {
+    use super::spans::Found;
+    // SAFETY (both arms): a header or guard word carved in a span, which no other thread uses
+    // (alone): read, and put back where its check word or record vouches for what it was.
+    let error = match behind {
+        Some(Found::Block(next, layout)) if super::threads::alone() => unsafe {
+            if (*next).underrun_bytes().is_some() {
+                return;
+            }
+            match BlockHeader::front_overrun(next, layout) {
+                Some(damage) => {
+                    front_overrun_error(BlockHeader::exposed_word_at(next, layout), damage)
+                }
+                None => damaged_beyond_repair(
+                    next,
+                    layout,
+                    Corrupted::Header,
+                    BlockKind::New,
+                    StackId(0),
+                ),
+            }
+        },
+        Some(Found::GuardWord(word)) if super::threads::alone() => unsafe {
+            let found = word.read();
+            word.write(GUARD);
+            let damage = FirstWordDamage {
+                found: found.to_ne_bytes(),
+                was: GUARD.to_ne_bytes(),
+            };
+            front_overrun_error(word as usize, damage)
+        },
+        _ => None,
+    };
+    if let Some(error) = error {
+        errors::report(error);
+    }
 }
 
 /// At the `delete` of the exact fit at `header` (its stack `stack`): damage in the header behind
@@ -279,19 +312,6 @@ fn report_into_left_alone(
     layout: Layout,
     stack: StackId,
 ) {
-    report_reach_now(header, stack, Some((next, layout)));
-}
-
-/// Reports the write past the end of the live block at `header`, being freed by this thread
-/// (its stack `stack`), with every byte it left behind, where that damage is known to be its
-/// own: the headers behind are left alone, or no other thread could be changing them. The
-/// reach is remembered, so that finding it again later reports nothing more; a header `left`
-/// alone is marked again (after its bytes are read: a compact one's mark is among them).
-fn report_reach_now(
-    header: *mut BlockHeader,
-    stack: StackId,
-    left: Option<(*mut BlockHeader, Layout)>,
-) {
     // SAFETY: the live block being freed by this thread: its header is its own.
     let h = unsafe { &*header };
     let user = BlockHeader::user_ptr(header) as usize;
@@ -304,18 +324,11 @@ fn report_reach_now(
     let bytes = reach.bytes();
     // Reported already where another header it reached was found first.
     let reported = shown_already(reach.range.start, &bytes);
-    if let Some((next, layout)) = left {
-        // SAFETY: a header of the heap that only the tracker reads or writes (left alone).
-        unsafe { (*next).mark_damaged(layout) };
-    }
+    let shown = Damage::as_found((reach.range.start - user) as isize, &bytes);
+    // SAFETY: a header of the heap that only the tracker reads or writes (left alone).
+    unsafe { (*next).mark_damaged(layout) };
     if reported {
         return;
-    }
-    let shown = remember_reach(reach.range.start, &bytes, user);
-    if left.is_none() {
-        if let Some(block) = super::heap::block_containing(user) {
-            repair_behind_if_alone(block, reach.range.end);
-        }
     }
     errors::report(MemoryError {
         victim: reach.victim,
