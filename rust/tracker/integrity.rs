@@ -264,35 +264,39 @@ fn look_closer_behind(header: *mut BlockHeader, at: usize, start: impl Fn() -> S
 /// block behind's own bytes (an underrun, which changes its check word's top bytes first).
 fn confirm_if_alone(behind: Option<super::spans::Found>) {
     use super::spans::Found;
-    // SAFETY (both arms): a header or guard word carved in a span, which no other thread uses
-    // (alone): read, and put back where its check word or record vouches for what it was.
     let error = match behind {
-        Some(Found::Block(next, layout)) if super::threads::alone() => unsafe {
-            if (*next).underrun_bytes().is_some() {
-                return;
-            }
-            match BlockHeader::front_overrun(next, layout) {
-                Some(damage) => {
-                    front_overrun_error(BlockHeader::exposed_word_at(next, layout), damage)
+        Some(Found::Block(next, layout)) if super::threads::alone() => {
+            // SAFETY: a header carved in a span, which no other thread uses (alone): read, and
+            // put back where its check word or record vouches for what it was.
+            unsafe {
+                if (*next).underrun_bytes().is_some() {
+                    return;
                 }
-                None => damaged_beyond_repair(
-                    next,
-                    layout,
-                    Corrupted::Header,
-                    BlockKind::New,
-                    StackId(0),
-                ),
+                match BlockHeader::front_overrun(next, layout) {
+                    Some(damage) => {
+                        front_overrun_error(BlockHeader::exposed_word_at(next, layout), damage)
+                    }
+                    None => damaged_beyond_repair(
+                        next,
+                        layout,
+                        Corrupted::Header,
+                        BlockKind::New,
+                        StackId(0),
+                    ),
+                }
             }
-        },
-        Some(Found::GuardWord(word)) if super::threads::alone() => unsafe {
-            let found = word.read();
-            word.write(GUARD);
+        }
+        Some(Found::GuardWord(word)) if super::threads::alone() => {
+            // SAFETY: a guard word inside a span, which no other thread uses (alone).
+            let found = unsafe { word.read() };
+            // SAFETY: as above.
+            unsafe { word.write(GUARD) };
             let damage = FirstWordDamage {
                 found: found.to_ne_bytes(),
                 was: GUARD.to_ne_bytes(),
             };
             front_overrun_error(word as usize, damage)
-        },
+        }
         _ => None,
     };
     if let Some(error) = error {

@@ -577,6 +577,17 @@ fn new_span(class: usize) -> Option<u32> {
     let mut region = region();
     let index = match region.pop_free(true) {
         Some(index) => {
+            let last = last_class(index);
+            if RECORD_TABLES[last].shift != RECORD_TABLES[class].shift {
+                // SAFETY: a free span under the region lock: nobody uses its old class's records
+                // or side words.
+                unsafe {
+                    return_records(index, last);
+                    if Layout::of_class(last) == Layout::Compact {
+                        return_side_words(index);
+                    }
+                }
+            }
             clear_records(index, class);
             index
         }
@@ -614,17 +625,9 @@ fn fresh_span(region: &mut Region) -> Option<u32> {
     while end > region.usable {
         let more = REGION_BYTES.min(region.reserved - region.usable);
         let side = CARVED.side.load(Ordering::Relaxed) + side_bytes(region.usable);
-        let records_committed = || {
-            (FIRST_SHIFT..=LAST_SHIFT).all(|shift| {
-                let table = record_table_start(base, region.reserved, shift);
-                let from = table + record_table_bytes(region.usable, shift);
-                sys::commit_pages(from as *mut u8, record_table_bytes(more, shift))
-            })
-        };
         if more == 0
             || !sys::commit_pages((base + region.usable) as *mut u8, more)
             || !sys::commit_pages(side as *mut u8, side_bytes(more))
-            || !records_committed()
         {
             return None;
         }
@@ -653,7 +656,7 @@ unsafe fn free(index: u32, class: usize) {
     let keep = region.kept_count < KEPT_FREE_SPANS;
     if !keep {
         // SAFETY: the span's blocks are all free and on no list but its own, which goes away.
-        unsafe { return_span_pages(index) };
+        unsafe { return_span_pages(index, class) };
     }
     // SAFETY: a free span now, under the region lock.
     unsafe { region.push_free(index, keep) };
@@ -666,37 +669,56 @@ pub fn return_kept_spans() {
     while let Some(index) = region.pop_free(true) {
         // SAFETY: a free span, under the region lock: nobody serves it, so its pages may go.
         unsafe {
-            return_span_pages(index);
+            return_span_pages(index, last_class(index));
             region.push_free(index, false);
         }
     }
 }
 
-/// Gives the pages of span `index` and of its part of the side table back to the OS.
+/// Gives the pages of span `index`, which last served `class`, and of what that class used of
+/// the side and record tables back to the OS: few calls, as this runs under the class and region
+/// locks (a signal handler that forks waits for them).
 ///
 /// # Safety
 /// The span is free: nobody uses its blocks or their side words.
-unsafe fn return_span_pages(index: u32) {
-    let side = CARVED.side.load(Ordering::Relaxed) + side_bytes(index as usize * SPAN_BYTES);
+unsafe fn return_span_pages(index: u32, class: usize) {
     // SAFETY: guaranteed by the caller.
     unsafe {
         sys::return_pages(span_start(index) as *mut u8, SPAN_BYTES);
-        sys::return_pages(side as *mut u8, SIDE_BYTES_PER_SPAN);
-    }
-    // The span's part of each record table where it fills whole pages (those of larger shifts
-    // are shared with the spans beside it and stay).
-    for shift in FIRST_SHIFT..=LAST_SHIFT {
-        let bytes = record_table_bytes(SPAN_BYTES, shift);
-        if bytes.is_multiple_of(sys::PAGE_SIZE) {
-            let table = RECORD_TABLES.iter().find(|t| t.shift == shift);
-            if let Some(table) = table {
-                let first = (table.origin.load(Ordering::Relaxed) as *mut usize)
-                    .wrapping_add(span_start(index) >> shift);
-                // SAFETY: guaranteed by the caller: nobody uses the span's records.
-                unsafe { sys::return_pages(first.cast(), bytes) };
-            }
+        if Layout::of_class(class) == Layout::Compact {
+            return_side_words(index);
         }
+        return_records(index, class);
     }
+}
+
+/// Gives the pages of span `index`'s part of the side table back to the OS.
+///
+/// # Safety
+/// Nobody uses the span's side words.
+unsafe fn return_side_words(index: u32) {
+    let side = CARVED.side.load(Ordering::Relaxed) + side_bytes(index as usize * SPAN_BYTES);
+    // SAFETY: guaranteed by the caller.
+    unsafe { sys::return_pages(side as *mut u8, SIDE_BYTES_PER_SPAN) };
+}
+
+/// Gives the pages of span `index`'s part of the record table of `class` back to the OS, where
+/// it fills whole pages (the tables of the largest classes share pages between spans).
+///
+/// # Safety
+/// Nobody uses the span's records of that class.
+unsafe fn return_records(index: u32, class: usize) {
+    let bytes = record_table_bytes(SPAN_BYTES, RECORD_TABLES[class].shift);
+    if bytes.is_multiple_of(sys::PAGE_SIZE) {
+        let first = record_word(span_start(index), class as u8);
+        // SAFETY: guaranteed by the caller.
+        unsafe { sys::return_pages(first.cast(), bytes) };
+    }
+}
+
+/// The class a free span last served.
+fn last_class(index: u32) -> usize {
+    (owner(index).load(Ordering::Acquire) & !FREE) as usize
 }
 
 /// The side table's bytes for `bytes` of the spans' range.
@@ -715,6 +737,16 @@ fn reserve(region: &mut Region) -> Option<()> {
             continue;
         }
         let base = (start as usize).next_multiple_of(SPAN_BYTES);
+        // The record tables in one piece (a mapping of their own each, per region, would be 26
+        // more mappings for `fork` to copy); only their pages that records are written to are
+        // ever resident.
+        let records = record_table_start(base, bytes, FIRST_SHIFT);
+        let records_end = record_table_start(base, bytes, LAST_SHIFT + 1);
+        if !sys::commit_pages(records as *mut u8, records_end - records) {
+            // SAFETY: the reservation was made just above and is used by nobody.
+            unsafe { sys::unmap_pages(start, reserved) };
+            continue;
+        }
         let spans = bytes / SPAN_BYTES;
         let table = sys::map_pages(spans * (size_of::<Span>() + 1));
         if table.is_null() {
