@@ -792,6 +792,16 @@ struct ShownReach {
     shown: Damage,
 }
 
+impl ShownReach {
+    /// Whether `found`, seen at `at`, lies within these bytes as shown.
+    fn holds(&self, at: usize, found: &[u8]) -> bool {
+        let shown = self.shown.bytes();
+        at.checked_sub(self.start)
+            .filter(|&offset| offset < shown.len())
+            .is_some_and(|offset| shown[offset..].iter().zip(found).all(|(a, b)| a == b))
+    }
+}
+
 /// Suspects kept at once (see [`look_behind_exact_fit`]): each is damage seen, rare outside a
 /// program that writes past the ends of blocks over and over (18 KiB).
 const SUSPECTS: usize = 256;
@@ -811,12 +821,10 @@ impl FoundLog {
     /// Whether `found`, seen at `at`, is what an overrun reported already showed there (the
     /// same bytes: damage written there since is another's).
     fn shown_already(&self, at: usize, found: &[u8]) -> bool {
-        self.reaches.iter().flatten().any(|reach| {
-            let shown = reach.shown.bytes();
-            at.checked_sub(reach.start)
-                .filter(|&offset| offset < shown.len())
-                .is_some_and(|offset| shown[offset..].iter().zip(found).all(|(a, b)| a == b))
-        })
+        self.reaches
+            .iter()
+            .flatten()
+            .any(|reach| reach.holds(at, found))
     }
 
     /// Whether `found`, seen at `at` in the guard of the heap block `block` (a block outside the
@@ -828,14 +836,10 @@ impl FoundLog {
         let Some(block) = block else {
             return self.shown_already(at, found);
         };
-        self.reaches.iter().flatten().any(|reach| {
-            let shown = reach.shown.bytes();
-            (reach.start < block.start || reach.start == at)
-                && at
-                    .checked_sub(reach.start)
-                    .filter(|&offset| offset < shown.len())
-                    .is_some_and(|offset| shown[offset..].iter().zip(found).all(|(a, b)| a == b))
-        })
+        self.reaches
+            .iter()
+            .flatten()
+            .any(|reach| (reach.start < block.start || reach.start == at) && reach.holds(at, found))
     }
 
     /// Forgets the reaches that start in `block`: those of blocks its memory held before (its
