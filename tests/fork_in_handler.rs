@@ -67,7 +67,10 @@ fn printed(output: &Output, label: &str) -> Option<u64> {
 /// own memory from glibc, whose arena lock an exiting thread interrupted inside glibc's `free`
 /// held: 6 hangs in 80 runs (plain glibc hangs in the waves nearly every run: its `fork` takes
 /// every arena's lock). No run hangs or crashes, no child is stuck, every report is clean, and
-/// glibc's allocator is never used (the tracker's own memory comes from its own heap).
+/// glibc's allocator is never used (the tracker's own memory comes from its own heap). At most
+/// two handlers fork at once: with more, a loaded machine (4 runs at once on 2 cores: a reap's
+/// 1 ms sleep wakes late) kept every thread inside a handler and runs were killed, livelocked
+/// (15 of 200 in CI), though nothing waited on the tracker.
 #[test]
 fn handlers_that_fork_never_hang() {
     let dir = support::scratch("fork_in_handler");

@@ -56,6 +56,16 @@ static SLOTS: [Slot; CAPACITY] = [const {
     }
 }; CAPACITY];
 
+/// One past the highest slot ever claimed: the loops over the record stop there, so that a
+/// forked child, which clears the others' slots, writes only pages that hold some (every page
+/// it writes costs a fault in the child, and in the parent after it too).
+static SLOTS_USED: AtomicUsize = AtomicUsize::new(0);
+
+/// The slots claimed so far (some may be free again).
+fn used_slots() -> &'static [Slot] {
+    &SLOTS[..SLOTS_USED.load(Ordering::Acquire)]
+}
+
 /// The record's own bytes, which hold stack addresses: not the program's pointers.
 pub fn record_range() -> Range<usize> {
     crate::sys::bytes_of(&SLOTS)
@@ -87,6 +97,7 @@ pub fn register(own: [Range<usize>; OWN_RANGES]) {
     }) else {
         return;
     };
+    SLOTS_USED.fetch_max(index + 1, Ordering::AcqRel);
     let slot = &SLOTS[index];
     slot.on_stack.store(on_stack, Ordering::Relaxed);
     for (i, range) in own.iter().enumerate() {
@@ -103,7 +114,7 @@ pub fn register(own: [Range<usize>; OWN_RANGES]) {
 pub fn alone() -> bool {
     let mine = MINE.try_with(core::cell::Cell::get).unwrap_or(0);
     mine != 0
-        && SLOTS
+        && used_slots()
             .iter()
             .enumerate()
             .all(|(index, slot)| index + 1 == mine || slot.tid.load(Ordering::Acquire) == 0)
@@ -122,9 +133,12 @@ pub fn forget_others() {
         .try_with(core::cell::Cell::get)
         .unwrap_or(0)
         .checked_sub(1);
-    for (index, slot) in SLOTS.iter().enumerate() {
-        let tid = if Some(index) == mine { gettid() } else { 0 };
-        slot.tid.store(tid, Ordering::Release);
+    for (index, slot) in used_slots().iter().enumerate() {
+        if Some(index) == mine {
+            slot.tid.store(gettid(), Ordering::Release);
+        } else if slot.tid.load(Ordering::Relaxed) != 0 {
+            slot.tid.store(0, Ordering::Release);
+        }
     }
 }
 
@@ -173,7 +187,7 @@ pub fn others(suspension: &Suspension) -> OtherThreads {
         let Some(standing) = standing else {
             continue; // gone meanwhile
         };
-        let slot = SLOTS
+        let slot = used_slots()
             .iter()
             .find(|slot| slot.tid.load(Ordering::Acquire) == tid);
         let on_stack = slot.map_or(0, |slot| slot.on_stack.load(Ordering::Relaxed));
