@@ -379,7 +379,28 @@ impl LastWalk {
     /// The depot id of the `n` frames in `out` that the walk which just ended gave. A walk
     /// that took over starts from the node of the frames it took over and interns only its own
     /// frames; any other goes through `interned`. The kept frames learn their nodes either way.
+    #[inline(always)]
     pub(super) fn intern(
+        &mut self,
+        interned: &mut Interned,
+        out: &mut [MaybeUninit<usize>],
+        n: usize,
+    ) -> StackId {
+        // Taken over from its first frame (a loop's allocations): the last walk's id, without a
+        // call (its prologue and epilogue were a tenth of churn's capture).
+        if let Outcome::Resumed { fresh: 0, k } = self.outcome {
+            let node = self.frames[k].node;
+            if node != 0 && self.root == depot::generation_root().0 {
+                self.outcome = Outcome::Unrelated;
+                return StackId(node);
+            }
+        }
+        self.intern_own_frames(interned, out, n)
+    }
+
+    /// [`LastWalk::intern`] where the walk has frames of its own, or nothing to start from.
+    #[inline(never)]
+    fn intern_own_frames(
         &mut self,
         interned: &mut Interned,
         out: &mut [MaybeUninit<usize>],
