@@ -160,7 +160,12 @@ fn remember_reach(start: usize, bytes: &[u8], user: usize) -> Damage {
     let shown = Damage::as_found((start - user) as isize, bytes);
     if let Some(mut log) = found_log_within() {
         let slot = log.next_reach % SHOWN_REACHES;
-        log.reaches[slot] = Some(ShownReach { start, shown });
+        let reach = Some(ShownReach { start, shown });
+        if slot < log.reaches.len() {
+            log.reaches[slot] = reach;
+        } else {
+            log.reaches.push(reach);
+        }
         log.next_reach = slot + 1;
     }
     shown
@@ -771,7 +776,9 @@ struct FoundLog {
     next_suspect: usize,
     /// The bytes of the latest overruns reported with the headers they reached: damage found
     /// within them later is theirs, not reported again; the oldest give way.
-    reaches: [Option<ShownReach>; SHOWN_REACHES],
+    /// A ring of at most [`SHOWN_REACHES`], grown as overruns are shown (the tracker's own memory:
+    /// no program's data segment carries it).
+    reaches: Vec<Option<ShownReach>>,
     next_reach: usize,
     /// The headers marked damaged beyond repair, whose blocks are left alone: the first
     /// [`LEFT_ALONE`] of them.
@@ -782,8 +789,10 @@ struct FoundLog {
 /// Headers left alone that the log remembers (8 KiB): each is an error reported.
 const LEFT_ALONE: usize = 1024;
 
-/// Overruns' bytes kept as shown (see [`FoundLog::reaches`]; 6.5 KiB).
-const SHOWN_REACHES: usize = 64;
+/// Overruns' bytes kept as shown (see [`FoundLog::reaches`]; at most 120 KiB). With 64, damage
+/// a given-up free list kept to the exit was shown again there once 64 later overruns had
+/// pushed its reach out (21 errors in each of the sweep's seeds; now 10).
+const SHOWN_REACHES: usize = 1024;
 
 /// The bytes of an overrun as reported: from `start` on.
 #[derive(Clone, Copy)]
@@ -811,7 +820,7 @@ static FOUND: Mutex<FoundLog> = Mutex::new(FoundLog {
     dropped: 0,
     suspects: [None; SUSPECTS],
     next_suspect: 0,
-    reaches: [None; SHOWN_REACHES],
+    reaches: Vec::new(),
     next_reach: 0,
     left_alone: [0; LEFT_ALONE],
     left_alone_count: 0,
