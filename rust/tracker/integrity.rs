@@ -1176,6 +1176,9 @@ fn report_found_now() {
                         None => continue,
                     }
                 }
+                // Shown since it was found: an overrun confirmed at the same `delete` (the free
+                // list that led here was walked first), which repaired the header too.
+                None if shown_since_found(&c) => continue,
                 None => corruption_error(
                     c.header as *mut BlockHeader,
                     c.what,
@@ -1190,6 +1193,13 @@ fn report_found_now() {
         let line = format!("k15-memory: {dropped} more damaged headers found, not listed\n");
         crate::sys::write_fd(2, line.as_bytes());
     }
+}
+
+/// Whether the header bytes a record found lie within an overrun reported after it was found.
+fn shown_since_found(c: &Corruption) -> bool {
+    let header = c.header as *mut BlockHeader;
+    let at = BlockHeader::user_ptr(header) as usize - header_front(header);
+    c.found.is_some_and(|found| shown_already(at, &found))
 }
 
 /// The layout of the free heap block at `header` whose damaged header a free list led to
