@@ -61,16 +61,17 @@ fn printed(output: &Output, label: &str) -> Option<u64> {
     rest.split_whitespace().next()?.parse().ok()
 }
 
-/// A 1.5 ms SIGALRM whose handler forks (the child runs new/delete and `_exit`s; the parent
-/// reaps it) while threads churn: in waves of 3 that exit, so that the signal often lands on a
-/// thread exiting, and with 3 long-lived ones. Before, the prepare handler took the tracker's
-/// own memory from glibc, whose arena lock an exiting thread interrupted inside glibc's `free`
-/// held: 6 hangs in 80 runs (plain glibc hangs in the waves nearly every run: its `fork` takes
-/// every arena's lock). No run hangs or crashes, no child is stuck, every report is clean, and
-/// glibc's allocator is never used (the tracker's own memory comes from its own heap). At most
-/// two handlers fork at once: with more, a loaded machine (4 runs at once on 2 cores: a reap's
-/// 1 ms sleep wakes late) kept every thread inside a handler and runs were killed, livelocked
-/// (15 of 200 in CI), though nothing waited on the tracker.
+/// A SIGALRM whose handler forks (the child runs new/delete and `_exit`s; the parent reaps it)
+/// while threads churn: in waves of 3 that exit, so that the signal often lands on a thread
+/// exiting, and with 3 long-lived ones. Before, the prepare handler took the tracker's own memory
+/// from glibc, whose arena lock an exiting thread interrupted inside glibc's `free` held: 6 hangs
+/// in 80 runs (plain glibc hangs in the waves nearly every run: its `fork` takes every arena's
+/// lock). No run hangs or crashes, no child is stuck, every report is clean, and glibc's
+/// allocator is never used (the tracker's own memory comes from its own heap). The timer is armed
+/// for 0.5 ms after each handler returns, and the main thread blocks the signal: a periodic one
+/// (every 1.5 ms) kept threads inside handlers for good on a loaded machine (4 runs at once on 2
+/// cores: a reap's sleep wakes late), and runs were killed, livelocked (15 of 200 in CI), though
+/// no thread waited on the tracker.
 #[test]
 fn handlers_that_fork_never_hang() {
     let dir = support::scratch("fork_in_handler");
@@ -80,7 +81,7 @@ fn handlers_that_fork_never_hang() {
         &["tests/cpp/fork_in_handler.cpp"],
         &[],
     );
-    let mut runs = vec![["waves", "3"]; 150];
+    let mut runs = vec![["waves", "5"]; 150];
     runs.extend([["steady", "50"]; 50]);
     let finished = run_all(&exe, &dir, &runs);
     let hung: Vec<_> = finished

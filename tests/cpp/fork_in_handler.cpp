@@ -1,8 +1,8 @@
-// A timer's signal handler that forks while threads churn new/delete: every 1.5 ms SIGALRM lands
-// on any thread (one inside new/delete, inside the C runtime's allocator, or exiting) and its
-// handler forks a child that runs new/delete and _exits; the parent reaps it, and kills a child
-// still there after 2 s (counted as stuck). At most two handlers fork at once (see
-// `kMostForkingAtOnce`). Builds with and without the tracker.
+// A timer's signal handler that forks while threads churn new/delete: SIGALRM lands on one of the
+// churning threads (one inside new/delete, inside the C runtime's allocator, or exiting; the main
+// thread blocks it) and its handler forks a child that runs new/delete and _exits; the parent
+// reaps it, kills a child still there after 2 s (counted as stuck), and arms the timer again:
+// the next signal comes 0.5 ms after the handler returns. Builds with and without the tracker.
 //
 //   fork_in_handler waves WAVES   WAVES waves of 3 threads that churn, then exit
 //   fork_in_handler steady MS     3 long-lived threads churn for MS ms
@@ -37,8 +37,8 @@ std::atomic<bool> stop{false};
 
 // Waits up to 2 s for `child` (only async-signal-safe calls); kills it if it is still there.
 void reap(pid_t child) {
-    const timespec pause{0, 1000000};
-    for (int waited_ms = 0; waited_ms < 2000; ++waited_ms) {
+    const timespec pause{0, 100000};
+    for (int polls = 0; polls < 20000; ++polls) {
         int status = 0;
         const pid_t done = waitpid(child, &status, WNOHANG);
         if (done == child) {
@@ -53,18 +53,19 @@ void reap(pid_t child) {
     waitpid(child, nullptr, 0);
 }
 
-// Handlers forking at once. At most two: on a loaded machine one fork and its reap (a 1 ms sleep
-// at least) outlast the timer's period, and with no cap every thread would soon be inside a
-// handler, the program making no progress at all (a livelock of the test's own making, not a
-// hang of the tracker's). A handler that finds two forking already returns at once.
-std::atomic<int> forking{0};
-constexpr int kMostForkingAtOnce = 2;
+// Armed for one signal at a time, 0.5 ms ahead. A periodic timer (every 1.5 ms) kept a thread
+// inside handlers for good on a loaded machine, where a fork and its reap (a 1 ms sleep at least)
+// outlast the period: the signal the kernel held meanwhile landed as soon as the handler
+// returned, and the thread made no progress (15 runs of 200 killed in CI: a livelock of the
+// test's own making; no thread waited on the tracker).
+std::atomic<bool> timer_stopped{false};
+
+void arm_timer() {
+    const itimerval once{{0, 0}, {0, 500}};
+    setitimer(ITIMER_REAL, &once, nullptr);
+}
 
 void fork_in_handler(int) {
-    if (forking.fetch_add(1, std::memory_order_relaxed) >= kMostForkingAtOnce) {
-        forking.fetch_sub(1, std::memory_order_relaxed);
-        return;
-    }
     const int saved_errno = errno;
     const pid_t child = fork();
     if (child == 0) {
@@ -74,8 +75,17 @@ void fork_in_handler(int) {
         _exit(0);
     }
     if (child > 0) reap(child);
+    if (!timer_stopped.load(std::memory_order_relaxed)) arm_timer();
     errno = saved_errno;
-    forking.fetch_sub(1, std::memory_order_relaxed);
+}
+
+// The main thread, which only waits for the others, blocks the signal: it lands on a churning or
+// exiting thread. The threads it starts take its mask, and unblock the signal first thing.
+void set_alarm_blocked(bool blocked) {
+    sigset_t alarm;
+    sigemptyset(&alarm);
+    sigaddset(&alarm, SIGALRM);
+    pthread_sigmask(blocked ? SIG_BLOCK : SIG_UNBLOCK, &alarm, nullptr);
 }
 
 void start_timer() {
@@ -84,11 +94,12 @@ void start_timer() {
     action.sa_handler = fork_in_handler;
     action.sa_flags = SA_RESTART;
     sigaction(SIGALRM, &action, nullptr);
-    const itimerval every{{0, 1500}, {0, 1500}};
-    setitimer(ITIMER_REAL, &every, nullptr);
+    set_alarm_blocked(true);
+    arm_timer();
 }
 
 void stop_timer() {
+    timer_stopped = true;
     const itimerval off{};
     setitimer(ITIMER_REAL, &off, nullptr);
     signal(SIGALRM, SIG_IGN);
@@ -99,6 +110,7 @@ void run_waves(int waves) {
         std::vector<std::thread> threads;
         for (int t = 0; t < 3; ++t) {
             threads.emplace_back([t, wave] {
+                set_alarm_blocked(false);
                 unsigned step = 7u + static_cast<unsigned>(t + 31 * wave);
                 for (int i = 0; i < 3000; ++i) churn_once(step);
             });
@@ -111,6 +123,7 @@ void run_steady(long ms) {
     std::vector<std::thread> threads;
     for (int t = 0; t < 3; ++t) {
         threads.emplace_back([t] {
+            set_alarm_blocked(false);
             unsigned step = 7u + static_cast<unsigned>(t);
             while (!stop.load(std::memory_order_relaxed)) churn_once(step);
         });
