@@ -7,9 +7,8 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 /// Seconds one run may take before it counts as a hang. Most take well under one; the 20,000
-/// threads take 3 to 7 s on an idle 2-core VM, and over 20 s (glibc alone as well as tracked:
-/// each thread's stack mapped and unmapped) when the host is busy, with the file's other tests
-/// running beside it.
+/// threads take 3 to 7 s on an idle 2-core VM, and 22 to 38 s when the host is busy (stop 37's
+/// build as well as this one: mostly system time, each thread's stack mapped and unmapped).
 const HANG_SECONDS: &str = "90";
 
 /// Runs `exe args` in its directory with `K15_MEMORY_OPTIONS=options`, killed after
