@@ -791,7 +791,7 @@ const LEFT_ALONE: usize = 1024;
 
 /// Overruns' bytes kept as shown (see [`FoundLog::reaches`]; at most 120 KiB). With 64, damage
 /// a given-up free list kept to the exit was shown again there once 64 later overruns had
-/// pushed its reach out (21 errors in each of the sweep's seeds; now 10).
+/// pushed its reach out (21 errors in each of the sweep's seeds; 9 or 10 with 1,024).
 const SHOWN_REACHES: usize = 1024;
 
 /// The bytes of an overrun as reported: from `start` on.

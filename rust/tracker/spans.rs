@@ -569,12 +569,7 @@ fn new_span(class: usize) -> Option<u32> {
             if RECORD_TABLES[last].shift != RECORD_TABLES[class].shift {
                 // SAFETY: a free span under the region lock: nobody uses its old class's records
                 // or side words.
-                unsafe {
-                    return_records(index, last);
-                    if Layout::of_class(last) == Layout::Compact {
-                        return_side_words(index);
-                    }
-                }
+                unsafe { return_class_tables(index, last) };
             }
             // Its records need no clearing: every block it handed out came back (a span is free
             // only then), and each cleared its record as it was freed. Cleared all the same, the
@@ -676,6 +671,17 @@ unsafe fn return_span_pages(index: u32, class: usize) {
     // SAFETY: guaranteed by the caller.
     unsafe {
         sys::return_pages(span_start(index) as *mut u8, SPAN_BYTES);
+        return_class_tables(index, class);
+    }
+}
+
+/// Gives back what class `class` used of the side and record tables for span `index`.
+///
+/// # Safety
+/// Nobody uses the span's side words or its records of that class.
+unsafe fn return_class_tables(index: u32, class: usize) {
+    // SAFETY: guaranteed by the caller.
+    unsafe {
         if Layout::of_class(class) == Layout::Compact {
             return_side_words(index);
         }
