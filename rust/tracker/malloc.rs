@@ -273,15 +273,36 @@ pub fn release_runtime_caches() {
     }
 }
 
+/// Whether a thread besides the caller is still in the process. A thread the program joined a
+/// moment ago may still be counted: `pthread_join` returns once the kernel clears the thread's
+/// id, before the thread leaves the process's count (one run in five of a program that joins
+/// four threads and exits saw it). So while the tracker's own record says every other thread is
+/// gone, the count is read again for up to [`EXITING_THREADS_WAIT_MS`].
 fn other_threads_running() -> bool {
+    for waited in 0..=EXITING_THREADS_WAIT_MS {
+        if threads_counted() == Some(1) {
+            return false;
+        }
+        if waited == EXITING_THREADS_WAIT_MS || !super::threads::alone() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    true
+}
+
+/// How long exiting threads may take to leave the process's count at exit.
+const EXITING_THREADS_WAIT_MS: u32 = 20;
+
+/// The process's thread count, as the kernel gives it.
+fn threads_counted() -> Option<u32> {
     // Reading the file allocates: the tracker's own memory, not the program's (nor its budget's).
     let _inside = Inside::enter();
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let threads = status
+    status
         .lines()
         .find_map(|line| line.strip_prefix("Threads:"))
-        .and_then(|count| count.trim().parse::<u32>().ok());
-    threads != Some(1)
+        .and_then(|count| count.trim().parse::<u32>().ok())
 }
 
 /// glibc's `malloc_usable_size` (exported under no other name), found once with `dlsym`.
