@@ -3,6 +3,7 @@
 use core::ffi::c_void;
 use core::hint::black_box;
 use std::ffi::{CStr, CString};
+use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
 
@@ -290,7 +291,11 @@ fn build_and_open(name: &str, extra: &[&str]) -> Option<*mut c_void> {
         "{}/rust/stack/testdata/{name}.cpp",
         env!("CARGO_MANIFEST_DIR")
     );
-    let so = std::env::temp_dir().join(format!("k15_{name}_{}.so", std::process::id()));
+    // Built beside the crate's other build outputs (not left in /tmp on every run), under a name
+    // of this process's and then renamed over the last one: a run beside this one keeps the file
+    // it mapped.
+    let so = Path::new(env!("OUT_DIR")).join(format!("k15_{name}.so"));
+    let building = so.with_extension(format!("{}.so", std::process::id()));
     let built = std::process::Command::new("g++")
         .args([
             "-std=c++17",
@@ -300,7 +305,7 @@ fn build_and_open(name: &str, extra: &[&str]) -> Option<*mut c_void> {
             "-fPIC",
             "-o",
         ])
-        .arg(&so)
+        .arg(&building)
         .arg(&src)
         .args(extra)
         .status();
@@ -308,6 +313,7 @@ fn build_and_open(name: &str, extra: &[&str]) -> Option<*mut c_void> {
         eprintln!("skipping: g++ could not build {src}");
         return None;
     }
+    std::fs::rename(&building, &so).expect("a rename in OUT_DIR");
     let path = CString::new(so.to_str()?).ok()?;
     // SAFETY: loading a library we just built; its initialisers are the C++ runtime's.
     let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW) };
