@@ -200,14 +200,18 @@ pub fn look_behind_exact_fit(header: *mut BlockHeader, start: impl Fn() -> Start
     let h = unsafe { &*header };
     let at = BlockHeader::user_ptr(header) as usize + h.size();
     // Nearly always a block of the class lies there, its header whole: one check of its cookie
-    // (read only; whatever lies there, a valid cookie rules damage out). Only a heap block has
-    // no guard, so both lie in the heap.
+    // (read only; whatever lies there, a valid cookie rules damage out). Else, where the block is
+    // the last one carved from its span (the first a thread's new list hands out), the span's
+    // guard word, whole. Only a heap block has no guard, so both lie in the heap.
     let layout = Layout::of_class(h.class() as usize);
     let next = (at - (HEADER_SIZE - layout.front())) as *mut BlockHeader;
-    let whole_header_behind = super::spans::span_holds(at, layout.front())
-        // SAFETY: the header's part in the block lies within the span (checked first), readable.
-        && unsafe { (*next).cookie_valid_where(layout, true) };
-    if !whole_header_behind {
+    let intact_behind = super::spans::span_holds(at, layout.front())
+        // SAFETY: the header's part in the block lies within the span (checked first), readable,
+        // and holds the 8 bytes at `at` (a header's part is at least 16 bytes).
+        && unsafe {
+            (*next).cookie_valid_where(layout, true) || (at as *const u64).read_volatile() == GUARD
+        };
+    if !intact_behind {
         look_closer_behind(header, at, start);
     }
 }
