@@ -96,12 +96,13 @@ pub unsafe extern "C" fn k15_memory_c_free(ptr: *mut u8, frame_address: usize) {
     unsafe { free_checked(ptr, frame_address) }
 }
 
-/// A `free` that is not glibc's: apart, so that glibc's path saves no registers for it.
+/// A `free` that is not glibc's: apart, so that glibc's path saves no registers for it, and
+/// `extern "C"` (it cannot unwind), so that the entry jumps to it instead of calling it.
 ///
 /// # Safety
 /// As for [`k15_memory_c_free`].
 #[inline(never)]
-unsafe fn free_checked(ptr: *mut u8, frame_address: usize) {
+unsafe extern "C" fn free_checked(ptr: *mut u8, frame_address: usize) {
     // SAFETY: forwarded from the caller's guarantee.
     deallocate(ptr, BlockKind::Malloc, || unsafe {
         StartFrame::caller_of(frame_address)
@@ -133,12 +134,12 @@ pub unsafe extern "C" fn k15_memory_c_allocate(
 }
 
 /// An allocation that is not left to glibc: apart, so that glibc's path saves no registers
-/// for it.
+/// for it, and `extern "C"` as [`free_checked`] (a `malloc`/`free` pair: 9 instructions fewer).
 ///
 /// # Safety
 /// As for [`k15_memory_c_allocate`].
 #[inline(never)]
-unsafe fn allocate_checked(
+unsafe extern "C" fn allocate_checked(
     size: usize,
     align: usize,
     kind: BlockKind,
