@@ -35,7 +35,6 @@ struct Timeline {
     /// The origin of `ts` (kept by a forked child, so that both files share one clock).
     started: Option<Instant>,
     pid: u32,
-    events: StackBuffer<SAMPLE_BYTES>,
 }
 
 static TIMELINE: Mutex<Timeline> = Mutex::new(Timeline {
@@ -43,8 +42,19 @@ static TIMELINE: Mutex<Timeline> = Mutex::new(Timeline {
     end: 0,
     started: None,
     pid: 0,
-    events: StackBuffer::new(),
 });
+
+/// One sample's events, locked only by a holder of [`TIMELINE`]. A static of its own, all zero,
+/// so that it lies in `.bss` and costs no resident page in a process that writes no timeline:
+/// in `TIMELINE` (whose `fd` and `started` are not zero) it put 128 KiB into `.data`, which a
+/// program's first reads there map 64 KiB at a time.
+static EVENTS: Mutex<StackBuffer<SAMPLE_BYTES>> = Mutex::new(StackBuffer::new());
+
+fn events() -> MutexGuard<'static, StackBuffer<SAMPLE_BYTES>> {
+    EVENTS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// Set at the first frame mark (the timer thread stops) and at exit.
 static TIMER_STOPPED: AtomicBool = AtomicBool::new(false);
@@ -220,13 +230,14 @@ impl Timeline {
         }
         self.fd = fd;
         self.end = 0;
-        self.events.clear();
+        let mut events = events();
+        events.clear();
         let _ = write!(
-            self.events,
+            events,
             "{{\"traceEvents\":[\n{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{},\"tid\":0,\"args\":{{\"name\":\"k15-memory timeline\"}}}}",
             self.pid
         );
-        self.append();
+        self.append(&mut events);
         true
     }
 
@@ -235,7 +246,7 @@ impl Timeline {
         let ts = self.started.map_or(0, |s| s.elapsed().as_micros() as u64);
         let pid = self.pid;
         let process = live_list::totals();
-        let events = &mut self.events;
+        let mut events = events();
         events.clear();
         if let Some(marks) = marks {
             let _ = write!(
@@ -257,22 +268,22 @@ impl Timeline {
             );
             for (n, id) in ids.enumerate() {
                 let _ = events.write_str(if n == 0 { "\"" } else { ",\"" });
-                write_json_escaped(events, tags::name_of(id));
+                write_json_escaped(&mut *events, tags::name_of(id));
                 let _ = write!(events, "\":{}", tags::sums(id).live_bytes);
             }
             let _ = events.write_str("}}");
         }
-        self.append();
+        self.append(&mut events);
     }
 
     /// Writes the events gathered, and the trailer after them, in one `pwrite`.
-    fn append(&mut self) {
-        let events = self.events.as_bytes().len() as i64;
-        let _ = self.events.write_str(TRAILER);
-        if self.events.truncated() {
+    fn append(&mut self, events: &mut StackBuffer<SAMPLE_BYTES>) {
+        let before_trailer = events.as_bytes().len() as i64;
+        let _ = events.write_str(TRAILER);
+        if events.truncated() {
             return; // cannot happen (see SAMPLE_BYTES); a cut sample would break the file
         }
-        let bytes = self.events.as_bytes();
+        let bytes = events.as_bytes();
         // SAFETY: a live buffer of `bytes.len()` bytes; `self.fd` is this process's own file.
         let written = unsafe {
             libc::pwrite(
@@ -283,7 +294,7 @@ impl Timeline {
             )
         };
         if written == bytes.len() as isize {
-            self.end += events;
+            self.end += before_trailer;
         }
     }
 }
