@@ -276,7 +276,7 @@ pub fn release_runtime_caches() {
 
 /// Whether a thread besides the caller is still in the process. A thread the program joined a
 /// moment ago may still be counted: `pthread_join` returns once the kernel clears the thread's
-/// id, before the thread leaves the process's count (one run in five of a program that joins
+/// id, before the thread leaves the process's count (one run in four of a program that joins
 /// four threads and exits saw it). So while the tracker's own record says every other thread is
 /// gone, the count is read again for up to [`EXITING_THREADS_WAIT_MS`].
 fn other_threads_running() -> bool {
