@@ -40,6 +40,9 @@ pub(crate) use super::spans::{contains, lock_for_fork};
 /// back to the OS, so that a second `delete` reading its header would fault.
 const LARGEST_BLOCK: usize = 128 * 1024;
 
+/// The most user bytes a heap block holds (in the largest class, with a full header).
+pub const LARGEST_ROOM: usize = LARGEST_BLOCK - HEADER_SIZE;
+
 /// 16-byte steps up to 512 bytes, then four classes per power of two.
 const FINE_CLASSES: usize = 32;
 pub(super) const CLASS_COUNT: usize = FINE_CLASSES + 4 * 8;
@@ -60,7 +63,7 @@ pub fn class_for(size: usize, align: usize, compact: bool) -> Option<u8> {
         return Some(COMPACT_CLASS);
     }
     // Compared before adding: a size near usize::MAX would wrap.
-    (size <= LARGEST_BLOCK - HEADER_SIZE).then(|| class_of(size + HEADER_SIZE) as u8)
+    (size <= LARGEST_ROOM).then(|| class_of(size + HEADER_SIZE) as u8)
 }
 
 /// [`class_for`] a user pointer aligned to more than 16 bytes: a class whose blocks are

@@ -11,7 +11,7 @@
 
 use super::guard::Inside;
 use super::header::{BlockHeader, Lookup, NewBlock, Placement};
-use super::resize::resize_in_place;
+use super::resize::{resize_in_place, room_to_grow};
 use super::BlockKind;
 use super::{allocate_inside, allocate_untracked, deallocate, init};
 use crate::stack::StartFrame;
@@ -225,7 +225,8 @@ pub unsafe extern "C" fn k15_memory_c_realloc(
         deallocate(ptr, BlockKind::Realloc, start);
         return core::ptr::null_mut();
     }
-    let moved = allocate(size, 0, BlockKind::Realloc, start);
+    let room = room_to_grow(old_size, size);
+    let moved = allocate_with_room(size, room, 0, BlockKind::Realloc, start);
     if !moved.is_null() {
         // SAFETY: both blocks are live, distinct, and at least this long.
         unsafe { core::ptr::copy_nonoverlapping(ptr, moved, old_size.min(size)) };
@@ -340,6 +341,18 @@ fn allocate(
     kind: BlockKind,
     start: impl FnOnce() -> StartFrame,
 ) -> *mut u8 {
+    allocate_with_room(size, 0, align, kind, start)
+}
+
+/// [`allocate`] of a block whose heap class holds at least `room` bytes (see `resize`).
+#[inline(always)]
+fn allocate_with_room(
+    size: usize,
+    room: usize,
+    align: usize,
+    kind: BlockKind,
+    start: impl FnOnce() -> StartFrame,
+) -> *mut u8 {
     let size = if kind == BlockKind::Pvalloc {
         size.max(1).next_multiple_of(PAGE_SIZE)
     } else {
@@ -360,7 +373,7 @@ fn allocate(
         line: 0,
     };
     // SAFETY: no file name that would have to outlive the block.
-    or_out_of_memory(unsafe { allocate_inside(inside, hot, &block, align, start) })
+    or_out_of_memory(unsafe { allocate_inside(inside, hot, &block, align, room.max(size), start) })
 }
 
 /// `malloc=0`: glibc's block for the call (glibc sets `errno`).

@@ -192,10 +192,12 @@ unsafe fn allocate_generally(
         line,
     };
     // SAFETY: `file` is as the caller guarantees.
-    unsafe { allocate_inside(inside, init::hot(), &block, align, start) }
+    unsafe { allocate_inside(inside, init::hot(), &block, align, size, start) }
 }
 
-/// [`allocate`] once inside the tracker, with the set-up done (`hot`).
+/// [`allocate`] once inside the tracker, with the set-up done (`hot`). A block the heap serves
+/// takes the class of `room` bytes (at least the block's size): `realloc` leaves a growing
+/// block room to grow in place; every other caller passes the size.
 ///
 /// # Safety
 /// `block.file` is null or a NUL-terminated string that outlives the block.
@@ -205,6 +207,7 @@ unsafe fn allocate_inside(
     hot: init::Hot,
     new_block: &NewBlock,
     align: usize,
+    room: usize,
     start: impl FnOnce() -> StartFrame,
 ) -> *mut u8 {
     // One test of the thread's tag, and the common path is compiled for tag 0, as it was before
@@ -213,10 +216,10 @@ unsafe fn allocate_inside(
     // this one: inlined here, the tagged copy cost the untagged one 16 in spills.
     if inside.tag() != 0 {
         // SAFETY: as the caller guarantees.
-        return unsafe { allocate_tagged(inside, hot, *new_block, align, start) };
+        return unsafe { allocate_tagged(inside, hot, *new_block, align, room, start) };
     }
     // SAFETY: as the caller guarantees.
-    unsafe { allocate_inside_as::<false>(inside, hot, new_block, align, start) }
+    unsafe { allocate_inside_as::<false>(inside, hot, new_block, align, room, start) }
 }
 
 /// [`allocate_inside`] with a tag scope open on the calling thread. Takes the new block by
@@ -231,10 +234,11 @@ unsafe fn allocate_tagged(
     hot: init::Hot,
     new_block: NewBlock,
     align: usize,
+    room: usize,
     start: impl FnOnce() -> StartFrame,
 ) -> *mut u8 {
     // SAFETY: as the caller guarantees.
-    unsafe { allocate_inside_as::<true>(inside, hot, &new_block, align, start) }
+    unsafe { allocate_inside_as::<true>(inside, hot, &new_block, align, room, start) }
 }
 
 /// The rest of [`allocate_inside`]: `TAGGED` says whether the block may carry the thread's tag
@@ -248,6 +252,7 @@ unsafe fn allocate_inside_as<const TAGGED: bool>(
     hot: init::Hot,
     new_block: &NewBlock,
     align: usize,
+    room: usize,
     start: impl FnOnce() -> StartFrame,
 ) -> *mut u8 {
     let (size, kind) = (new_block.size, new_block.kind);
@@ -263,7 +268,7 @@ unsafe fn allocate_inside_as<const TAGGED: bool>(
     let from_heap = if hot.rare_allocation_options() {
         None
     } else {
-        raw::acquire_from_heap(size, align, compact, &mut held)
+        raw::acquire_from_heap(room, align, compact, &mut held)
     };
     let Some(block) = from_heap else {
         // Built here and again below: built once above, it went through memory on the common

@@ -13,7 +13,8 @@
 //! another thread's shard, or of the tracker's own; with `quarantine` (a stale pointer kept past
 //! a `realloc` is then caught as a use after free), `budget` or `break_on`; and a block that would
 //! not stay where a fresh block of its new size goes: a heap block that outgrows its class or
-//! shrinks to half of it or less (unless its class is the new size's own), a mapped block that
+//! shrinks to half of it or less (unless its class is the new size's own; a block that grows
+//! within its class stays, however much room is left: see [`room_to_grow`]), a mapped block that
 //! shrinks to a size the heap serves, a block from glibc (aligned beyond the heap's reach).
 //!
 //! As `allocate` publishes a header, the block is rewritten while its shard is held: a report or
@@ -137,9 +138,25 @@ fn stays_in_place(h: &BlockHeader, size: usize) -> bool {
     match h.placement() {
         Placement::Heap => {
             let room = h.heap_room();
-            size <= room && (size > room / 2 || heap::class_for(size, 0, true) == Some(h.class()))
+            size <= room
+                && (size >= h.size()
+                    || size > room / 2
+                    || heap::class_for(size, 0, true) == Some(h.class()))
         }
         Placement::Mapped => heap::class_for(size, 0, true).is_none(),
         Placement::Malloc => false,
     }
+}
+
+/// The room for the block a `realloc` moves to: a heap block that grows moves to a class with
+/// room to double (as far as the heap's largest), so a block grown in small steps (a log buffer,
+/// a string builder) moves once per doubling rather than at every class; its copies then add up
+/// to no more than twice its final size, and the calls between moves stay in place. A block
+/// grown by doubling moves to what it asked for. The room only keeps the class free for it: its
+/// size, guard and counts are what the program asked for.
+pub(super) fn room_to_grow(old_size: usize, size: usize) -> usize {
+    if size <= old_size || size > heap::LARGEST_ROOM {
+        return size;
+    }
+    size.max(old_size.saturating_mul(2).min(heap::LARGEST_ROOM))
 }

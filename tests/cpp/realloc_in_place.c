@@ -2,6 +2,7 @@
  * stacks and bad frees after an in-place resize (tests/realloc.rs). */
 #define _POSIX_C_SOURCE 200809L
 #include <k15/memory_c.h>
+#include <malloc.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -100,6 +101,23 @@ static int growth(void) {
     return 0;
 }
 
+/* A block grown by 16 bytes a call through the heap's sizes: it moves once per doubling (to a
+ * class with room to grow), still as large as asked for, its guard right behind that size. */
+static int steps(void) {
+    size_t moves = 0, size = 16;
+    unsigned char* p = allocate_block(size);
+    for (; size + 16 <= 100000; size += 16) {
+        unsigned char* q = resize_block(p, size + 16);
+        moves += q != p;
+        p = q;
+    }
+    printf("moves %zu\n", moves);
+    printf("usable %zu of %zu\n", malloc_usable_size(p), size);
+    p[size] = 'X'; /* OVERRUN steps */
+    free(p);
+    return 0;
+}
+
 int main(int argc, char** argv) {
     const char* mode = argc > 1 ? argv[1] : "";
     int status = !strcmp(mode, "contents")    ? contents()
@@ -107,6 +125,7 @@ int main(int argc, char** argv) {
                  : !strcmp(mode, "leak")      ? leak()
                  : !strcmp(mode, "bad_frees") ? bad_frees()
                  : !strcmp(mode, "growth")    ? growth()
+                 : !strcmp(mode, "steps")     ? steps()
                                               : 2;
     printf("survived\n");
     return status;
