@@ -32,9 +32,9 @@ use gimli::{
 };
 
 /// Slots of the map by return address, log2: 64 KiB at first, 64 MiB (3 million addresses) at
-/// most. Hashed keys touch every page of a table soon (Bullet's scenes, a few hundred return
-/// addresses, touched 868 KiB of a 1 MiB first table), so the table starts small and
-/// grows fourfold as it fills (yaml-cpp's test suite meets 25,000: two copies).
+/// most. Hashed keys touch every page of a table long before it fills (Bullet's scenes had
+/// 868 KiB of a 1 MiB first table resident), so the table starts small and grows fourfold as
+/// it fills (yaml-cpp's test suite meets 25,000 return addresses: two copies).
 const PC_BITS: (u32, u32) = (12, 22);
 /// Slots of the map by FDE, log2: 16 KiB at first (yaml-cpp's suite meets 2,600 FDEs, and grows
 /// it once), 16 MiB at most.
