@@ -337,12 +337,14 @@ fn report_into_left_alone(
     let bytes = reach.bytes();
     // Reported already where another header it reached was found first.
     let reported = shown_already(reach.range.start, &bytes);
-    let shown = Damage::as_found((reach.range.start - user) as isize, &bytes);
     // SAFETY: a header of the heap that only the tracker reads or writes (left alone).
     unsafe { (*next).mark_damaged(layout) };
     if reported {
         return;
     }
+    // Remembered, so that the free list through `next`, when it is next walked, finds this
+    // damage shown.
+    let shown = remember_reach(reach.range.start, &bytes, user);
     errors::report(MemoryError {
         victim: reach.victim,
         ..Culprit::of(h, header, stack).overrun_showing(Some(shown), None)
@@ -793,10 +795,12 @@ struct FoundLog {
 /// Headers left alone that the log remembers (8 KiB): each is an error reported.
 const LEFT_ALONE: usize = 1024;
 
-/// Overruns' bytes kept as shown (see [`FoundLog::reaches`]; at most 120 KiB). With 64, damage
-/// a given-up free list kept to the exit was shown again there once 64 later overruns had
-/// pushed its reach out (21 errors in each of the sweep's seeds; 9 or 10 with 1,024).
-const SHOWN_REACHES: usize = 1024;
+/// Overruns' bytes kept as shown (see [`FoundLog::reaches`]; 120 bytes each, so at most 1.9 MiB
+/// of the tracker's own memory, in a program that overruns blocks that often; read only where
+/// damage is found). Damage a given-up free list keeps to the exit is shown again there once
+/// this many later overruns have pushed its reach out: with 64, 21 errors in each of the
+/// sweep's seeds of 4,096 overruns; with 1,024, 2.
+const SHOWN_REACHES: usize = 16384;
 
 /// The bytes of an overrun as reported: from `start` on.
 #[derive(Clone, Copy)]
