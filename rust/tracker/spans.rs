@@ -19,7 +19,7 @@
 //! where every live block keeps its record ([`record_word`]: a word per block, touched only where
 //! blocks lie).
 
-use super::header::{BlockHeader, Layout, GUARD, GUARD_SIZE};
+use super::header::{BlockHeader, Layout, GUARD, GUARD_SIZE, HEADER_SIZE};
 use super::heap::{self, List};
 use crate::sys;
 use core::ptr::null_mut;
@@ -29,10 +29,17 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 /// Every span's size (and alignment from the reservation's start); the largest class holds 8.
 pub const SPAN_BYTES: usize = 1 << 20;
 
-/// Free spans whose pages stay resident, ready for the next class that needs a span: a program
-/// that frees and allocates a span's worth of blocks in turn does not pay a page fault per page
-/// each time. Spans freed beyond these go back to the OS at once.
+/// Free spans whose first pages stay resident ([`KEPT_SPAN_BYTES`]), ready for the next class
+/// that needs a span: a program whose classes take turns does not pay a page fault per page of
+/// each class's first lists. Spans freed beyond these go back to the OS at once.
 const KEPT_FREE_SPANS: u32 = 4;
+
+/// How much of a kept free span stays resident, from its first block: what the next class's
+/// first lists carve from it (a full list is at most 64 blocks or 64 KiB). The rest of what its
+/// last class used goes back: the next class may use a span of 1 MiB for a few blocks, and the
+/// old class's pages beyond them would stay resident, unused, for as long as the span serves it
+/// (Bullet's scenes held 380 KiB so at their peak).
+const KEPT_SPAN_BYTES: usize = 64 * 1024;
 
 /// The heap's address space is reserved once, inaccessible, and made usable a region at a time:
 /// one range, so that whether an address is the heap's is a subtraction and a compare
@@ -486,6 +493,16 @@ pub unsafe fn give_back(class: usize, list: List) {
         // SAFETY: the block is free and the caller's to give.
         unsafe { s.free.push(block, layout) };
         s.handed_out -= 1;
+        if holds_pages(size) && s.free.count as usize > resident_free_blocks(class) {
+            let start = span_start(index);
+            // SAFETY: the span's free blocks are this class's, held under its lock.
+            let older = unsafe { s.free.vouched_blocks(start..start + SPAN_BYTES, layout) }
+                .nth(resident_free_blocks(class));
+            if let Some(older) = older {
+                // SAFETY: as above.
+                unsafe { return_inner_pages(older, size) };
+            }
+        }
         // SAFETY: the span serves this class; on its list exactly when it had blocks.
         unsafe {
             if !had_blocks {
@@ -496,6 +513,58 @@ pub unsafe fn give_back(class: usize, list: List) {
                 free(index, class);
             }
         }
+    }
+}
+
+/// Whether the blocks of a class of `size` bytes hold whole pages behind their header, which
+/// go back to the OS while the block is free in its span (see [`return_inner_pages`]).
+fn holds_pages(size: usize) -> bool {
+    size >= 2 * sys::PAGE_SIZE
+}
+
+/// How many of a span's free blocks, the last given back, keep their pages (for a class whose
+/// blocks hold pages): two full lists, which a thread may soon take again.
+fn resident_free_blocks(class: usize) -> usize {
+    2 * heap::batch_blocks(class) as usize
+}
+
+/// Gives the whole pages inside free block `block` (its header's address) of `size` bytes back
+/// to the OS. Its header (link, cookie, site and stack) lies in its first bytes and stays: the
+/// heap reads nothing else of a free block, and a block handed out again reads zeros there.
+///
+/// # Safety
+/// `block` is a free block of the heap on a span's free list, whose class lock is held.
+unsafe fn return_inner_pages(block: *mut u8, size: usize) {
+    let first = (block as usize + HEADER_SIZE).next_multiple_of(sys::PAGE_SIZE);
+    let end = (block as usize + size) & !(sys::PAGE_SIZE - 1);
+    if first < end {
+        // SAFETY: whole pages inside a free block behind its header, read by nobody until the
+        // block is handed out again (guaranteed by the caller).
+        unsafe { sys::return_pages(first as *mut u8, end - first) };
+    }
+}
+
+/// Gives the pages inside every free block of class `class`'s spans back to the OS, for a class
+/// whose blocks hold pages: a class the calling thread stopped using
+/// (`heap::give_back_idle_lists`), whose spans stay for the blocks still live in them.
+pub fn return_free_block_pages(class: usize) {
+    let size = heap::class_size(class);
+    if !holds_pages(size) {
+        return;
+    }
+    let layout = Layout::of_class(class);
+    let class_spans = class_lock(class);
+    let mut index = class_spans.with_blocks;
+    while index != NO_SPAN {
+        // SAFETY: a span on this class's list, under its lock.
+        let s = unsafe { span(index) };
+        let start = span_start(index);
+        // SAFETY: the span's free blocks are this class's, held under its lock.
+        for block in unsafe { s.free.vouched_blocks(start..start + SPAN_BYTES, layout) } {
+            // SAFETY: as above.
+            unsafe { return_inner_pages(block, size) };
+        }
+        index = s.next;
     }
 }
 
@@ -640,7 +709,17 @@ unsafe fn free(index: u32, class: usize) {
     owner(index).store(FREE | class as u8, Ordering::Release);
     let mut region = region();
     let keep = region.kept_count < KEPT_FREE_SPANS;
-    if !keep {
+    if keep {
+        let start = span_start(index);
+        let kept_end = (start + heap::first_block_offset(start, class) + KEPT_SPAN_BYTES)
+            .next_multiple_of(sys::PAGE_SIZE);
+        let carved_end = (start + carved as usize + GUARD_SIZE).next_multiple_of(sys::PAGE_SIZE);
+        if kept_end < carved_end {
+            // SAFETY: the span's blocks are all free and on no list but its own, which goes
+            // away: nobody reads its pages.
+            unsafe { sys::return_pages(kept_end as *mut u8, carved_end - kept_end) };
+        }
+    } else {
         // SAFETY: the span's blocks are all free and on no list but its own, which goes away.
         unsafe { return_span_pages(index, class) };
     }
