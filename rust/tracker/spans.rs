@@ -29,16 +29,17 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 /// Every span's size (and alignment from the reservation's start); the largest class holds 8.
 pub const SPAN_BYTES: usize = 1 << 20;
 
-/// Free spans whose first pages stay resident ([`KEPT_SPAN_BYTES`]), ready for the next class
-/// that needs a span: a program whose classes take turns does not pay a page fault per page of
-/// each class's first lists. Spans freed beyond these go back to the OS at once.
+/// Free spans whose pages stay resident (but those inside blocks that hold pages of their own,
+/// see `return_inner_pages`), ready for the next class that needs a span: a program whose
+/// classes take turns does not pay a page fault per page each time. Spans freed beyond these go
+/// back to the OS at once.
 const KEPT_FREE_SPANS: u32 = 4;
 
-/// How much of a kept free span stays resident, from its first block: what the next class's
-/// first lists carve from it (a full list is at most 64 blocks or 64 KiB). The rest of what its
-/// last class used goes back: the next class may use a span of 1 MiB for a few blocks, and the
-/// old class's pages beyond them would stay resident, unused, for as long as the span serves it
-/// (Bullet's scenes held 380 KiB so at their peak).
+/// How much of a kept free span stays resident, from its first block, when another class takes
+/// it: what that class's first lists carve (a full list is at most 64 blocks or 64 KiB). The
+/// rest of what its last class used goes back: the new class may use the span for a few blocks,
+/// and the old class's pages beyond them would stay resident, unused, for as long as the span
+/// serves it (Bullet's scenes held 380 KiB so at their peak).
 const KEPT_SPAN_BYTES: usize = 64 * 1024;
 
 /// The heap's address space is reserved once, inaccessible, and made usable a region at a time:
@@ -635,6 +636,10 @@ fn new_span(class: usize) -> Option<u32> {
     let index = match region.pop_free(true) {
         Some(index) => {
             let last = last_class(index);
+            if last != class {
+                // SAFETY: a free span under the region lock: nobody uses its pages.
+                unsafe { return_pages_beyond_first_lists(index, last) };
+            }
             if RECORD_TABLES[last].shift != RECORD_TABLES[class].shift {
                 // SAFETY: a free span under the region lock: nobody uses its old class's records
                 // or side words.
@@ -692,6 +697,25 @@ fn fresh_span(region: &mut Region) -> Option<u32> {
     Some((carved / SPAN_BYTES) as u32)
 }
 
+/// Gives back the pages of free span `index`, which last served `class`, beyond what another
+/// class's first lists carve from it ([`KEPT_SPAN_BYTES`]): the headers there are of blocks
+/// of `class`, which no bad free can name any more once the span serves another class.
+///
+/// # Safety
+/// The span is free: nobody uses its pages.
+unsafe fn return_pages_beyond_first_lists(index: u32, class: usize) {
+    let start = span_start(index);
+    let kept_end = (start + heap::first_block_offset(start, class) + KEPT_SPAN_BYTES)
+        .next_multiple_of(sys::PAGE_SIZE);
+    // SAFETY: the span is free; its `carved` is its last class's.
+    let carved = unsafe { span(index).carved } as usize;
+    let carved_end = (start + carved + GUARD_SIZE).next_multiple_of(sys::PAGE_SIZE);
+    if kept_end < carved_end {
+        // SAFETY: guaranteed by the caller.
+        unsafe { sys::return_pages(kept_end as *mut u8, carved_end - kept_end) };
+    }
+}
+
 /// Frees span `index`, whose blocks of class `class` are all back: it stays resident while
 /// fewer than [`KEPT_FREE_SPANS`] are, else its pages go back to the OS.
 ///
@@ -702,24 +726,23 @@ unsafe fn free(index: u32, class: usize) {
     // the OS, where a write past the end of a block that filled its class would be lost.
     // SAFETY: under the class lock, with every block of the span back on its free list.
     let carved = unsafe { span(index).carved };
+    let size = heap::class_size(class);
     blocks_of_span(index, class, carved as usize, |found| {
+        let block = match found {
+            Found::Block(header, _) if holds_pages(size) => Some(header.cast()),
+            _ => None,
+        };
         // SAFETY: as above: nobody else reads or writes these headers and words meanwhile.
-        unsafe { super::integrity::check_left_behind(found) }
+        unsafe { super::integrity::check_left_behind(found) };
+        if let Some(block) = block {
+            // SAFETY: as above; a free block on the span's list.
+            unsafe { return_inner_pages(block, size) };
+        }
     });
     owner(index).store(FREE | class as u8, Ordering::Release);
     let mut region = region();
     let keep = region.kept_count < KEPT_FREE_SPANS;
-    if keep {
-        let start = span_start(index);
-        let kept_end = (start + heap::first_block_offset(start, class) + KEPT_SPAN_BYTES)
-            .next_multiple_of(sys::PAGE_SIZE);
-        let carved_end = (start + carved as usize + GUARD_SIZE).next_multiple_of(sys::PAGE_SIZE);
-        if kept_end < carved_end {
-            // SAFETY: the span's blocks are all free and on no list but its own, which goes
-            // away: nobody reads its pages.
-            unsafe { sys::return_pages(kept_end as *mut u8, carved_end - kept_end) };
-        }
-    } else {
+    if !keep {
         // SAFETY: the span's blocks are all free and on no list but its own, which goes away.
         unsafe { return_span_pages(index, class) };
     }
