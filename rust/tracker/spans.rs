@@ -1,6 +1,7 @@
 //! The heap's spans: one reserved range cut into 1 MiB spans, each serving one size class or free;
 //! per class, the free blocks of each of its spans; a span whose blocks have all come back is free
-//! for any class, and past a few kept ready its pages go back to the OS (`MADV_DONTNEED`).
+//! for any class, and beyond the heap's high-water mark its pages go back to the OS
+//! (`MADV_DONTNEED`), as do the pages inside free blocks that hold whole pages.
 //!
 //! Blocks move here only in the heap's slow paths (a thread's list refilled or given back, a
 //! block freed off another thread's list), under the class lock, so a `new`/`delete` pair of a
@@ -29,17 +30,21 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 /// Every span's size (and alignment from the reservation's start); the largest class holds 8.
 pub const SPAN_BYTES: usize = 1 << 20;
 
-/// Free spans whose pages stay resident (but those inside blocks that hold pages of their own,
-/// see `return_inner_pages`), ready for the next class that needs a span: a program whose
-/// classes take turns does not pay a page fault per page each time. Spans freed beyond these go
-/// back to the OS at once.
+/// Free spans stay resident (but the pages inside blocks that hold pages of their own, see
+/// `return_inner_pages`), ready for the next class that needs a span, while the spans serving
+/// a class and those kept number no more than the most that ever served at once, or than this:
+/// a program whose phases take turns between classes (a level loaded, played, unloaded) finds
+/// its memory where it left it, not a page fault per page (phases of 8 MB of one class each,
+/// three classes in turn: 180,000 faults with 4 spans kept, 28,000 so; glibc 42,000), and
+/// keeping never takes the heap above its own high-water mark.
 const KEPT_FREE_SPANS: u32 = 4;
 
 /// How much of a kept free span stays resident, from its first block, when another class takes
 /// it: what that class's first lists carve (a full list is at most 64 blocks or 64 KiB). The
 /// rest of what its last class used goes back: the new class may use the span for a few blocks,
 /// and the old class's pages beyond them would stay resident, unused, for as long as the span
-/// serves it (Bullet's scenes held 380 KiB so at their peak).
+/// serves it (Bullet's scenes held 380 KiB so at their peak). A class that has filled a span
+/// already keeps them: it will carve this one through too.
 const KEPT_SPAN_BYTES: usize = 64 * 1024;
 
 /// The heap's address space is reserved once, inaccessible, and made usable a region at a time:
@@ -239,11 +244,14 @@ fn class_lock_within(class: usize) -> Option<MutexGuard<'static, ClassSpans>> {
 /// linked through [`Span::next`] and [`Span::prev`].
 struct ClassSpans {
     with_blocks: u32,
+    /// How many spans serve the class.
+    spans: u32,
 }
 
 static CLASSES: [Mutex<ClassSpans>; heap::CLASS_COUNT] = [const {
     Mutex::new(ClassSpans {
         with_blocks: NO_SPAN,
+        spans: 0,
     })
 }; heap::CLASS_COUNT];
 
@@ -299,8 +307,9 @@ pub fn take_blocks(class: usize, wanted: u32) -> List {
     let mut list = heap::EMPTY;
     while list.count < wanted {
         let index = match class_spans.with_blocks {
-            NO_SPAN => match new_span(class) {
+            NO_SPAN => match new_span(class, class_spans.spans) {
                 Some(index) => {
+                    class_spans.spans += 1;
                     // SAFETY: a span just given to this class, on no list; its lock is held.
                     unsafe { class_spans.push(index) };
                     index
@@ -511,6 +520,7 @@ pub unsafe fn give_back(class: usize, list: List) {
             }
             if s.handed_out == 0 {
                 class_spans.remove(index);
+                class_spans.spans -= 1;
                 free(index, class);
             }
         }
@@ -575,11 +585,14 @@ struct Region {
     reserved: usize,
     /// Bytes from the base made usable (a multiple of [`REGION_BYTES`]).
     usable: usize,
-    /// Free spans whose pages are still resident (at most [`KEPT_FREE_SPANS`]), and those whose
+    /// Free spans whose pages are still resident (see [`KEPT_FREE_SPANS`]), and those whose
     /// pages went back to the OS; each a stack linked through [`Span::next`].
     kept: u32,
     kept_count: u32,
     returned: u32,
+    /// Spans serving a class now, and the most that ever did at once.
+    serving: u32,
+    serving_high: u32,
 }
 
 impl Region {
@@ -623,20 +636,23 @@ static REGION: Mutex<Region> = Mutex::new(Region {
     kept: NO_SPAN,
     kept_count: 0,
     returned: NO_SPAN,
+    serving: 0,
+    serving_high: 0,
 });
 
 fn region() -> MutexGuard<'static, Region> {
     REGION.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// A span for class `class` (called under its lock): a free one (kept resident first), else a
-/// new one from the reservation.
-fn new_span(class: usize) -> Option<u32> {
+/// A span for class `class` (called under its lock), which `serving` spans serve already: a
+/// free one (kept resident first), else a new one from the reservation.
+fn new_span(class: usize, serving: u32) -> Option<u32> {
     let mut region = region();
     let index = match region.pop_free(true) {
         Some(index) => {
             let last = last_class(index);
-            if last != class {
+            // A class with a span full already will fill this one too: the pages stay.
+            if last != class && serving == 0 {
                 // SAFETY: a free span under the region lock: nobody uses its pages.
                 unsafe { return_pages_beyond_first_lists(index, last) };
             }
@@ -671,6 +687,8 @@ fn new_span(class: usize) -> Option<u32> {
     // SAFETY: a span nobody serves yet, whose `carved` was just set.
     write_guard_word(span_start(index) + unsafe { span(index) }.carved as usize);
     owner(index).store(class as u8 + 1, Ordering::Release);
+    region.serving += 1;
+    region.serving_high = region.serving_high.max(region.serving);
     Some(index)
 }
 
@@ -716,8 +734,8 @@ unsafe fn return_pages_beyond_first_lists(index: u32, class: usize) {
     }
 }
 
-/// Frees span `index`, whose blocks of class `class` are all back: it stays resident while
-/// fewer than [`KEPT_FREE_SPANS`] are, else its pages go back to the OS.
+/// Frees span `index`, whose blocks of class `class` are all back: it stays resident if
+/// [`KEPT_FREE_SPANS`] allows, else its pages go back to the OS.
 ///
 /// # Safety
 /// The span serves `class`, is on no list, and the class lock is held.
@@ -741,7 +759,8 @@ unsafe fn free(index: u32, class: usize) {
     });
     owner(index).store(FREE | class as u8, Ordering::Release);
     let mut region = region();
-    let keep = region.kept_count < KEPT_FREE_SPANS;
+    region.serving -= 1;
+    let keep = region.kept_count < KEPT_FREE_SPANS.max(region.serving_high - region.serving);
     if !keep {
         // SAFETY: the span's blocks are all free and on no list but its own, which goes away.
         unsafe { return_span_pages(index, class) };
