@@ -1,7 +1,7 @@
 //! The heap's spans: one reserved range cut into 1 MiB spans, each serving one size class or free;
 //! per class, the free blocks of each of its spans; a span whose blocks have all come back is free
-//! for any class, and beyond the heap's high-water mark its pages go back to the OS
-//! (`MADV_DONTNEED`), as do the pages inside free blocks that hold whole pages.
+//! for any class, and past a few kept ready its pages go back to the OS (`MADV_DONTNEED`), as do
+//! the pages inside free blocks that hold whole pages.
 //!
 //! Blocks move here only in the heap's slow paths (a thread's list refilled or given back, a
 //! block freed off another thread's list), under the class lock, so a `new`/`delete` pair of a
@@ -30,13 +30,13 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 /// Every span's size (and alignment from the reservation's start); the largest class holds 8.
 pub const SPAN_BYTES: usize = 1 << 20;
 
-/// Free spans stay resident (but the pages inside blocks that hold pages of their own, see
-/// `return_inner_pages`), ready for the next class that needs a span, while the spans serving
-/// a class and those kept number no more than the most that ever served at once, or than this:
-/// a program whose phases take turns between classes (a level loaded, played, unloaded) finds
-/// its memory where it left it, not a page fault per page (phases of 8 MB of one class each,
-/// three classes in turn: 180,000 faults with 4 spans kept, 28,000 so; glibc 42,000), and
-/// keeping never takes the heap above its own high-water mark.
+/// Free spans whose pages stay resident (but those inside blocks that hold pages of their own,
+/// see `return_inner_pages`), ready for the next class that needs a span: a program whose
+/// classes take turns does not pay a page fault per page each time. Spans freed beyond these go
+/// back to the OS at once, so that memory a program freed comes back (`tests/memory_back.rs`:
+/// at most glibc's once everything is freed). Keeping as many as ever served at once was tried:
+/// phases of 8 MB that take turns between three classes faulted 28,000 times instead of
+/// 180,000 (glibc 42,000), but the memory of a program that freed everything stayed resident.
 const KEPT_FREE_SPANS: u32 = 4;
 
 /// How much of a kept free span stays resident, from its first block, when another class takes
@@ -590,9 +590,6 @@ struct Region {
     kept: u32,
     kept_count: u32,
     returned: u32,
-    /// Spans serving a class now, and the most that ever did at once.
-    serving: u32,
-    serving_high: u32,
 }
 
 impl Region {
@@ -636,8 +633,6 @@ static REGION: Mutex<Region> = Mutex::new(Region {
     kept: NO_SPAN,
     kept_count: 0,
     returned: NO_SPAN,
-    serving: 0,
-    serving_high: 0,
 });
 
 fn region() -> MutexGuard<'static, Region> {
@@ -687,8 +682,6 @@ fn new_span(class: usize, serving: u32) -> Option<u32> {
     // SAFETY: a span nobody serves yet, whose `carved` was just set.
     write_guard_word(span_start(index) + unsafe { span(index) }.carved as usize);
     owner(index).store(class as u8 + 1, Ordering::Release);
-    region.serving += 1;
-    region.serving_high = region.serving_high.max(region.serving);
     Some(index)
 }
 
@@ -759,8 +752,7 @@ unsafe fn free(index: u32, class: usize) {
     });
     owner(index).store(FREE | class as u8, Ordering::Release);
     let mut region = region();
-    region.serving -= 1;
-    let keep = region.kept_count < KEPT_FREE_SPANS.max(region.serving_high - region.serving);
+    let keep = region.kept_count < KEPT_FREE_SPANS;
     if !keep {
         // SAFETY: the span's blocks are all free and on no list but its own, which goes away.
         unsafe { return_span_pages(index, class) };
