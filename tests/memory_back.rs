@@ -1,5 +1,7 @@
 //! Memory comes back: freed spans go back to the OS (resident memory drops, at most glibc's after
-//! freeing everything, at most twice plain once 500 threads are gone), small objects cost little
+//! freeing everything, at most twice plain once 500 threads are gone), also the spans held only
+//! by a thread's lists of classes it stopped using and the pages inside free large blocks of
+//! spans still in use; small objects cost little
 //! more than under glibc (compact headers, and every block's record kept out of an overrun's
 //! reach: at most 1.35x its peak), and what was freed before
 //! its span went back is still checked: a second delete is a double free, the pages are reused
@@ -85,6 +87,37 @@ fn freed_spans_go_back_to_the_os_and_their_blocks_stay_checked() {
         ],
         "{}",
         run.text
+    );
+}
+
+#[test]
+fn memory_of_classes_no_longer_used_and_inside_free_large_blocks_comes_back() {
+    let dir = support::scratch("memory_idle");
+    let exe = support::build(
+        &dir,
+        "memory_idle",
+        &["tests/cpp/memory_idle.cpp"],
+        &["-O2"],
+    );
+    let run = support::run(&exe, "report=0");
+    let stdout = run.stdout();
+    assert!(stdout.contains("done"), "{stdout}\n{}", run.stderr());
+    let at = |key| printed(&stdout, key);
+    // About 10 MB of blocks of 24 classes, freed: each class's span was held by the 64 to 128
+    // blocks the thread's lists of that class keep (glibc keeps all 10 MB here, fragmented).
+    let classes = at("classes_peak") - at("start");
+    assert!(classes > 8_000, "{stdout}");
+    assert!(
+        at("after_other_work") - at("start") < classes * 3 / 10,
+        "the idle classes' spans stayed resident: {stdout}"
+    );
+    // 8 MB of 40 KB blocks, all but one block per span freed: the spans stay, the pages inside
+    // their free blocks go back but for the last few a span was given back (two lists' worth).
+    let large = at("large_peak") - at("large_start");
+    assert!(large > 6_000, "{stdout}");
+    assert!(
+        at("large_freed") - at("large_start") < large / 2,
+        "the free blocks' pages stayed resident: {stdout}"
     );
 }
 
