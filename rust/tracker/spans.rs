@@ -570,8 +570,11 @@ pub fn return_free_block_pages(class: usize) {
         // SAFETY: a span on this class's list, under its lock.
         let s = unsafe { span(index) };
         let start = span_start(index);
+        // The blocks given back before these gave their pages back then.
         // SAFETY: the span's free blocks are this class's, held under its lock.
-        for block in unsafe { s.free.vouched_blocks(start..start + SPAN_BYTES, layout) } {
+        for block in unsafe { s.free.vouched_blocks(start..start + SPAN_BYTES, layout) }
+            .take(resident_free_blocks(class))
+        {
             // SAFETY: as above.
             unsafe { return_inner_pages(block, size) };
         }
