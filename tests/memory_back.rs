@@ -121,6 +121,29 @@ fn memory_of_classes_no_longer_used_and_inside_free_large_blocks_comes_back() {
     );
 }
 
+#[test]
+fn pages_given_back_never_belong_to_a_live_block() {
+    let dir = support::scratch("pages_given_back");
+    let exe = support::build(
+        &dir,
+        "pages_given_back",
+        &["tests/cpp/pages_given_back.cpp"],
+        &["-O2"],
+    );
+    // 8 threads, 192,000 blocks of 16 bytes to 120 KB, a third freed by another thread, classes
+    // idle in turn: every byte of every block is checked before it is freed.
+    for _ in 0..2 {
+        let run = support::run(&exe, "");
+        let stdout = run.stdout();
+        assert!(
+            stdout.contains("checked 192000 damaged 0"),
+            "{stdout}\n{}",
+            run.stderr()
+        );
+        assert!(run.errors().is_empty(), "{}", run.text);
+    }
+}
+
 /// What a mode of `benches/programs/memory_back.cpp` printed (resident KiB at its points).
 fn resident_kib(exe: &Path, args: &[&str], options: &str) -> String {
     let out = Command::new("timeout")
