@@ -555,9 +555,10 @@ unsafe fn return_inner_pages(block: *mut u8, size: usize) {
     }
 }
 
-/// Gives the pages inside every free block of class `class`'s spans back to the OS, for a class
-/// whose blocks hold pages: a class the calling thread stopped using
-/// (`heap::give_back_idle_lists`), whose spans stay for the blocks still live in them.
+/// Gives the pages inside the free blocks of class `class`'s spans that still hold theirs (the
+/// last two lists' worth each span was given) back to the OS, for a class whose blocks hold
+/// pages: a class the calling thread stopped using (`heap::give_back_idle_lists`), whose spans
+/// stay for the blocks still live in them.
 pub fn return_free_block_pages(class: usize) {
     let size = heap::class_size(class);
     if !holds_pages(size) {
@@ -740,20 +741,23 @@ unsafe fn free(index: u32, class: usize) {
     // the OS, where a write past the end of a block that filled its class would be lost.
     // SAFETY: under the class lock, with every block of the span back on its free list.
     let carved = unsafe { span(index).carved };
-    let size = heap::class_size(class);
     blocks_of_span(index, class, carved as usize, |found| {
-        let block = match found {
-            Found::Block(header, _) if holds_pages(size) => Some(header.cast()),
-            _ => None,
-        };
         // SAFETY: as above: nobody else reads or writes these headers and words meanwhile.
-        unsafe { super::integrity::check_left_behind(found) };
-        if let Some(block) = block {
-            // SAFETY: as above; a free block on the span's list.
-            unsafe { return_inner_pages(block, size) };
-        }
+        unsafe { super::integrity::check_left_behind(found) }
     });
     owner(index).store(FREE | class as u8, Ordering::Release);
+    let size = heap::class_size(class);
+    if holds_pages(size) && region().kept_count < KEPT_FREE_SPANS {
+        // Likely kept: the pages inside its blocks go, their headers stay (a second `delete`
+        // reads one). Not under the region lock: a few hundred calls at most, which every
+        // thread taking a span would wait for.
+        blocks_of_span(index, class, carved as usize, |found| {
+            if let Found::Block(header, _) = found {
+                // SAFETY: a free block of a span nobody serves and no list holds but its own.
+                unsafe { return_inner_pages(header.cast(), size) };
+            }
+        });
+    }
     let mut region = region();
     let keep = region.kept_count < KEPT_FREE_SPANS;
     if !keep {
