@@ -3,7 +3,8 @@
 //! at once have allocated, freed and gone, under plain glibc, mimalloc (`LD_PRELOAD`, if
 //! installed), LeakSanitizer (g++ `-fsanitize=leak`) and the tracker (stacks on and off), with
 //! the ratios to glibc (the small-object workload's peak is the "≤ 1.25x plain" case);
-//! then the share of a
+//! the page faults of three sizes taking turns (100,000 blocks of one at a time, 20 rounds: the
+//! memory kept between phases); then the share of a
 //! 4 MiB budget that blocks of one size (or a mix) fill before `bad_alloc`.
 //! `cargo bench --bench memory_back`
 
@@ -108,6 +109,25 @@ fn main() {
                 after / glibc.1
             );
         }
+    }
+
+    println!("\nthree sizes taking turns, 100,000 blocks at a time, 20 rounds");
+    println!(
+        "  {:<24} {:>10} {:>8} {:>10} {:>8}",
+        "", "faults", "/glibc", "CPU ms", "/glibc"
+    );
+    let mut glibc = (f64::NAN, f64::NAN);
+    for (name, exe, env) in &variants {
+        let printed = run(exe, &["phases"], env);
+        let (faults, cpu) = (value(&printed, "faults"), value(&printed, "cpu_ms"));
+        if *name == "glibc" {
+            glibc = (faults, cpu);
+        }
+        println!(
+            "  {name:<24} {faults:>10.0} {:>7.2}x {cpu:>10.0} {:>7.2}x",
+            faults / glibc.0,
+            cpu / glibc.1
+        );
     }
 
     let budget = 4 << 20;
