@@ -167,3 +167,35 @@ fn a_program_that_goes_on_after_an_error_does_not_keep_the_debug_info_read_to_pr
         after - before
     );
 }
+
+#[test]
+fn thousands_of_live_large_blocks_are_resized_freed_and_their_second_frees_named() {
+    let dir = support::scratch("large_blocks_many");
+    let exe = support::build(
+        &dir,
+        "large_blocks_many",
+        &["tests/cpp/large_blocks_many.cpp"],
+        &["-Wno-use-after-free"],
+    );
+    let run = support::run(&exe, "stack_depth=4");
+    let stdout = run.stdout();
+    assert!(run.output.status.success(), "{}", run.stderr());
+    assert!(stdout.contains("checked 14000 wrong 0"), "{stdout}");
+    let printed = |what: &str| -> Vec<u64> {
+        let mut sizes: Vec<u64> = stdout
+            .lines()
+            .filter_map(|l| l.strip_prefix(what)?.trim().parse().ok())
+            .collect();
+        sizes.sort_unstable();
+        sizes
+    };
+    let mut named: Vec<u64> = run
+        .errors()
+        .iter()
+        .map(|e| e["size"].as_u64().unwrap())
+        .collect();
+    named.sort_unstable();
+    assert_eq!(named, printed("twice "), "{}", run.text);
+    assert!(run.error_kinds().iter().all(|kind| kind == "double_free"));
+    assert_eq!(run.leaks().len(), 0, "{}", run.text);
+}

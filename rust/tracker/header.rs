@@ -1231,7 +1231,11 @@ impl BlockHeader {
         if !addr.is_multiple_of(16) || addr < crate::sys::PAGE_SIZE {
             return Lookup::Foreign;
         }
-        if addr.is_multiple_of(crate::sys::PAGE_SIZE)
+        // A page-aligned block's header lies in the page before: ours if a live mapped block
+        // starts here, else probed (once: the test below then knows the page is mapped).
+        let page_aligned = addr.is_multiple_of(crate::sys::PAGE_SIZE);
+        if page_aligned
+            && !super::mapped_blocks::holds(addr)
             && !crate::sys::page_is_mapped(addr - HEADER_SIZE)
         {
             return match raw::recently_unmapped(addr) {
@@ -1244,7 +1248,8 @@ impl BlockHeader {
             };
         }
         let header = Self::of(user);
-        if addr % crate::sys::PAGE_SIZE < HEADER_SIZE
+        if !page_aligned
+            && addr % crate::sys::PAGE_SIZE < HEADER_SIZE
             && !super::heap::contains(header as usize)
             && !crate::sys::page_is_mapped(header as usize)
         {

@@ -19,6 +19,7 @@ mod kept_mappings;
 mod kind;
 pub mod live_list;
 pub mod malloc;
+mod mapped_blocks;
 mod overrun_reach;
 pub(crate) mod pending_stacks;
 pub mod profile;

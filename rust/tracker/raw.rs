@@ -9,6 +9,7 @@ use super::header::{BlockHeader, Placement, FAR_PREFIX, GUARD_SIZE, HEADER_SIZE,
 use super::heap;
 use super::kept_mappings;
 use super::live_list::HeldShard;
+use super::mapped_blocks;
 use crate::stack::StackId;
 use crate::sys::{self, PAGE_SIZE};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -202,6 +203,7 @@ fn acquire_mapped(size: usize, align: usize) -> Option<RawBlock> {
             sys::unmap_pages((user + size).next_multiple_of(PAGE_SIZE) as *mut u8, tail);
         }
     }
+    mapped_blocks::insert(user);
     Some(RawBlock {
         user: user as *mut u8,
         raw_offset: PAGE_SIZE,
@@ -233,6 +235,7 @@ pub unsafe fn release(header: *mut BlockHeader, raw_offset: usize, tracked: bool
         // Never here: the free path parks heap blocks or gives them back.
         Placement::Heap => {}
         Placement::Mapped => {
+            mapped_blocks::remove(user as usize);
             if tracked {
                 remember_unmapped(UnmappedBlock {
                     user: user as usize,
@@ -288,7 +291,14 @@ pub unsafe fn resize_mapping(
     }
     // SAFETY: guaranteed by the caller: the block's kept range (`acquire_mapped`).
     let start = unsafe { sys::remap_pages(raw, old_len, new_len, may_move) };
-    (!start.is_null()).then(|| start.wrapping_add(PAGE_SIZE))
+    if start.is_null() {
+        return None;
+    }
+    if start != raw {
+        mapped_blocks::remove(raw as usize + PAGE_SIZE);
+        mapped_blocks::insert(start as usize + PAGE_SIZE);
+    }
+    Some(start.wrapping_add(PAGE_SIZE))
 }
 
 /// What is kept of a large block after its pages are gone.
