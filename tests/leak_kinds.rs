@@ -167,6 +167,14 @@ fn the_engine_and_bullet_samples_are_classified_as_valgrind_classifies_them() {
 }
 
 #[test]
+fn large_blocks_leaked_where_others_were_freed_are_direct_leaks_as_valgrind_finds() {
+    let dir = support::scratch("leak_kinds_large");
+    // The tracker's own tables of large blocks (live, kept and freed ones) hold their addresses:
+    // read as roots, they made every leaked large block "reachable".
+    same_classes_as_valgrind(&dir, "large_leaks", &["tests/cpp/large_leaks.cpp"], &[], 3);
+}
+
+#[test]
 fn leaks_beside_freed_blocks_stay_direct_leaks_at_exit_and_midway() {
     let dir = support::scratch("leak_kinds_beside_frees");
     // valgrind agrees at exit: 3000 blocks definitely lost, nothing else.

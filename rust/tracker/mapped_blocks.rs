@@ -60,6 +60,12 @@ fn home(user: usize) -> usize {
     ((user as u64 >> 12).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - SLOT_BITS)) as usize
 }
 
+/// Where the table lies: its addresses are the live large blocks', which a leak scan must not
+/// take for the program's pointers to them.
+pub fn table_range() -> core::ops::Range<usize> {
+    crate::sys::bytes_of(&LIVE)
+}
+
 /// A mapped block's bytes start at `user` (its header's page mapped before them).
 pub fn insert(user: usize) {
     LIVE.insert(user);

@@ -36,6 +36,16 @@ pub mod timeline;
 pub mod told;
 
 pub use heap::thread_heap_range;
+
+/// Where the tracker's tables of large blocks' addresses lie (live, kept and unmapped ones):
+/// not the program's pointers, so a leak scan skips them.
+pub fn large_block_tables_ranges() -> [core::ops::Range<usize>; 3] {
+    [
+        mapped_blocks::table_range(),
+        kept_mappings::kept_list_range(),
+        raw::unmapped_record_range(),
+    ]
+}
 pub use kind::BlockKind;
 
 use crate::stack::{self, StackId, StartFrame};

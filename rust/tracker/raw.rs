@@ -324,6 +324,12 @@ static UNMAPPED: Mutex<UnmappedRing> = Mutex::new(UnmappedRing {
     next: 0,
 });
 
+/// Where the record of unmapped blocks lies: its user addresses are of blocks gone (a new block
+/// mapped at the same address is another's), not the program's pointers, so a leak scan skips it.
+pub fn unmapped_record_range() -> core::ops::Range<usize> {
+    sys::bytes_of(&UNMAPPED)
+}
+
 fn unmapped() -> MutexGuard<'static, UnmappedRing> {
     UNMAPPED.lock().unwrap_or_else(PoisonError::into_inner)
 }
