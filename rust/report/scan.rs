@@ -102,6 +102,7 @@ pub fn classify(nodes: &[Node], roots: Roots, suspension: &Suspension) -> Classi
     ];
     excluded.extend(crate::tracker::live_list::shards_ranges());
     excluded.extend(crate::tracker::large_block_tables_ranges());
+    excluded.extend(crate::tracker::statistics_ranges());
     excluded.extend(others.own_state);
     let mut ranges = roots.ranges;
     ranges.push(crate::sys::bytes_of(others.registers.as_slice()));

@@ -37,6 +37,13 @@ pub mod told;
 
 pub use heap::thread_heap_range;
 
+/// Where the tracker's largest tables of numbers and text lie (per-tag counters, the
+/// timeline's text): no pointers of the program, and mostly pages never touched, which a leak
+/// scan reading them would fault in.
+pub fn statistics_ranges() -> [core::ops::Range<usize>; 2] {
+    [tags::counters_range(), timeline::events_range()]
+}
+
 /// Where the tracker's tables of large blocks' addresses lie (live, kept and unmapped ones):
 /// not the program's pointers, so a leak scan skips them.
 pub fn large_block_tables_ranges() -> [core::ops::Range<usize>; 3] {

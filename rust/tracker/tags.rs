@@ -210,6 +210,12 @@ static COUNTERS: [[Counters; MAX_TAGS]; SHARD_COUNT] = [const { [ZERO; MAX_TAGS]
 static FLUSHED_LIVE_BYTES: [AtomicI64; MAX_TAGS] = [const { AtomicI64::new(0) }; MAX_TAGS];
 static FLUSHED_PEAK_BYTES: [AtomicU64; MAX_TAGS] = [const { AtomicU64::new(0) }; MAX_TAGS];
 
+/// Where the per-shard counters lie: numbers, which a leak scan skips (reading them all would
+/// also fault in every page never touched).
+pub fn counters_range() -> core::ops::Range<usize> {
+    crate::sys::bytes_of(&COUNTERS)
+}
+
 /// Written only by whoever holds the shard, so a plain load and store suffice.
 #[inline(always)]
 fn bump(counter: &AtomicU64, by: u64) -> u64 {
