@@ -89,6 +89,26 @@ fn fork_while_another_thread_holds_the_registry_and_the_error_log() {
 }
 
 #[test]
+fn fork_while_other_threads_take_checkpoints_mark_frames_and_intern_tags() {
+    let dir = support::scratch("threads_fork_leaf_locks");
+    let exe = support::build(
+        &dir,
+        "fork_leaf_locks",
+        &["tests/cpp/fork_leaf_locks.cpp"],
+        &[],
+    );
+    let run = support::run(&exe, "");
+    // Before `fork` held these locks, a child forked while another thread marked a frame waited
+    // for that lock until its alarm ended it.
+    assert!(
+        run.stdout().contains("healthy children: 200"),
+        "{:?} {}",
+        run.output.status,
+        run.stdout()
+    );
+}
+
+#[test]
 fn two_threads_racing_to_delete_the_same_blocks_free_each_once() {
     let dir = support::scratch("racing_frees");
     let exe = support::build(&dir, "racing_frees", &["tests/cpp/racing_frees.cpp"], &[]);

@@ -30,6 +30,13 @@ struct Taken {
 
 static TAKEN: Mutex<Vec<Taken>> = Mutex::new(Vec::new());
 
+/// Held by `fork` (see `tracker::fork`): a child forked while another thread read the checkpoints would wait for them forever in its first `leaks_since`.
+pub(crate) fn lock_for_fork() -> std::sync::MutexGuard<'static, impl Sized> {
+    TAKEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Tracked blocks of one allocation function allocated since a checkpoint and still live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FamilyLeaks {

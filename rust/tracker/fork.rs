@@ -176,6 +176,10 @@ extern "C" fn prepare() {
     guards.push(Box::new(heap::lock_for_fork()));
     guards.push(Box::new(integrity::lock_for_fork()));
     guards.push(Box::new(crate::stack::lock_caches_for_fork()));
+    // Leaves: their holders take no other lock meanwhile.
+    guards.push(Box::new(super::checkpoints::lock_for_fork()));
+    guards.push(Box::new(super::frames::lock_for_fork()));
+    guards.push(Box::new(super::tags::lock_for_fork()));
     hold_participants(ForkPhase::Last, &mut guards);
     HELD.with(|held| held.set(Box::into_raw(Box::new((world, guards)))));
 }

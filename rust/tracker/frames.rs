@@ -77,6 +77,14 @@ static FRAMES: Mutex<Frames> = Mutex::new(Frames {
     figures: [NO_FIGURES; MAX_TAGS],
 });
 
+/// Held by `fork` (see `tracker::fork`): a child forked while another thread marked a frame
+/// would wait forever at its first mark or report.
+pub(crate) fn lock_for_fork() -> std::sync::MutexGuard<'static, impl Sized> {
+    FRAMES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The marks so far, without the lock: the frame under way (0: start-up), for `profile`'s peak.
 static MARKS: AtomicU64 = AtomicU64::new(0);
 

@@ -68,6 +68,14 @@ static INTERNING: Mutex<Interned> = Mutex::new(Interned {
     name_bytes: 0,
 });
 
+/// Held by `fork` (see `tracker::fork`): a child forked while another thread interned a tag
+/// would wait forever at its first new tag.
+pub(crate) fn lock_for_fork() -> std::sync::MutexGuard<'static, impl Sized> {
+    INTERNING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The id of the tag `name` (interned now if new, with its parents); 0 for an empty name, one
 /// with an empty part (`a//b`, `/a`), or when the table is full.
 pub fn intern(name: &[u8]) -> TagId {
