@@ -30,7 +30,8 @@ struct Taken {
 
 static TAKEN: Mutex<Vec<Taken>> = Mutex::new(Vec::new());
 
-/// Held by `fork` (see `tracker::fork`): a child forked while another thread read the checkpoints would wait for them forever in its first `leaks_since`.
+/// Held by `fork` (see `tracker::fork`): a child forked while another thread read the
+/// checkpoints would wait for them forever in its first `leaks_since`.
 pub(crate) fn lock_for_fork() -> std::sync::MutexGuard<'static, impl Sized> {
     TAKEN
         .lock()

@@ -36,6 +36,15 @@ pub mod timeline;
 pub mod told;
 
 pub use heap::thread_heap_range;
+pub use kind::BlockKind;
+
+use crate::stack::{self, StackId, StartFrame};
+use core::ffi::c_char;
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use errors::{ErrorKind, MemoryError};
+use guard::Inside;
+use header::{BlockHeader, GuardCheck, Lookup, NewBlock, Owner, Placement};
+use live_list::{NotHeld, StoppedWorld, SHARDS};
 
 /// Where the tracker's largest tables of numbers and text lie (per-tag counters, the
 /// timeline's text): no pointers of the program, and mostly pages never touched, which a leak
@@ -53,15 +62,6 @@ pub fn large_block_tables_ranges() -> [core::ops::Range<usize>; 3] {
         raw::unmapped_record_range(),
     ]
 }
-pub use kind::BlockKind;
-
-use crate::stack::{self, StackId, StartFrame};
-use core::ffi::c_char;
-use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use errors::{ErrorKind, MemoryError};
-use guard::Inside;
-use header::{BlockHeader, GuardCheck, Lookup, NewBlock, Owner, Placement};
-use live_list::{NotHeld, StoppedWorld, SHARDS};
 
 /// A tracked block of `size` bytes aligned to `align` (0 = default), or null when exhausted.
 /// `start` gives where the call stack begins; it is only asked for when stacks are captured.
