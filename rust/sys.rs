@@ -6,7 +6,7 @@
 use core::ffi::{c_char, CStr};
 use core::fmt::{self, Write};
 use core::ptr::null_mut;
-use core::sync::atomic::{AtomicPtr, Ordering};
+use core::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 pub const PAGE_SIZE: usize = 4096;
 
@@ -97,6 +97,45 @@ pub unsafe fn raw_free(ptr: *mut u8) {
 /// Fresh anonymous pages, or null.
 pub fn map_pages(len: usize) -> *mut u8 {
     map_with(len, 0)
+}
+
+/// The lock under which mappings change: the program's `mmap`, `munmap` and `mremap`
+/// (`report::mappings`, which also records them under it) and the tracker's mappings of large
+/// blocks, so that a call of the program's that the tracker let through never unmaps pages it
+/// has just mapped for a block (see `tracker::mapped_blocks`). Its holder takes no other lock
+/// but by trying. The word holds the holder's token (0: free), so that a thread finding its own
+/// there knows its signal handler interrupted it, and must not wait for itself.
+static MAP_LOCK: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// Its address is the thread's token.
+    static TOKEN: u8 = const { 0 };
+}
+
+/// [`MAP_LOCK`], held.
+pub struct MapLock;
+
+impl MapLock {
+    /// Waits for the lock; `None` when the calling thread holds it already (a signal handler
+    /// that interrupted its thread's mapping change goes on without it).
+    pub fn take() -> Option<MapLock> {
+        let mine = TOKEN.with(|token| core::ptr::from_ref(token) as usize);
+        while let Err(holder) =
+            MAP_LOCK.compare_exchange_weak(0, mine, Ordering::Acquire, Ordering::Relaxed)
+        {
+            if holder == mine {
+                return None;
+            }
+            std::thread::yield_now();
+        }
+        Some(MapLock)
+    }
+}
+
+impl Drop for MapLock {
+    fn drop(&mut self) {
+        MAP_LOCK.store(0, Ordering::Release);
+    }
 }
 
 /// Fresh anonymous pages that reserve no swap (only touched pages cost memory), or null.

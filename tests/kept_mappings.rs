@@ -2,7 +2,8 @@
 //! in no more often than under glibc, whose heap keeps them as the tracker keeps their mappings;
 //! what is kept stays bounded (twice the largest block freed), a `calloc` over kept pages reads
 //! zeros, and a second `free` of a block whose pages were kept is still a double free that
-//! names the first (`free_stacks=1`).
+//! names the first (`free_stacks=1`). A program that unmaps, remaps or maps over such pages
+//! (live or kept) as if they were its own runs on as under glibc: the calls fail with `EINVAL`.
 
 mod support;
 
@@ -69,4 +70,42 @@ fn levels_of_large_blocks_fault_as_under_glibc_and_kept_pages_stay_bounded_and_c
         support::line_of(SOURCE, "FIRST FREE OF A KEPT LARGE BLOCK")
     );
     assert!(run.leaks().is_empty(), "{}", run.text);
+}
+
+#[test]
+fn unmapping_a_large_blocks_pages_fails_as_under_glibc_and_the_program_runs_on() {
+    const PROGRAM: &str = "tests/cpp/unmap_blocks.cpp";
+    let dir = support::scratch("unmap_blocks");
+    let plain = support::build(&dir, "plain", &[PROGRAM], &["-DK15_MEMORY_DISABLED"]);
+    let tracked = support::build(&dir, "tracked", &[PROGRAM], &[]);
+    let glibc = std::process::Command::new(&plain)
+        .output()
+        .expect("the plain program runs");
+    assert!(glibc.status.success());
+    let glibc = String::from_utf8_lossy(&glibc.stdout).into_owned();
+    assert!(glibc.contains("munmap(block) EINVAL"), "{glibc}");
+    for round in 0..5 {
+        let run = support::run(&tracked, "");
+        let stdout = run.stdout();
+        // Every call on a live block failed, the program's own ones went through, and no byte
+        // of any block changed: the same lines as under glibc.
+        assert_eq!(stdout, glibc, "round {round}\n{}", run.stderr());
+        let said: Vec<_> = run
+            .stderr()
+            .lines()
+            .filter(|line| line.contains("refused (EINVAL)"))
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(said.len(), 1, "said once: {said:?}");
+        assert!(
+            said[0].starts_with("k15-memory: munmap of 0x"),
+            "{}",
+            said[0]
+        );
+        assert!(
+            run.errors().is_empty() && run.leaks().is_empty(),
+            "{}",
+            run.text
+        );
+    }
 }

@@ -8,9 +8,13 @@
 //! `malloc`'s arenas) with its internal calls, and the tracker its own with the system call or,
 //! through a library, from inside itself (its reentrancy guard held), so neither is recorded:
 //! their words are not the program's.
+//!
+//! A call that would unmap or replace the pages of the tracker's large blocks fails instead
+//! ([`refused`]), as it does under glibc.
 
+use core::fmt::Write;
 use core::ops::Range;
-use core::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
 use crate::sys::{self, PAGE_SIZE};
 
@@ -26,53 +30,21 @@ struct Registry {
 }
 
 static REGISTRY: AtomicPtr<Registry> = AtomicPtr::new(core::ptr::null_mut());
-/// The lock: the holder's token (0: free), so that a thread finding its own there knows its
-/// signal handler interrupted its own update, and must not wait for itself.
-static HOLDER: AtomicUsize = AtomicUsize::new(0);
-
-thread_local! {
-    /// Its address is the thread's token.
-    static TOKEN: u8 = const { 0 };
-}
-
-/// Holds the record's lock; `None` when the calling thread holds it already (its signal handler
-/// interrupted an update: that call's change goes unrecorded, and the mapping it made is not
-/// read as a root).
-struct Held;
-
-impl Held {
-    fn take() -> Option<Held> {
-        let mine = TOKEN.with(|token| core::ptr::from_ref(token) as usize);
-        while let Err(holder) =
-            HOLDER.compare_exchange_weak(0, mine, Ordering::Acquire, Ordering::Relaxed)
-        {
-            if holder == mine {
-                return None;
-            }
-            std::thread::yield_now();
-        }
-        Some(Held)
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        HOLDER.store(0, Ordering::Release);
-    }
-}
-
 /// The lock, held across `fork` (see `tracker::fork`): the child must not find it taken by a
 /// thread it does not have.
 pub fn lock_for_fork() -> impl Sized {
-    Held::take()
+    sys::MapLock::take()
 }
 
 /// Makes the program's system call `call` and records what it did with `update`, both under
-/// the record's lock: another thread's call must not come between (a range one thread unmaps
-/// and another maps at once would otherwise be recorded in the wrong order, and lost). The
-/// call's result, errno as the call left it. Unrecorded where the thread holds the lock already
-/// (a signal handler), or the record cannot be mapped.
+/// the mappings' lock (`sys::MapLock`): another thread's call must not come between (a range one
+/// thread unmaps and another maps at once would otherwise be recorded in the wrong order, and
+/// lost), nor the tracker's mapping of a large block where `replaces` pages. The call's result,
+/// errno as the call left it; -1 with `EINVAL` where it would unmap or replace the tracker's
+/// pages ([`refused`]). Unrecorded where the thread holds the lock already (a signal handler),
+/// or the record cannot be mapped.
 fn call_and_record(
+    replaces: &[(&str, usize, usize)],
     call: impl FnOnce() -> isize,
     update: impl FnOnce(&mut Registry, usize),
 ) -> isize {
@@ -81,7 +53,13 @@ fn call_and_record(
         // handler's on a thread inside the tracker: not the program's memory, or left out.
         return call();
     }
-    let held = Held::take();
+    let held = sys::MapLock::take();
+    if replaces
+        .iter()
+        .any(|&(name, start, end)| refused(name, start, end))
+    {
+        return -1;
+    }
     let registry = match held {
         Some(_) => sys::map_once(&REGISTRY, core::mem::size_of::<Registry>()),
         None => core::ptr::null_mut(),
@@ -102,16 +80,49 @@ fn pages(start: usize, len: usize) -> (usize, usize) {
     (start, start.saturating_add(len.next_multiple_of(PAGE_SIZE)))
 }
 
+/// Whether the program's `call` would unmap or replace pages of `[start, end)` that hold the
+/// tracker's large blocks (live, or kept for the next): then it fails with `EINVAL`, as it does
+/// under glibc, whose blocks never start a page, and the first such call gets a line on stderr.
+/// A program that takes a large `malloc`'d buffer for a mapping of its own runs on, as it would
+/// without the tracker, instead of losing the block's header or handing unmapped pages to the
+/// next large block.
+fn refused(call: &str, start: usize, end: usize) -> bool {
+    if !crate::tracker::holds_large_block_pages(start, end) {
+        return false;
+    }
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if !SAID.swap(true, Ordering::Relaxed) {
+        let mut line = sys::StackBuffer::<384>::new();
+        let _ = writeln!(
+            line,
+            "k15-memory: {call} of {start:#x}..{end:#x} refused (EINVAL): those pages hold a \
+             block from malloc or new (or one freed and kept for the next), not a mapping of the \
+             program's; glibc refuses it too, its blocks never starting a page (said once)"
+        );
+        line.flush_to_stderr();
+    }
+    // SAFETY: errno is the calling thread's own.
+    unsafe { *libc::__errno_location() = libc::EINVAL };
+    true
+}
+
 /// The program's `mmap`: an anonymous mapping is recorded; any other one (a file mapped with
 /// `MAP_FIXED` over part of an arena) is taken out of the record.
 pub fn map(address: usize, len: usize, protection: i32, flags: i32, fd: i32, offset: i64) -> isize {
+    let (fixed_start, fixed_end) = pages(address, len);
+    let fixed = [("mmap(MAP_FIXED)", fixed_start, fixed_end)];
+    let replaces = if flags & libc::MAP_FIXED != 0 {
+        &fixed[..]
+    } else {
+        &[]
+    };
     let call = || {
         // SAFETY: the program's own call, passed on as it made it.
         unsafe {
             libc::syscall(libc::SYS_mmap, address, len, protection, flags, fd, offset) as isize
         }
     };
-    call_and_record(call, |registry, start| {
+    call_and_record(replaces, call, |registry, start| {
         let (start, end) = pages(start, len);
         if flags & libc::MAP_ANONYMOUS != 0 {
             registry.add(start, end);
@@ -123,24 +134,34 @@ pub fn map(address: usize, len: usize, protection: i32, flags: i32, fd: i32, off
 
 /// The program's `munmap`.
 pub fn unmap(address: usize, len: usize) -> isize {
+    let (start, end) = pages(address, len);
     // SAFETY: the program's own call, passed on as it made it.
     let call = || unsafe { libc::syscall(libc::SYS_munmap, address, len) as isize };
-    call_and_record(call, |registry, _| {
-        let (start, end) = pages(address, len);
-        registry.remove(start, end);
+    call_and_record(&[("munmap", start, end)], call, |registry, _| {
+        registry.remove(start, end)
     })
 }
 
 /// The program's `mremap`: the new range is recorded if the old one was (wholly or in part).
 pub fn remap(old: usize, old_len: usize, new_len: usize, flags: i32, new_address: usize) -> isize {
+    let (old_start, old_end) = pages(old, old_len);
+    let (fixed_start, fixed_end) = pages(new_address, new_len);
+    let moved = [
+        ("mremap", old_start, old_end.max(old_start + PAGE_SIZE)),
+        ("mremap(MREMAP_FIXED)", fixed_start, fixed_end),
+    ];
+    let replaces = if flags & libc::MREMAP_FIXED != 0 {
+        &moved[..]
+    } else {
+        &moved[..1]
+    };
     let call = || {
         // SAFETY: the program's own call, passed on as it made it.
         unsafe {
             libc::syscall(libc::SYS_mremap, old, old_len, new_len, flags, new_address) as isize
         }
     };
-    call_and_record(call, |registry, new| {
-        let (old_start, old_end) = pages(old, old_len);
+    call_and_record(replaces, call, |registry, new| {
         let (new_start, new_end) = pages(new, new_len);
         if !registry.overlaps(old_start, old_end.max(old_start + PAGE_SIZE)) {
             return;
@@ -158,7 +179,7 @@ pub fn ranges() -> Vec<Range<usize>> {
     let mut copied = Vec::new();
     loop {
         let wanted = {
-            let Some(_held) = Held::take() else {
+            let Some(_held) = sys::MapLock::take() else {
                 return copied;
             };
             // SAFETY: as in `change`: mapped for good once published, read under the lock.

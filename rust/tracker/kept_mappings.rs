@@ -165,6 +165,16 @@ pub fn unmap_all() {
     kept.bytes = 0;
 }
 
+/// Whether a kept range overlaps the pages `[start, end)`. Only tried, as [`take`] does: while
+/// another thread keeps or takes a range, the answer is no.
+pub fn overlaps(start: usize, end: usize) -> bool {
+    KEPT.try_lock().is_ok_and(|kept| {
+        kept.ranges
+            .iter()
+            .any(|range| range.len > 0 && range.start < end && start < range.start + range.len)
+    })
+}
+
 /// Where the kept ranges are listed: addresses of freed mappings, which a leak scan skips.
 pub fn kept_list_range() -> core::ops::Range<usize> {
     sys::bytes_of(&KEPT)

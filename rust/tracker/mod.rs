@@ -63,6 +63,13 @@ pub fn large_block_tables_ranges() -> [core::ops::Range<usize>; 3] {
     ]
 }
 
+/// Whether the pages `[start, end)` hold a live large block's mapping or pages kept for the next
+/// one: the tracker's, which the program's `munmap`, `mremap` and `mmap(MAP_FIXED)` must leave
+/// alone (see `report::mappings`).
+pub fn holds_large_block_pages(start: usize, end: usize) -> bool {
+    mapped_blocks::overlaps(start, end) || kept_mappings::overlaps(start, end)
+}
+
 /// A tracked block of `size` bytes aligned to `align` (0 = default), or null when exhausted.
 /// `start` gives where the call stack begins; it is only asked for when stacks are captured.
 ///

@@ -182,6 +182,8 @@ fn acquire_mapped(size: usize, align: usize) -> Option<RawBlock> {
         .checked_add(slack)?
         .checked_add(size)?
         .checked_next_multiple_of(PAGE_SIZE)?;
+    // Until the block is listed, a `munmap` of the program's may not come between.
+    let _mapping = sys::MapLock::take();
     let start = if slack == 0 {
         kept_mappings::take(len).unwrap_or_else(|| sys::map_pages(len))
     } else {
@@ -203,7 +205,7 @@ fn acquire_mapped(size: usize, align: usize) -> Option<RawBlock> {
             sys::unmap_pages((user + size).next_multiple_of(PAGE_SIZE) as *mut u8, tail);
         }
     }
-    mapped_blocks::insert(user);
+    mapped_blocks::insert(user, kept);
     Some(RawBlock {
         user: user as *mut u8,
         raw_offset: PAGE_SIZE,
@@ -235,7 +237,6 @@ pub unsafe fn release(header: *mut BlockHeader, raw_offset: usize, tracked: bool
         // Never here: the free path parks heap blocks or gives them back.
         Placement::Heap => {}
         Placement::Mapped => {
-            mapped_blocks::remove(user as usize);
             if tracked {
                 remember_unmapped(UnmappedBlock {
                     user: user as usize,
@@ -245,6 +246,9 @@ pub unsafe fn release(header: *mut BlockHeader, raw_offset: usize, tracked: bool
                     free_stack: unsafe { super::recorded_free_stack(user) },
                 });
             }
+            // Between unlisting and keeping, no `munmap` of the program's may come.
+            let _mapping = sys::MapLock::take();
+            mapped_blocks::remove(user as usize);
             // SAFETY: the kept range of acquire_mapped for this block, no longer referenced.
             unsafe { kept_mappings::keep_or_unmap(raw, mapped_len(size)) };
         }
@@ -289,14 +293,18 @@ pub unsafe fn resize_mapping(
     if old_len == new_len {
         return Some(BlockHeader::user_ptr(header));
     }
+    // Until the table follows, a `munmap` of the program's may not come between.
+    let _mapping = sys::MapLock::take();
     // SAFETY: guaranteed by the caller: the block's kept range (`acquire_mapped`).
     let start = unsafe { sys::remap_pages(raw, old_len, new_len, may_move) };
     if start.is_null() {
         return None;
     }
-    if start != raw {
+    if start == raw {
+        mapped_blocks::resize(raw as usize + PAGE_SIZE, new_len);
+    } else {
         mapped_blocks::remove(raw as usize + PAGE_SIZE);
-        mapped_blocks::insert(start as usize + PAGE_SIZE);
+        mapped_blocks::insert(start as usize + PAGE_SIZE, new_len);
     }
     Some(start.wrapping_add(PAGE_SIZE))
 }
