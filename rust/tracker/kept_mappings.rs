@@ -22,7 +22,7 @@ const LONGEST_KEPT: usize = 32 << 20;
 /// Ranges kept at most: a freed mapping finding no slot (and touching no kept range) is unmapped.
 const SLOTS: usize = 32;
 
-/// A kept range of pages: `len` bytes from `start`, both page multiples; `len` 0 is a free slot.
+/// A kept range of pages: `len` bytes from `start`, both page multiples.
 #[derive(Clone, Copy)]
 struct Range {
     start: usize,
@@ -32,7 +32,10 @@ struct Range {
 }
 
 struct Kept {
+    /// `ranges[..count]` are kept, none empty: a program keeps a range or two, and every
+    /// `malloc` and `free` of a large block looks through them.
     ranges: [Range; SLOTS],
+    count: usize,
     /// Bytes kept in all.
     bytes: usize,
     /// Ranges kept so far.
@@ -48,6 +51,7 @@ static KEPT: Mutex<Kept> = Mutex::new(Kept {
         len: 0,
         kept_at: 0,
     }; SLOTS],
+    count: 0,
     bytes: 0,
     frees: 0,
     threshold: 0,
@@ -60,16 +64,17 @@ const REUSED: usize = 1;
 /// `len` bytes (a page multiple) of kept pages, or `None` (then the caller maps fresh ones).
 pub fn take(len: usize) -> Option<*mut u8> {
     let mut kept = KEPT.try_lock().ok()?;
-    let best = kept
-        .ranges
-        .iter_mut()
-        .filter(|range| range.len >= len)
-        .min_by_key(|range| range.len)?;
-    let start = best.start;
-    best.start += len;
-    best.len -= len;
+    let best = (0..kept.count)
+        .filter(|&i| kept.ranges[i].len >= len)
+        .min_by_key(|&i| kept.ranges[i].len)?;
+    let range = &mut kept.ranges[best];
+    let start = range.start as *mut u8;
+    range.start += len;
+    range.len -= len;
+    if range.len == 0 {
+        kept.remove(best);
+    }
     kept.bytes -= len;
-    let start = start as *mut u8;
     // SAFETY: the range's first page is ours (kept, now handed out) and writable.
     unsafe { start.cast::<usize>().write(REUSED) };
     Some(start)
@@ -106,50 +111,58 @@ pub unsafe fn keep_or_unmap(start: *mut u8, len: usize) {
 }
 
 impl Kept {
+    fn kept(&self) -> &[Range] {
+        &self.ranges[..self.count]
+    }
+
+    /// Drops `ranges[i]` from the kept ones (its bytes are the caller's to count).
+    fn remove(&mut self, i: usize) {
+        self.count -= 1;
+        self.ranges[i] = self.ranges[self.count];
+    }
+
     /// Unmaps the ranges kept longest until `len` more bytes fit in twice the threshold (it
     /// does, as `len` is at most the threshold).
     fn make_room(&mut self, len: usize) -> bool {
         while self.bytes + len > 2 * self.threshold {
-            let Some(oldest) = self
-                .ranges
-                .iter_mut()
-                .filter(|range| range.len > 0)
-                .min_by_key(|range| range.kept_at)
-            else {
+            let Some(oldest) = (0..self.count).min_by_key(|&i| self.ranges[i].kept_at) else {
                 return false;
             };
+            let range = self.ranges[oldest];
             // SAFETY: a kept range: ours, and nothing uses it.
-            unsafe { sys::unmap_pages(oldest.start as *mut u8, oldest.len) };
-            self.bytes -= oldest.len;
-            oldest.len = 0;
+            unsafe { sys::unmap_pages(range.start as *mut u8, range.len) };
+            self.bytes -= range.len;
+            self.remove(oldest);
         }
         true
     }
 
     /// Adds a range, joined to any kept range it touches; `false` when no slot is left for it.
     fn add(&mut self, mut start: usize, mut len: usize) -> bool {
-        for range in self.ranges.iter_mut().filter(|range| range.len > 0) {
+        let mut i = 0;
+        while i < self.count {
+            let range = self.ranges[i];
             if range.start + range.len == start || start + len == range.start {
                 start = start.min(range.start);
                 len += range.len;
                 self.bytes -= range.len;
-                range.len = 0;
+                self.remove(i); // `ranges[i]` is another range now
+            } else {
+                i += 1;
             }
+        }
+        if self.count == SLOTS {
+            return false;
         }
         self.frees += 1;
-        let kept_at = self.frees;
-        match self.ranges.iter_mut().find(|range| range.len == 0) {
-            Some(slot) => {
-                *slot = Range {
-                    start,
-                    len,
-                    kept_at,
-                };
-                self.bytes += len;
-                true
-            }
-            None => false,
-        }
+        self.ranges[self.count] = Range {
+            start,
+            len,
+            kept_at: self.frees,
+        };
+        self.count += 1;
+        self.bytes += len;
+        true
     }
 }
 
@@ -157,11 +170,11 @@ impl Kept {
 /// hardly ask for again, and the symbolizer may).
 pub fn unmap_all() {
     let mut kept = lock();
-    for range in kept.ranges.iter_mut().filter(|range| range.len > 0) {
+    for range in kept.kept() {
         // SAFETY: a kept range: ours, and nothing uses it.
         unsafe { sys::unmap_pages(range.start as *mut u8, range.len) };
-        range.len = 0;
     }
+    kept.count = 0;
     kept.bytes = 0;
 }
 
@@ -169,9 +182,9 @@ pub fn unmap_all() {
 /// another thread keeps or takes a range, the answer is no.
 pub fn overlaps(start: usize, end: usize) -> bool {
     KEPT.try_lock().is_ok_and(|kept| {
-        kept.ranges
+        kept.kept()
             .iter()
-            .any(|range| range.len > 0 && range.start < end && start < range.start + range.len)
+            .any(|range| range.start < end && start < range.start + range.len)
     })
 }
 
@@ -187,4 +200,66 @@ fn lock() -> MutexGuard<'static, Kept> {
 /// Held by `fork` (see `tracker::fork`).
 pub(crate) fn lock_for_fork() -> MutexGuard<'static, impl Sized> {
     lock()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sys::PAGE_SIZE;
+
+    fn empty() -> Kept {
+        Kept {
+            ranges: [Range {
+                start: 0,
+                len: 0,
+                kept_at: 0,
+            }; SLOTS],
+            count: 0,
+            bytes: 0,
+            frees: 0,
+            threshold: 0,
+        }
+    }
+
+    #[test]
+    fn ranges_that_touch_are_joined_and_the_oldest_go_back_first() {
+        let pages = sys::map_pages(16 * PAGE_SIZE) as usize;
+        assert_ne!(pages, 0);
+        let page = |n: usize| pages + n * PAGE_SIZE;
+        let mut kept = empty();
+        kept.threshold = 4 * PAGE_SIZE;
+        assert!(kept.add(page(0), PAGE_SIZE));
+        assert!(kept.add(page(4), 2 * PAGE_SIZE));
+        assert!(kept.add(page(1), PAGE_SIZE), "touches the first");
+        let spans = |kept: &Kept| {
+            let mut spans: Vec<_> = kept.kept().iter().map(|r| (r.start, r.len)).collect();
+            spans.sort();
+            spans
+        };
+        assert_eq!(
+            spans(&kept),
+            [(page(0), 2 * PAGE_SIZE), (page(4), 2 * PAGE_SIZE)]
+        );
+        assert_eq!(kept.bytes, 4 * PAGE_SIZE);
+        assert!(kept.add(page(2), 2 * PAGE_SIZE), "touches both: one range");
+        assert_eq!(spans(&kept), [(page(0), 6 * PAGE_SIZE)]);
+        assert!(kept.add(page(8), PAGE_SIZE));
+        // 7 pages kept, at most 8: 3 more need the oldest (the joined range) to go.
+        assert!(kept.make_room(3 * PAGE_SIZE));
+        assert_eq!(spans(&kept), [(page(8), PAGE_SIZE)]);
+        assert_eq!(kept.bytes, PAGE_SIZE);
+        // SAFETY: the test's own pages (those make_room unmapped again are unmapped twice: fine).
+        unsafe { sys::unmap_pages(pages as *mut u8, 16 * PAGE_SIZE) };
+    }
+
+    #[test]
+    fn a_full_list_keeps_nothing_more() {
+        let mut kept = empty();
+        kept.threshold = usize::MAX / 4;
+        for n in 0..SLOTS {
+            assert!(kept.add(0x1000_0000 + 2 * n * PAGE_SIZE, PAGE_SIZE));
+        }
+        assert!(!kept.add(0x2000_0000, PAGE_SIZE));
+        assert_eq!(kept.count, SLOTS);
+    }
 }
