@@ -99,33 +99,49 @@ pub fn map_pages(len: usize) -> *mut u8 {
     map_with(len, 0)
 }
 
-/// The lock under which mappings change: the program's `mmap`, `munmap` and `mremap`
-/// (`report::mappings`, which also records them under it) and the tracker's mappings of large
-/// blocks, so that a call of the program's that the tracker let through never unmaps pages it
-/// has just mapped for a block (see `tracker::mapped_blocks`). Its holder takes no other lock
-/// but by trying. The word holds the holder's token (0: free), so that a thread finding its own
-/// there knows its signal handler interrupted it, and must not wait for itself.
+/// The lock under which mappings change: taken alone by each of the program's `mmap`, `munmap`
+/// and `mremap` calls (`report::mappings`, which also records them under it), and shared by the
+/// tracker's changes to its large blocks' mappings (each from taking or mapping a block's pages
+/// until the block is listed, from unlisting it until its pages are kept or unmapped, and
+/// around its `mremap`), so that a call of the program's that the tracker let through never
+/// unmaps pages just handed to a block (see `tracker::mapped_blocks`), while the tracker's own
+/// changes never wait for each other. Holders take no other lock but by trying.
+///
+/// The word: [`PROGRAM_CALL`] while a program's call holds it or waits for the tracker's changes
+/// under way, which it counts below.
 static MAP_LOCK: AtomicUsize = AtomicUsize::new(0);
+const PROGRAM_CALL: usize = 1 << (usize::BITS - 1);
 
 thread_local! {
-    /// Its address is the thread's token.
-    static TOKEN: u8 = const { 0 };
+    /// Whether the thread is inside a change or call under [`MAP_LOCK`]: a signal handler that
+    /// interrupted it goes on without the lock rather than wait for its own thread.
+    static IN_MAPPING_CHANGE: core::cell::Cell<bool> = const { core::cell::Cell::new(false) };
 }
 
-/// [`MAP_LOCK`], held.
+/// Marks the calling thread as inside a mapping change; false if it was already.
+fn enter_mapping_change() -> bool {
+    !IN_MAPPING_CHANGE.with(|inside| inside.replace(true))
+}
+
+/// [`MAP_LOCK`], held alone: for a call of the program's.
 pub struct MapLock;
 
 impl MapLock {
-    /// Waits for the lock; `None` when the calling thread holds it already (a signal handler
-    /// that interrupted its thread's mapping change goes on without it).
+    /// Waits for the lock and for the tracker's changes under way; `None` where the calling
+    /// thread is inside a change already (a signal handler that interrupted it).
     pub fn take() -> Option<MapLock> {
-        let mine = TOKEN.with(|token| core::ptr::from_ref(token) as usize);
-        while let Err(holder) =
-            MAP_LOCK.compare_exchange_weak(0, mine, Ordering::Acquire, Ordering::Relaxed)
+        if !enter_mapping_change() {
+            return None;
+        }
+        while MAP_LOCK
+            .fetch_update(Ordering::Acquire, Ordering::Relaxed, |word| {
+                (word & PROGRAM_CALL == 0).then_some(word | PROGRAM_CALL)
+            })
+            .is_err()
         {
-            if holder == mine {
-                return None;
-            }
+            std::thread::yield_now();
+        }
+        while MAP_LOCK.load(Ordering::Acquire) != PROGRAM_CALL {
             std::thread::yield_now();
         }
         Some(MapLock)
@@ -135,6 +151,36 @@ impl MapLock {
 impl Drop for MapLock {
     fn drop(&mut self) {
         MAP_LOCK.store(0, Ordering::Release);
+        IN_MAPPING_CHANGE.with(|inside| inside.set(false));
+    }
+}
+
+/// [`MAP_LOCK`], shared: for a change of the tracker's to a large block's mapping.
+pub struct MapChange;
+
+impl MapChange {
+    /// Waits while a call of the program's holds the lock; `None` where the calling thread is
+    /// inside a change already (a signal handler that interrupted it).
+    pub fn begin() -> Option<MapChange> {
+        if !enter_mapping_change() {
+            return None;
+        }
+        while MAP_LOCK
+            .fetch_update(Ordering::Acquire, Ordering::Relaxed, |word| {
+                (word & PROGRAM_CALL == 0).then_some(word + 1)
+            })
+            .is_err()
+        {
+            std::thread::yield_now();
+        }
+        Some(MapChange)
+    }
+}
+
+impl Drop for MapChange {
+    fn drop(&mut self) {
+        MAP_LOCK.fetch_sub(1, Ordering::Release);
+        IN_MAPPING_CHANGE.with(|inside| inside.set(false));
     }
 }
 
