@@ -14,7 +14,7 @@
 
 use core::fmt::Write;
 use core::ops::Range;
-use core::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 
 use crate::sys::{self, PAGE_SIZE};
 
@@ -64,14 +64,56 @@ fn call_and_record(
         Some(_) => sys::map_once(&REGISTRY, core::mem::size_of::<Registry>()),
         None => core::ptr::null_mut(),
     };
+    let in_flight = held.as_ref().map(|_| InFlight::calling(replaces));
     let result = call();
+    if let Some(in_flight) = &in_flight {
+        in_flight.recording();
+    }
     // SAFETY: the record is mapped for the process lifetime, zeroed (an empty record) when new,
     // and only touched under the lock, held here when `registry` is not null.
     if let (true, Some(registry)) = (result != -1, unsafe { registry.as_mut() }) {
         update(registry, result as usize);
     }
+    drop(in_flight);
     drop(held);
     result
+}
+
+/// The call of the program's that holds the lock, for a leak scan that suspended its thread
+/// there (`ranges_with_others_suspended`): the ranges it may unmap or replace, and whether it
+/// is recording what it did (the record may then be half changed).
+static IN_FLIGHT: [(AtomicUsize, AtomicUsize); 2] =
+    [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; 2];
+static PHASE: AtomicU8 = AtomicU8::new(IDLE);
+const IDLE: u8 = 0;
+const CALLING: u8 = 1;
+const RECORDING: u8 = 2;
+
+/// The published call of the lock's holder, cleared when dropped.
+struct InFlight;
+
+impl InFlight {
+    fn calling(replaces: &[(&str, usize, usize)]) -> InFlight {
+        for (slot, range) in IN_FLIGHT
+            .iter()
+            .zip(replaces.iter().chain([&("", 0, 0); 2]))
+        {
+            slot.0.store(range.1, Ordering::Relaxed);
+            slot.1.store(range.2, Ordering::Relaxed);
+        }
+        PHASE.store(CALLING, Ordering::Release);
+        InFlight
+    }
+
+    fn recording(&self) {
+        PHASE.store(RECORDING, Ordering::Release);
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        PHASE.store(IDLE, Ordering::Release);
+    }
 }
 
 /// Whole pages from `start` for `len` bytes, as the kernel counts them.
@@ -172,6 +214,37 @@ pub fn remap(old: usize, old_len: usize, new_len: usize, flags: i32, new_address
         }
         registry.add(new_start, new_end);
     })
+}
+
+/// The program's mappings while every other thread is suspended, given those `gathered` under
+/// the lock before (`ranges`): what the record says now (the calls made since count), but where
+/// a thread was suspended recording its call (the record may be half changed: then `gathered`),
+/// less what the call a thread was suspended in may have unmapped. A range unmapped since may
+/// hold the tracker's own memory now, whose words are not the program's.
+pub fn ranges_with_others_suspended(gathered: Vec<Range<usize>>) -> Vec<Range<usize>> {
+    let phase = PHASE.load(Ordering::Acquire);
+    // SAFETY: mapped for good once published; no thread but the caller runs, and it changes no
+    // record (its calls are the tracker's own); one suspended while recording is excluded.
+    let registry = unsafe { REGISTRY.load(Ordering::Acquire).as_ref() };
+    let now = match registry {
+        Some(registry) if phase != RECORDING => registry.ranges[..registry.len]
+            .iter()
+            .map(|&(start, end)| start..end)
+            .collect(),
+        _ => gathered,
+    };
+    if phase == IDLE {
+        return now;
+    }
+    let in_flight: Vec<Range<usize>> = IN_FLIGHT
+        .iter()
+        .map(|(start, end)| start.load(Ordering::Relaxed)..end.load(Ordering::Relaxed))
+        .filter(|range| !range.is_empty())
+        .collect();
+    now.into_iter()
+        .flat_map(|range| super::scan::uncovered(range, &in_flight))
+        .map(|(start, end)| start..end)
+        .collect()
 }
 
 /// The ranges recorded now.

@@ -183,7 +183,7 @@ fn acquire_mapped(size: usize, align: usize) -> Option<RawBlock> {
         .checked_add(size)?
         .checked_next_multiple_of(PAGE_SIZE)?;
     // Until the block is listed, a `munmap` of the program's may not come between.
-    let _mapping = sys::MapChange::begin();
+    let _mapping = mapping_change();
     let start = if slack == 0 {
         kept_mappings::take(len).unwrap_or_else(|| sys::map_pages(len))
     } else {
@@ -247,11 +247,22 @@ pub unsafe fn release(header: *mut BlockHeader, raw_offset: usize, tracked: bool
                 });
             }
             // Between unlisting and keeping, no `munmap` of the program's may come.
-            let _mapping = sys::MapChange::begin();
+            let _mapping = mapping_change();
             mapped_blocks::remove(user as usize);
             // SAFETY: the kept range of acquire_mapped for this block, no longer referenced.
             unsafe { kept_mappings::keep_or_unmap(raw, mapped_len(size)) };
         }
+    }
+}
+
+/// Shares the mappings' lock (`sys::MapLock`) for a change of a large block's mapping, unless
+/// the calling thread holds the others suspended (for a leak scan), one of which may be inside
+/// a `munmap` of the program's: it would never let go.
+fn mapping_change() -> Option<sys::MapChange> {
+    if super::suspend::holds_others_suspended() {
+        None
+    } else {
+        sys::MapChange::begin()
     }
 }
 
@@ -294,7 +305,7 @@ pub unsafe fn resize_mapping(
         return Some(BlockHeader::user_ptr(header));
     }
     // Until the table follows, a `munmap` of the program's may not come between.
-    let _mapping = sys::MapChange::begin();
+    let _mapping = mapping_change();
     // SAFETY: guaranteed by the caller: the block's kept range (`acquire_mapped`).
     let start = unsafe { sys::remap_pages(raw, old_len, new_len, may_move) };
     if start.is_null() {

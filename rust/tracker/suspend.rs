@@ -56,6 +56,17 @@ static RECORDS: [Record; CAPACITY] = [const {
         registers: [const { AtomicUsize::new(0) }; REGISTER_WORDS],
     }
 }; CAPACITY];
+thread_local! {
+    /// Whether the calling thread holds the others suspended (a [`Suspension`] of its own).
+    static SUSPENDING: core::cell::Cell<bool> = const { core::cell::Cell::new(false) };
+}
+
+/// Whether the calling thread holds the other threads suspended: a lock one of them holds stays
+/// held until it lets them go, so it waits for none (`raw`'s share of the mappings' lock).
+pub fn holds_others_suspended() -> bool {
+    SUSPENDING.with(core::cell::Cell::get)
+}
+
 /// Records in use this round: a handler looks no further.
 static IN_USE: AtomicUsize = AtomicUsize::new(0);
 /// The futex suspended threads wait on: it changes when they may go on.
@@ -215,6 +226,11 @@ impl Suspension {
         }
     }
 
+    /// Whether every other thread of the process was suspended (or has exited): none runs.
+    pub fn holds_every_other(&self) -> bool {
+        self.asked > 0 && self.running.is_empty()
+    }
+
     /// The suspended thread `tid`, if it is.
     pub fn thread(&self, tid: u32) -> Option<&SuspendedThread> {
         self.threads.iter().find(|t| t.tid == tid)
@@ -230,6 +246,7 @@ impl Suspension {
             suspension.running = other_threads(me);
             return suspension;
         }
+        SUSPENDING.with(|suspending| suspending.set(true));
         let round = ROUND.load(Ordering::Relaxed);
         let started = Instant::now();
         // Threads started meanwhile by one not yet suspended: asked in a later pass.
@@ -331,6 +348,7 @@ fn wait_for_answers(records: &[Record], started: Instant) {
 impl Drop for Suspension {
     /// Lets every suspended thread go on; the records serve again.
     fn drop(&mut self) {
+        SUSPENDING.with(|suspending| suspending.set(false));
         if self.asked == 0 {
             return;
         }
