@@ -123,6 +123,18 @@ fn enter_mapping_change() -> bool {
     !IN_MAPPING_CHANGE.with(|inside| inside.replace(true))
 }
 
+/// Waits until no call of the program's holds [`MAP_LOCK`], and changes its word with `enter`.
+fn enter_when_no_program_call(enter: impl Fn(usize) -> usize) {
+    while MAP_LOCK
+        .fetch_update(Ordering::Acquire, Ordering::Relaxed, |word| {
+            (word & PROGRAM_CALL == 0).then(|| enter(word))
+        })
+        .is_err()
+    {
+        std::thread::yield_now();
+    }
+}
+
 /// [`MAP_LOCK`], held alone: for a call of the program's.
 pub struct MapLock;
 
@@ -133,14 +145,7 @@ impl MapLock {
         if !enter_mapping_change() {
             return None;
         }
-        while MAP_LOCK
-            .fetch_update(Ordering::Acquire, Ordering::Relaxed, |word| {
-                (word & PROGRAM_CALL == 0).then_some(word | PROGRAM_CALL)
-            })
-            .is_err()
-        {
-            std::thread::yield_now();
-        }
+        enter_when_no_program_call(|word| word | PROGRAM_CALL);
         while MAP_LOCK.load(Ordering::Acquire) != PROGRAM_CALL {
             std::thread::yield_now();
         }
@@ -165,14 +170,7 @@ impl MapChange {
         if !enter_mapping_change() {
             return None;
         }
-        while MAP_LOCK
-            .fetch_update(Ordering::Acquire, Ordering::Relaxed, |word| {
-                (word & PROGRAM_CALL == 0).then_some(word + 1)
-            })
-            .is_err()
-        {
-            std::thread::yield_now();
-        }
+        enter_when_no_program_call(|word| word + 1);
         Some(MapChange)
     }
 }

@@ -45,17 +45,7 @@ struct Kept {
     threshold: usize,
 }
 
-static KEPT: Mutex<Kept> = Mutex::new(Kept {
-    ranges: [Range {
-        start: 0,
-        len: 0,
-        kept_at: 0,
-    }; SLOTS],
-    count: 0,
-    bytes: 0,
-    frees: 0,
-    threshold: 0,
-});
+static KEPT: Mutex<Kept> = Mutex::new(Kept::NONE);
 
 /// The first word of a mapping handed out again: its pages hold what earlier blocks wrote (a
 /// fresh mapping's first word is 0).
@@ -111,6 +101,18 @@ pub unsafe fn keep_or_unmap(start: *mut u8, len: usize) {
 }
 
 impl Kept {
+    const NONE: Kept = Kept {
+        ranges: [Range {
+            start: 0,
+            len: 0,
+            kept_at: 0,
+        }; SLOTS],
+        count: 0,
+        bytes: 0,
+        frees: 0,
+        threshold: 0,
+    };
+
     fn kept(&self) -> &[Range] {
         &self.ranges[..self.count]
     }
@@ -207,26 +209,12 @@ mod tests {
     use super::*;
     use crate::sys::PAGE_SIZE;
 
-    fn empty() -> Kept {
-        Kept {
-            ranges: [Range {
-                start: 0,
-                len: 0,
-                kept_at: 0,
-            }; SLOTS],
-            count: 0,
-            bytes: 0,
-            frees: 0,
-            threshold: 0,
-        }
-    }
-
     #[test]
     fn ranges_that_touch_are_joined_and_the_oldest_go_back_first() {
         let pages = sys::map_pages(16 * PAGE_SIZE) as usize;
         assert_ne!(pages, 0);
         let page = |n: usize| pages + n * PAGE_SIZE;
-        let mut kept = empty();
+        let mut kept = Kept::NONE;
         kept.threshold = 4 * PAGE_SIZE;
         assert!(kept.add(page(0), PAGE_SIZE));
         assert!(kept.add(page(4), 2 * PAGE_SIZE));
@@ -254,7 +242,7 @@ mod tests {
 
     #[test]
     fn a_full_list_keeps_nothing_more() {
-        let mut kept = empty();
+        let mut kept = Kept::NONE;
         kept.threshold = usize::MAX / 4;
         for n in 0..SLOTS {
             assert!(kept.add(0x1000_0000 + 2 * n * PAGE_SIZE, PAGE_SIZE));
