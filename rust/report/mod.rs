@@ -498,7 +498,12 @@ fn snapshot(symbolizer: &Symbolizer, stack: Option<core::ops::Range<usize>>) -> 
         unlisted_allocators.push(EVERY_POOL);
         Vec::new()
     });
+    let loader_calls = crate::tracker::fork::hold_loader_calls();
     let roots = scan::Roots::gather(stack);
+    // Before the world stops, as the roots: the loader's lock, which `dl_iterate_phdr` takes, may
+    // be held by a thread inside `dlclose`, freeing a block (a plugin reloaded while a report is
+    // written: it waited for the stopped world, and the report for it).
+    let linker = scan::dynamic_linker();
     let ignored = ignore::IgnoreSet::now();
     let mut leaks = Vec::new();
     let mut problems = Vec::new();
@@ -547,7 +552,7 @@ fn snapshot(symbolizer: &Symbolizer, stack: Option<core::ops::Range<usize>>) -> 
                 .and_then(|rule| IGNORE_RULES.iter().position(|r| *r == rule));
         }
     }
-    let nodes = nodes_of(&leaks);
+    let nodes = nodes_of(&leaks, linker);
     // Inside another stop (a signal handler's report), threads may be suspended already.
     let suspension = if world.is_outermost() {
         Suspension::suspend_others()
@@ -557,6 +562,7 @@ fn snapshot(symbolizer: &Symbolizer, stack: Option<core::ops::Range<usize>>) -> 
     let classified = scan::classify(&nodes, roots, &suspension);
     let unsuspended_threads = suspension.running.clone();
     drop(suspension);
+    drop(loader_calls);
     drop(world);
     integrity::report_found();
     integrity::report_all(problems, StackId(0), BlockKind::New);
@@ -644,10 +650,9 @@ fn add_sub_blocks(leaks: &mut Vec<Leak>, sub_blocks: Vec<(Leak, bool)>) {
 }
 
 /// The blocks as the scan sees them. Ignored blocks are roots, and so are the blocks the dynamic
-/// linker allocated (as LeakSanitizer counts them): it keeps a loaded library's records and
-/// `thread_local` blocks in memory it maps itself, which no scan sees.
-fn nodes_of(leaks: &[Leak]) -> Vec<Node> {
-    let linker = scan::dynamic_linker();
+/// linker (its code at `linker`) allocated (as LeakSanitizer counts them): it keeps a loaded
+/// library's records and `thread_local` blocks in memory it maps itself, which no scan sees.
+fn nodes_of(leaks: &[Leak], linker: core::ops::Range<usize>) -> Vec<Node> {
     let by_linker = |l: &Leak| {
         let innermost = crate::stack::frames(l.stack).iter().next().copied();
         innermost.is_some_and(|address| linker.contains(&address))

@@ -117,6 +117,15 @@ pub fn classify(nodes: &[Node], roots: Roots, suspension: &Suspension) -> Classi
     };
     mapped.extend(others.stacks);
     let readable = readable_ranges();
+    // Roots gathered before the suspension may be gone since (a plugin's segments, unloaded by
+    // `dlclose` meanwhile): read only where memory is readable now, as plain loads there crashed
+    // the program (a plugin reloaded while reports were written: `tests/live_threads_report.rs`).
+    if !readable.is_empty() {
+        ranges = ranges
+            .into_iter()
+            .flat_map(|range| readable_parts(range, &readable))
+            .collect();
+    }
     let nodes: Vec<Node> = nodes
         .iter()
         .map(|node| Node {
@@ -160,6 +169,18 @@ fn readable_ranges() -> Vec<core::ops::Range<usize>> {
 }
 
 /// Whether `[address, address + size)` lies inside one of the sorted `ranges`.
+/// The parts of `range` that the sorted, apart `readable` ranges hold.
+fn readable_parts(
+    range: core::ops::Range<usize>,
+    readable: &[core::ops::Range<usize>],
+) -> impl Iterator<Item = core::ops::Range<usize>> + '_ {
+    let first = readable.partition_point(|r| r.end <= range.start);
+    readable[first..]
+        .iter()
+        .take_while(move |r| r.start < range.end)
+        .map(move |r| r.start.max(range.start)..r.end.min(range.end))
+}
+
 fn covered(ranges: &[core::ops::Range<usize>], address: usize, size: usize) -> bool {
     let after = ranges.partition_point(|r| r.start <= address);
     after > 0 && address.saturating_add(size) <= ranges[after - 1].end

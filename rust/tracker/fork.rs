@@ -105,8 +105,9 @@ pub fn inherited(thread: u32, seq: u32) -> bool {
 /// while another thread was inside would wait for it forever in its first `dl_iterate_phdr`
 /// (its report reads the modules and their data segments so).
 static IN_LOADER: AtomicU32 = AtomicU32::new(0);
-/// Forks between their `prepare` and their `release` (threads may fork at once).
-static FORKS_UNDER_WAY: AtomicU32 = AtomicU32::new(0);
+/// Forks between their `prepare` and their `release` (threads may fork at once), and reports
+/// between the roots they gather and their scan ([`hold_loader_calls`]): new loader calls wait.
+static LOADER_HOLDS: AtomicU32 = AtomicU32::new(0);
 
 thread_local! {
     /// This thread's loader calls in progress (a library's constructor may `dlopen` again, or
@@ -118,14 +119,33 @@ thread_local! {
 pub fn loader_call_begins() {
     let mine = MY_LOADER_CALLS.with(|calls| calls.replace(calls.get() + 1));
     loop {
-        while mine == 0 && FORKS_UNDER_WAY.load(Ordering::SeqCst) > 0 {
+        while mine == 0 && LOADER_HOLDS.load(Ordering::SeqCst) > 0 {
             std::thread::yield_now();
         }
         IN_LOADER.fetch_add(1, Ordering::SeqCst);
-        if mine > 0 || FORKS_UNDER_WAY.load(Ordering::SeqCst) == 0 {
+        if mine > 0 || LOADER_HOLDS.load(Ordering::SeqCst) == 0 {
             return;
         }
         IN_LOADER.fetch_sub(1, Ordering::SeqCst); // the fork came first: let it go
+    }
+}
+
+/// Keeps new loader calls of other threads out until dropped, once those in progress came out
+/// (within the tracker's patience): a report reads the modules' writable segments as roots
+/// before it suspends the threads, and scans them after; a `dlclose` in between unmapped them
+/// (a plugin reloaded while reports were written: a crash, or the tracker's own memory mapped
+/// there since read as the program's, its leaks called reachable).
+pub fn hold_loader_calls() -> LoaderCallsHeld {
+    wait_for_loader_calls();
+    LoaderCallsHeld
+}
+
+/// See [`hold_loader_calls`].
+pub struct LoaderCallsHeld;
+
+impl Drop for LoaderCallsHeld {
+    fn drop(&mut self) {
+        LOADER_HOLDS.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -138,7 +158,7 @@ pub fn loader_call_ends() {
 /// Keeps new loader calls out and waits (within the tracker's patience) for those in progress
 /// on other threads.
 fn wait_for_loader_calls() {
-    FORKS_UNDER_WAY.fetch_add(1, Ordering::SeqCst);
+    LOADER_HOLDS.fetch_add(1, Ordering::SeqCst);
     let mine = MY_LOADER_CALLS.with(Cell::get);
     let mut waited = live_list::Patience::new();
     while IN_LOADER.load(Ordering::SeqCst) > mine && waited.more() {}
@@ -193,7 +213,7 @@ fn interrupted_the_tracker() -> bool {
 }
 
 fn release() {
-    FORKS_UNDER_WAY.fetch_sub(1, Ordering::SeqCst);
+    LOADER_HOLDS.fetch_sub(1, Ordering::SeqCst);
     let _inside = Inside::enter();
     let held = HELD.with(|held| held.replace(core::ptr::null_mut()));
     if held.is_null() {
@@ -235,7 +255,7 @@ extern "C" fn release_in_child() {
     FORKED.store(true, Ordering::Relaxed);
     // The other threads' loader calls and forks are gone with them.
     IN_LOADER.store(MY_LOADER_CALLS.with(Cell::get), Ordering::SeqCst);
-    FORKS_UNDER_WAY.store(1, Ordering::SeqCst); // this one, which `release` ends
+    LOADER_HOLDS.store(1, Ordering::SeqCst); // this one, which `release` ends
     release();
     if prepared {
         errors::forget_inherited();
