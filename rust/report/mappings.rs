@@ -94,12 +94,11 @@ struct InFlight;
 
 impl InFlight {
     fn calling(replaces: &[(&str, usize, usize)]) -> InFlight {
-        for (slot, range) in IN_FLIGHT
-            .iter()
-            .zip(replaces.iter().chain([&("", 0, 0); 2]))
-        {
-            slot.0.store(range.1, Ordering::Relaxed);
-            slot.1.store(range.2, Ordering::Relaxed);
+        for (at, (start, end)) in IN_FLIGHT.iter().enumerate() {
+            // A call replaces two ranges at most (`mremap` with `MREMAP_FIXED`); 0..0 for none.
+            let (_, from, to) = replaces.get(at).copied().unwrap_or(("", 0, 0));
+            start.store(from, Ordering::Relaxed);
+            end.store(to, Ordering::Relaxed);
         }
         PHASE.store(CALLING, Ordering::Release);
         InFlight
@@ -227,10 +226,7 @@ pub fn ranges_with_others_suspended(gathered: Vec<Range<usize>>) -> Vec<Range<us
     // record (its calls are the tracker's own); one suspended while recording is excluded.
     let registry = unsafe { REGISTRY.load(Ordering::Acquire).as_ref() };
     let now = match registry {
-        Some(registry) if phase != RECORDING => registry.ranges[..registry.len]
-            .iter()
-            .map(|&(start, end)| start..end)
-            .collect(),
+        Some(registry) if phase != RECORDING => registry.recorded().collect(),
         _ => gathered,
     };
     if phase == IDLE {
@@ -260,8 +256,7 @@ pub fn ranges() -> Vec<Range<usize>> {
                 return copied;
             };
             if registry.len <= copied.capacity() {
-                let recorded = &registry.ranges[..registry.len];
-                copied.extend(recorded.iter().map(|&(start, end)| start..end));
+                copied.extend(registry.recorded());
                 return copied;
             }
             registry.len
@@ -272,6 +267,12 @@ pub fn ranges() -> Vec<Range<usize>> {
 }
 
 impl Registry {
+    fn recorded(&self) -> impl Iterator<Item = Range<usize>> + '_ {
+        self.ranges[..self.len]
+            .iter()
+            .map(|&(start, end)| start..end)
+    }
+
     /// The index of the first range that ends after `start` (`touching`: at or after it).
     fn first_after(&self, start: usize, touching: bool) -> usize {
         self.ranges[..self.len]
