@@ -249,6 +249,27 @@ pub fn publish_once<T>(slot: &AtomicPtr<T>, mine: *mut T, bytes: usize) -> *mut 
     }
 }
 
+/// The process's address-space limit (`ulimit -v`, `RLIMIT_AS`), where it has one: the
+/// tracker's reservations then take a part of it, not the first size granted, so that the
+/// program's own mappings and thread stacks still find room.
+pub fn address_space_limit() -> Option<usize> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `limit` is a valid rlimit for the call to fill.
+    let got = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut limit) } == 0;
+    (got && limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur as usize)
+}
+
+/// `most` bytes, or under an address-space limit at most a `share`th of the limit (whole
+/// pages): the address space a table of the tracker's that may fill `most` maps at once.
+pub fn within_limit(most: usize, share: usize) -> usize {
+    address_space_limit().map_or(most, |limit| {
+        most.min(limit / share / PAGE_SIZE * PAGE_SIZE)
+    })
+}
+
 /// Address space for `len` bytes that nothing may touch yet (no memory is committed to it), or
 /// null; parts of it are made usable with [`commit_pages`].
 pub fn reserve_pages(len: usize) -> *mut u8 {

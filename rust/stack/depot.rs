@@ -172,7 +172,13 @@ pub(super) fn init() -> bool {
 /// Maps the arena, the largest of [`ARENA_SIZES`] the address space allows, unless another
 /// thread did.
 fn map_arena() -> bool {
-    for nodes in ARENA_SIZES {
+    // Under an address-space limit, at most a sixteenth of it (the smallest size in any case).
+    let room = crate::sys::address_space_limit().map_or(usize::MAX, |limit| limit / 16);
+    let smallest = ARENA_SIZES[ARENA_SIZES.len() - 1];
+    let fitting = ARENA_SIZES
+        .into_iter()
+        .filter(|&nodes| nodes == smallest || nodes * size_of::<Node>() <= room);
+    for nodes in fitting {
         if !ARENA.load(Ordering::Acquire).is_null() {
             return true;
         }

@@ -24,7 +24,7 @@ use core::ops::Range;
 use core::ptr;
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
-use crate::sys::{map_once, map_unreserved};
+use crate::sys::{map_unreserved, publish_once, within_limit};
 
 use gimli::{
     BaseAddresses, CfaRule, EhFrame, EhFrameHdr, EhFrameOffset, EndianSlice, FrameDescriptionEntry,
@@ -231,13 +231,16 @@ impl Sections {
 /// appended with an atomic bump and never moved, so a published range stays valid.
 struct RowArena {
     rows: AtomicPtr<[u64; 2]>,
+    /// The rows mapped (0 until the thread that mapped them says).
+    capacity: AtomicUsize,
     used: AtomicUsize,
 }
 
 /// Rows [`Rules::compile`] evaluates an FDE into before it claims them in the arena.
 const COMPILE_BUFFER: usize = 64;
 
-/// Rows the arena holds at most: 64 MiB of address space, pages touched as FDEs are compiled.
+/// Rows the arena holds at most: 64 MiB of address space (a 32nd of an address-space limit at
+/// most), pages touched as FDEs are compiled.
 const ARENA_ROWS: usize = 1 << 22;
 
 impl RowArena {
@@ -246,13 +249,20 @@ impl RowArena {
     fn claim(&self, len: usize) -> Option<(usize, &mut [[u64; 2]])> {
         let mut p = self.rows.load(Ordering::Acquire);
         if p.is_null() {
-            p = map_once(&self.rows, ARENA_ROWS * 16);
-            if p.is_null() {
+            let rows = within_limit(ARENA_ROWS * 16, 32) / 16;
+            let mine = map_unreserved(rows * 16).cast::<[u64; 2]>();
+            if mine.is_null() {
                 return None;
             }
+            p = publish_once(&self.rows, mine, rows * 16);
+            if p == mine {
+                self.capacity.store(rows, Ordering::Release);
+            }
         }
+        // Until the mapping thread stores it, 0: a claim meanwhile fails, as in a full arena.
+        let capacity = self.capacity.load(Ordering::Acquire);
         let at = self.used.fetch_add(len, Ordering::Relaxed);
-        if at + len > ARENA_ROWS {
+        if at + len > capacity {
             return None;
         }
         // SAFETY: `[at, at + len)` lies inside the mapping and was claimed by this thread alone.
@@ -336,6 +346,7 @@ impl Rules {
             by_fde: WordMap::new(FDE_BITS.0, FDE_BITS.1),
             rows: RowArena {
                 rows: AtomicPtr::new(ptr::null_mut()),
+                capacity: AtomicUsize::new(0),
                 used: AtomicUsize::new(0),
             },
         }

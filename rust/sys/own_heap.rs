@@ -15,7 +15,7 @@
 //! mapped alone and unmapped when freed. Each block has 16 bytes in front of the pointer
 //! handed out: where its memory starts, and its class (or its mapping's length).
 
-use super::{map_pages, map_unreserved, unmap_pages, PAGE_SIZE};
+use super::{map_pages, map_unreserved, unmap_pages, within_limit, PAGE_SIZE};
 use core::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 /// What each block keeps in front of its pointer: where its memory starts, and its class or
@@ -76,7 +76,10 @@ fn allocate_with(size: usize, align: usize, zeroed: bool) -> *mut u8 {
     let (start, tag) = match class_of(bytes) {
         Some((class, room)) => match pop(class).or_else(|| carve(room)) {
             Some(start) => (start, class),
-            None => return core::ptr::null_mut(),
+            None => match larger_free_block(class) {
+                Some(found) => found,
+                None => return core::ptr::null_mut(),
+            },
         },
         None => {
             let Some(len) = bytes.checked_next_multiple_of(PAGE_SIZE) else {
@@ -103,6 +106,14 @@ fn allocate_with(size: usize, align: usize, zeroed: bool) -> *mut u8 {
         unsafe { user.write_bytes(0, size) };
     }
     user
+}
+
+/// Where no chunk can be mapped (the address space is full, `ulimit -v`, and its blocks are
+/// kept on other classes' lists): a free block of a larger class and that class, to which it
+/// goes back when freed.
+#[cold]
+fn larger_free_block(class: usize) -> Option<(usize, usize)> {
+    (class + 1..CLASSES).find_map(|larger| pop(larger).map(|start| (start, larger)))
 }
 
 /// Gives back a block of [`allocate`].
@@ -208,19 +219,23 @@ fn carve(room: usize) -> Option<usize> {
     }
 }
 
-/// A new chunk of [`CHUNK_BYTES`], or, where the address space is short (`ulimit -v`), of a
-/// quarter of that and so on down to `least` bytes: where it starts and its length.
+/// A new chunk of [`CHUNK_BYTES`] (a 32nd of an address-space limit at most, `ulimit -v`),
+/// or, where the address space is short, of a quarter of that and so on down to `least` bytes:
+/// where it starts and its length.
 fn map_chunk(least: usize) -> Option<(*mut u8, usize)> {
-    let mut len = CHUNK_BYTES;
+    // Whole pages: a smallest try of `least` itself would never be reached, and the tries
+    // would go on for ever once the address space is full.
+    let least = least.next_multiple_of(PAGE_SIZE);
+    let mut len = within_limit(CHUNK_BYTES, 32).max(least);
     loop {
         let fresh = map_unreserved(len);
         if !fresh.is_null() {
             return Some((fresh, len));
         }
-        if len <= least {
+        if len == least {
             return None;
         }
-        len = (len / 4).max(least.next_multiple_of(PAGE_SIZE));
+        len = (len / 4).max(least);
     }
 }
 

@@ -400,8 +400,7 @@ unsafe fn allocate_elsewhere(
     let block = if hot.budget() {
         raw::acquire_budgeted(size, align, compact, &mut held)
     } else {
-        raw::acquire_from_heap(size, align, compact, &mut held)
-            .or_else(|| raw::acquire_elsewhere(size, align))
+        raw::acquire_anywhere(size, align, compact, &mut held)
     };
     let Some(block) = block else {
         drop(held);

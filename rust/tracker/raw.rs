@@ -10,6 +10,7 @@ use super::heap;
 use super::kept_mappings;
 use super::live_list::HeldShard;
 use super::mapped_blocks;
+use super::spans;
 use crate::stack::StackId;
 use crate::sys::{self, PAGE_SIZE};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -67,14 +68,30 @@ fn heap_block(raw: *mut u8, class: u8) -> RawBlock {
     }
 }
 
-/// Memory for what [`acquire_from_heap`] did not serve, on no list: from our mappings or the
-/// own heap.
-/// `None` when exhausted or beyond what the address space can hold.
-pub fn acquire_elsewhere(size: usize, align: usize) -> Option<RawBlock> {
+/// A block from the heap, else from our mappings or the own heap (then on no list). `None`
+/// when exhausted or beyond what the address space can hold.
+pub fn acquire_anywhere(
+    size: usize,
+    align: usize,
+    compact: bool,
+    mine: &mut HeldShard<'_>,
+) -> Option<RawBlock> {
+    if let Some(block) = acquire_from_heap(size, align, compact, mine) {
+        return Some(block);
+    }
     if size >= SIZE_LIMIT {
         return None;
     }
-    acquire_from_system(size.checked_add(GUARD_SIZE)?, align)
+    let heap_serves = heap::class_for(size.max(1), align, compact).is_some();
+    let size = size.checked_add(GUARD_SIZE)?;
+    if heap_serves && spans::reserved() {
+        // The heap is out of memory (its reservation full, `ulimit -v`): a block of the own
+        // heap would keep its address space for good (its chunks are never unmapped), and a
+        // program that ran out once could then map nothing more, nor the tracker write its
+        // report. Mapped alone, the block's pages go back when it is freed.
+        return acquire_mapped(size, align.max(16));
+    }
+    acquire_from_system(size, align)
 }
 
 /// Memory from the own heap or our own mappings, never the heap: the tracker's own memory (a signal
@@ -94,17 +111,19 @@ fn acquire_from_system(size: usize, align: usize) -> Option<RawBlock> {
     // The common case, kept short: default alignment, from the own heap, not page-aligned.
     if align <= 16 && size < MAPPED_THRESHOLD {
         let raw = sys::raw_alloc(FAR_OFFSET + size, 16);
-        let user = raw.wrapping_add(FAR_OFFSET);
-        if !raw.is_null() && !(user as usize).is_multiple_of(PAGE_SIZE) {
-            return Some(RawBlock {
-                user,
-                raw_offset: FAR_OFFSET,
-                placement: Placement::Malloc,
-                class: 0,
-            });
+        if !raw.is_null() {
+            let user = raw.wrapping_add(FAR_OFFSET);
+            if !(user as usize).is_multiple_of(PAGE_SIZE) {
+                return Some(RawBlock {
+                    user,
+                    raw_offset: FAR_OFFSET,
+                    placement: Placement::Malloc,
+                    class: 0,
+                });
+            }
+            // SAFETY: fresh from raw_alloc and never handed out.
+            unsafe { sys::raw_free(raw) };
         }
-        // SAFETY: null, or fresh from raw_alloc and never handed out.
-        unsafe { sys::raw_free(raw) };
     }
     acquire_any(size, align)
 }
@@ -123,8 +142,7 @@ pub fn acquire_budgeted(
     if !budget.charge(size) {
         return None;
     }
-    let block =
-        acquire_from_heap(size, align, compact, mine).or_else(|| acquire_elsewhere(size, align));
+    let block = acquire_anywhere(size, align, compact, mine);
     if block.is_none() {
         budget.credit(size);
     }
@@ -139,7 +157,7 @@ fn acquire_any(size: usize, align: usize) -> Option<RawBlock> {
         return None;
     }
     if size >= MAPPED_THRESHOLD || align >= PAGE_SIZE {
-        return acquire_mapped(size, align);
+        return acquire_mapped(size, align.max(16));
     }
     // Page-aligned user pointers are kept for mapped blocks only, so freeing a malloc'd block
     // never needs the page probe (a syscall). Asking for `align` bytes more lets the user

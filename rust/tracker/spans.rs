@@ -49,9 +49,9 @@ const KEPT_SPAN_BYTES: usize = 64 * 1024;
 
 /// The heap's address space is reserved once, inaccessible, and made usable a region at a time:
 /// one range, so that whether an address is the heap's is a subtraction and a compare
-/// ([`contains`]). The first size the OS grants is used (with the side and record tables, half more):
-/// the small ones for a process under an address-space limit (`ulimit -v`).
-const RESERVE_BYTES: [usize; 5] = [64 << 30, 8 << 30, 1 << 30, 256 << 20, REGION_BYTES];
+/// ([`contains`]). Its size (with the side and record tables, half more) is this, or the first
+/// of [`reserve_sizes`] the OS grants.
+const MOST_RESERVED: usize = 64 << 30;
 /// Bytes made usable at once.
 const REGION_BYTES: usize = 64 * 1024 * 1024;
 
@@ -202,6 +202,11 @@ fn span_index(addr: usize) -> u32 {
 #[inline(always)]
 pub fn contains(addr: usize) -> bool {
     addr.wrapping_sub(CARVED.base.load(Ordering::Relaxed)) < CARVED.bytes.load(Ordering::Acquire)
+}
+
+/// Whether the heap's address space is reserved (else every block comes from elsewhere).
+pub fn reserved() -> bool {
+    CARVED.base.load(Ordering::Relaxed) != 0
 }
 
 /// Whether `len` bytes from `addr` (an address of the heap) lie within its span.
@@ -843,10 +848,24 @@ const fn side_bytes(bytes: usize) -> usize {
     bytes / SIDE_STRIDE * size_of::<usize>()
 }
 
+/// The sizes of the spans' range to try, largest first: [`MOST_RESERVED`], or under an
+/// address-space limit (`ulimit -v`) a quarter of the limit (the range and its tables then take
+/// three eighths of it, the tracker's other tables an eighth at most, and the program's own
+/// mappings, thread stacks and large blocks the rest), then halves of that down to a region.
+/// Whole spans each.
+fn reserve_sizes() -> impl Iterator<Item = usize> {
+    let whole_spans = |bytes: usize| bytes.max(REGION_BYTES) / SPAN_BYTES * SPAN_BYTES;
+    let first =
+        sys::address_space_limit().map_or(MOST_RESERVED, |limit| (limit / 4).min(MOST_RESERVED));
+    core::iter::successors(Some(whole_spans(first)), move |&bytes| {
+        (bytes > REGION_BYTES).then(|| whole_spans(bytes / 2))
+    })
+}
+
 /// Reserves the heap's address space and its span tables.
 #[cold]
 fn reserve(region: &mut Region) -> Option<()> {
-    for bytes in RESERVE_BYTES {
+    for bytes in reserve_sizes() {
         // A span more, so that the range starts on a span boundary (see `RecordTable`).
         let reserved = record_table_start(0, bytes, LAST_SHIFT + 1) + SPAN_BYTES;
         let start = sys::reserve_pages(reserved);
