@@ -520,8 +520,44 @@ pub fn read_words(addr: usize, words: &mut [usize]) -> usize {
     copied
 }
 
+extern "C" {
+    // Not in the libc crate for glibc targets.
+    fn pthread_setcancelstate(state: libc::c_int, old_state: *mut libc::c_int) -> libc::c_int;
+}
+
+/// glibc's `PTHREAD_CANCEL_DISABLE`.
+const CANCEL_DISABLE: libc::c_int = 1;
+
+/// Holds off `pthread_cancel` on the calling thread while the tracker works there with libc
+/// calls that are cancellation points (`write`, `open`, `read`, `close`, `nanosleep`: a report,
+/// an error's lines, the set-up's files). Acted on inside one, a cancellation would unwind
+/// through the tracker's frames, which cannot be unwound: glibc aborts the process. A
+/// cancellation asked for meanwhile acts at the program's next cancellation point, once the
+/// thread's own state is back.
+pub struct CancellationHeld {
+    old_state: libc::c_int,
+}
+
+impl CancellationHeld {
+    pub fn hold() -> Self {
+        let mut old_state = 0;
+        // SAFETY: sets the calling thread's own state; `old_state` is written, nothing else.
+        unsafe { pthread_setcancelstate(CANCEL_DISABLE, &mut old_state) };
+        CancellationHeld { old_state }
+    }
+}
+
+impl Drop for CancellationHeld {
+    fn drop(&mut self) {
+        // SAFETY: restores the state `hold` found on this same thread (the guard is not `Send`
+        // in practice: it lives in the frame that made it).
+        unsafe { pthread_setcancelstate(self.old_state, core::ptr::null_mut()) };
+    }
+}
+
 /// Writes all of `bytes` to the file descriptor, retrying on short writes and EINTR.
 pub fn write_fd(fd: i32, mut bytes: &[u8]) {
+    let _held = CancellationHeld::hold();
     while !bytes.is_empty() {
         // SAFETY: the pointer and length come from a live slice.
         let n = unsafe { libc::write(fd, bytes.as_ptr() as *const libc::c_void, bytes.len()) };

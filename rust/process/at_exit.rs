@@ -7,6 +7,7 @@
 use crate::report::{self, text, Report};
 
 pub fn run() {
+    let _held = crate::sys::CancellationHeld::hold();
     crate::tracker::timeline::at_exit();
     if !crate::tracker::threads::begin_exit_report() {
         return;

@@ -909,6 +909,7 @@ fn with_pid(path: &str) -> String {
 /// `write_leak_report(path)`: the report now, to `path` (+ `.json`; `%p` is the pid) or the
 /// configured paths.
 pub fn write_now(path: Option<&str>) -> bool {
+    let _held = crate::sys::CancellationHeld::hold();
     crate::tracker::apply_deferred_frees();
     let here = 0u8;
     let stack = stack::stack_above(core::ptr::addr_of!(here) as usize);

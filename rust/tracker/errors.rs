@@ -250,6 +250,7 @@ pub fn set_printer(print: Printer) {
 #[cold]
 #[inline(never)]
 pub fn report(error: MemoryError) {
+    let _held = crate::sys::CancellationHeld::hold();
     let printed = printer().map(|print| print(&error)).is_some();
     if crate::options::get().halt_on_error {
         crate::sys::write_fd(2, b"k15-memory: halt_on_error=1, aborting\n");

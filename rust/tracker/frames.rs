@@ -95,6 +95,8 @@ pub fn marks_so_far() -> u64 {
 
 /// `frame_mark()`: ends the frame under way (the first mark ends start-up).
 pub fn mark() {
+    // The timeline's sample is written here.
+    let _held = crate::sys::CancellationHeld::hold();
     let Ok(mut frames) = FRAMES.lock() else {
         return;
     };

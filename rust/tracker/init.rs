@@ -128,6 +128,8 @@ fn set_up() -> Hot {
 }
 
 fn set_up_once() {
+    // The first allocation may be on a thread the program cancels; the set-up reads files.
+    let _held = crate::sys::CancellationHeld::hold();
     let options = options::get();
     super::fork::register_handlers();
     crate::stack::set_unwind_mode(options.unwinder);

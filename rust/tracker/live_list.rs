@@ -638,6 +638,8 @@ pub struct StoppedWorld {
     /// Taken inside the calling thread's own stop (a signal handler interrupted it there): the
     /// outer stop keeps [`STOPPER`].
     nested: bool,
+    /// Stopping waits (`nanosleep`) on a program's thread, maybe one it cancels.
+    _cancellation: crate::sys::CancellationHeld,
 }
 
 /// The one thread stopping the world (its number, [`FORK_HOLDER`], or 0: nobody): two stops at
@@ -674,11 +676,13 @@ impl StoppedWorld {
     /// shard is [`unsettled`](Self::unsettled_threads). `holder` is the calling thread's number,
     /// or [`FORK_HOLDER`].
     pub fn stop(holder: u32) -> StoppedWorld {
+        let cancellation = crate::sys::CancellationHeld::hold();
         let nested = !take_stopper(holder);
         let mut world = StoppedWorld {
             locked: ShardSet::default(),
             unsettled: ShardSet::default(),
             nested,
+            _cancellation: cancellation,
         };
         // A fork must hold every shard it can (its child inherits them); other stops give way.
         let gives_way = holder != FORK_HOLDER;
