@@ -555,6 +555,53 @@ impl Drop for CancellationHeld {
     }
 }
 
+/// Descriptors a report may open beyond the program's own limit (`RLIMIT_NOFILE`, its soft
+/// value raised towards the hard one while the guard lives): a program that used up its
+/// descriptors would otherwise get its report unsymbolized, on stderr instead of its file.
+pub struct DescriptorHeadroom {
+    program_limit: Option<libc::rlimit>,
+}
+
+impl DescriptorHeadroom {
+    /// Enough for the report's files, the modules it symbolizes (one open at a time) and
+    /// `/proc`'s.
+    const EXTRA: libc::rlim_t = 256;
+
+    pub fn raise() -> Self {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: `limit` is a valid rlimit for the calls to read.
+        let raised = unsafe {
+            libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0
+                && limit.rlim_cur < limit.rlim_max
+                && libc::setrlimit(
+                    libc::RLIMIT_NOFILE,
+                    &libc::rlimit {
+                        rlim_cur: limit
+                            .rlim_cur
+                            .saturating_add(Self::EXTRA)
+                            .min(limit.rlim_max),
+                        rlim_max: limit.rlim_max,
+                    },
+                ) == 0
+        };
+        DescriptorHeadroom {
+            program_limit: raised.then_some(limit),
+        }
+    }
+}
+
+impl Drop for DescriptorHeadroom {
+    fn drop(&mut self) {
+        if let Some(limit) = &self.program_limit {
+            // SAFETY: puts back the limit `raise` read.
+            unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, limit) };
+        }
+    }
+}
+
 /// Writes all of `bytes` to the file descriptor, retrying on short writes and EINTR.
 pub fn write_fd(fd: i32, mut bytes: &[u8]) {
     let _held = CancellationHeld::hold();

@@ -8,6 +8,7 @@ use crate::report::{self, text, Report};
 
 pub fn run() {
     let _held = crate::sys::CancellationHeld::hold();
+    let _headroom = crate::sys::DescriptorHeadroom::raise();
     crate::tracker::timeline::at_exit();
     if !crate::tracker::threads::begin_exit_report() {
         return;

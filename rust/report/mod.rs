@@ -910,6 +910,7 @@ fn with_pid(path: &str) -> String {
 /// configured paths.
 pub fn write_now(path: Option<&str>) -> bool {
     let _held = crate::sys::CancellationHeld::hold();
+    let _headroom = crate::sys::DescriptorHeadroom::raise();
     crate::tracker::apply_deferred_frees();
     let here = 0u8;
     let stack = stack::stack_above(core::ptr::addr_of!(here) as usize);

@@ -116,20 +116,24 @@ pub fn classify(nodes: &[Node], roots: Roots, suspension: &Suspension) -> Classi
         roots.mapped
     };
     mapped.extend(others.stacks);
-    let readable = readable_ranges();
     // Roots gathered before the suspension may be gone since (a plugin's segments, unloaded by
     // `dlclose` meanwhile): read only where memory is readable now, as plain loads there crashed
     // the program (a plugin reloaded while reports were written: `tests/live_threads_report.rs`).
-    if !readable.is_empty() {
+    // `None` where the mappings cannot be read (no descriptor left): everything read as before.
+    let readable = readable_ranges();
+    if let Some(readable) = &readable {
         ranges = ranges
             .into_iter()
-            .flat_map(|range| readable_parts(range, &readable))
+            .flat_map(|range| readable_parts(range, readable))
             .collect();
     }
     let nodes: Vec<Node> = nodes
         .iter()
         .map(|node| Node {
-            whole: node.whole && covered(&readable, node.address, node.size.max(1)),
+            whole: node.whole
+                && readable
+                    .as_ref()
+                    .is_none_or(|readable| covered(readable, node.address, node.size.max(1))),
             ..*node
         })
         .collect();
@@ -139,9 +143,10 @@ pub fn classify(nodes: &[Node], roots: Roots, suspension: &Suspension) -> Classi
     }
 }
 
-/// The readable mappings of the process now (`/proc/self/maps`), sorted, touching ones merged.
-fn readable_ranges() -> Vec<core::ops::Range<usize>> {
-    let text = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+/// The readable mappings of the process now (`/proc/self/maps`), sorted, touching ones merged;
+/// `None` if they cannot be read.
+fn readable_ranges() -> Option<Vec<core::ops::Range<usize>>> {
+    let text = std::fs::read_to_string("/proc/self/maps").ok()?;
     let mut ranges: Vec<core::ops::Range<usize>> = Vec::new();
     for line in text.lines() {
         let mut fields = line.split_whitespace();
@@ -165,7 +170,7 @@ fn readable_ranges() -> Vec<core::ops::Range<usize>> {
             _ => ranges.push(start..end),
         }
     }
-    ranges
+    Some(ranges)
 }
 
 /// Whether `[address, address + size)` lies inside one of the sorted `ranges`.
