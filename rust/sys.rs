@@ -555,6 +555,43 @@ impl Drop for CancellationHeld {
     }
 }
 
+/// The working directory the process started in ([`note_launch_dir`]), NUL-terminated: held
+/// in place, as a block of the program's heap would show in its report.
+static LAUNCH_DIR: std::sync::OnceLock<[u8; LAUNCH_DIR_BYTES]> = std::sync::OnceLock::new();
+const LAUNCH_DIR_BYTES: usize = 4096;
+
+/// Notes the working directory at start-up: the options' relative paths (`log_path`'s default,
+/// `k15_leaks.log`) name files there, where the user looks, even after the program changes
+/// directory (a game to its data, a daemon to `/`).
+pub fn note_launch_dir() {
+    let mut dir = [0u8; LAUNCH_DIR_BYTES];
+    // SAFETY: `getcwd` writes at most `dir.len()` bytes, NUL included, or fails.
+    if !unsafe { libc::getcwd(dir.as_mut_ptr().cast(), dir.len()) }.is_null() {
+        let _ = LAUNCH_DIR.set(dir);
+    }
+}
+
+/// `path`, a relative one taken from the directory the process started in when it has moved
+/// since (else as given, so that the lines naming it read as the user wrote it).
+pub fn from_launch_dir(path: &str) -> String {
+    let launch = LAUNCH_DIR
+        .get()
+        .and_then(|dir| core::ffi::CStr::from_bytes_until_nul(dir).ok())
+        .and_then(|dir| dir.to_str().ok());
+    match launch {
+        Some(dir)
+            if std::path::Path::new(path).is_relative()
+                && std::env::current_dir().ok().as_deref() != Some(std::path::Path::new(dir)) =>
+        {
+            std::path::Path::new(dir)
+                .join(path)
+                .to_string_lossy()
+                .into_owned()
+        }
+        _ => path.to_owned(),
+    }
+}
+
 /// Descriptors a report may open beyond the program's own limit (`RLIMIT_NOFILE`, its soft
 /// value raised towards the hard one while the guard lives): a program that used up its
 /// descriptors would otherwise get its report unsymbolized, on stderr instead of its file.

@@ -746,7 +746,7 @@ fn suppressions() -> &'static Suppressions {
     LOADED.get_or_init(|| {
         let _inside = Inside::enter();
         let loaded = match &crate::options::get().suppressions {
-            Some(path) => Suppressions::load(path.as_str()),
+            Some(path) => Suppressions::load(&crate::sys::from_launch_dir(path.as_str())),
             None => Suppressions::default(),
         };
         for warning in &loaded.warnings {
@@ -837,16 +837,17 @@ fn buffer_bytes() -> usize {
 /// its report first). The second value: whether the pid was appended for that reason.
 pub fn paths(options: &crate::options::Options) -> (String, String, bool) {
     let child = crate::tracker::fork::is_forked_child();
-    let (text, json) = (options.log_path.as_str(), options.json_path());
+    let text = crate::sys::from_launch_dir(options.log_path.as_str());
+    let json = crate::sys::from_launch_dir(&options.json_path());
     if text.contains("%p") {
-        return (with_pid(text), with_pid(&json), false);
+        return (with_pid(&text), with_pid(&json), false);
     }
-    let taken = !child && !WROTE_OWN_PATHS.load(Ordering::Relaxed) && written_since_start(text);
+    let taken = !child && !WROTE_OWN_PATHS.load(Ordering::Relaxed) && written_since_start(&text);
     if child || taken {
         let pid = std::process::id();
         return (format!("{text}.{pid}"), format!("{json}.{pid}"), taken);
     }
-    (text.to_owned(), json, false)
+    (text, json, false)
 }
 
 /// Set once this process wrote its report at the configured paths (a report midway): a later
@@ -891,12 +892,12 @@ fn written_since_start(path: &str) -> bool {
 /// Where `html_path=` puts the page at exit, expanded as [`paths`] expanded the report's (its
 /// pid appended where theirs had it appended); `None`: no page.
 pub fn html_path(options: &crate::options::Options, pid_appended: bool) -> Option<String> {
-    let path = options.html_path.as_ref()?.as_str();
+    let path = crate::sys::from_launch_dir(options.html_path.as_ref()?.as_str());
     Some(
         if !path.contains("%p") && (pid_appended || crate::tracker::fork::is_forked_child()) {
             format!("{path}.{}", std::process::id())
         } else {
-            with_pid(path)
+            with_pid(&path)
         },
     )
 }

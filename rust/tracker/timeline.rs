@@ -211,7 +211,7 @@ impl Timeline {
     /// a line on stderr, if it cannot be.
     fn open(&mut self, template: &str) -> bool {
         self.pid = std::process::id();
-        let path = template.replace("%p", &self.pid.to_string());
+        let path = crate::sys::from_launch_dir(&template.replace("%p", &self.pid.to_string()));
         let Ok(c_path) = std::ffi::CString::new(path.as_str()) else {
             return false;
         };
