@@ -6,7 +6,6 @@
 mod support;
 
 use serde_json::Value;
-use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
@@ -259,10 +258,7 @@ fn an_exact_fit_overrun_of_a_compact_block_is_found_wherever_it_lands() {
 /// allocation of the symbolizer or of the report's buffer failed (and aborted) at 280 and 340 MB.
 #[test]
 fn under_any_address_space_limit_the_tracker_never_aborts_and_the_report_is_written() {
-    let wrapper = program().with_file_name("exact_fit_limited");
-    let script = "#!/bin/sh\nulimit -v \"$1\"\nshift\nexec ./exact_fit \"$@\"\n";
-    std::fs::write(&wrapper, script).unwrap();
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let wrapper = support::under_ulimit(program(), "exact_fit_limited", "-v");
     let limits = (100_000..500_000).step_by(10_000);
     for kib in limits.chain((500_000..=1_500_000).step_by(50_000)) {
         let limit = kib.to_string();

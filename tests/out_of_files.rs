@@ -4,16 +4,6 @@
 
 mod support;
 
-use std::os::unix::fs::PermissionsExt;
-
-fn program_under(dir: &std::path::Path, ulimit: &str) -> std::path::PathBuf {
-    let wrapper = dir.join(format!("out_of_files_{}", ulimit.replace([' ', '-'], "")));
-    let script = format!("#!/bin/sh\nulimit {ulimit} 256 || exit 99\nexec ./out_of_files\n");
-    std::fs::write(&wrapper, script).unwrap();
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
-    wrapper
-}
-
 /// Before, the report found no descriptor for its file, the binaries' debug info or
 /// `/proc/self/maps`: it went to stderr unsymbolized, and said every live block had "a page that
 /// could not be read (made unreadable by the program)".
@@ -21,11 +11,12 @@ fn program_under(dir: &std::path::Path, ulimit: &str) -> std::path::PathBuf {
 fn a_program_out_of_file_descriptors_gets_its_report_symbolized_in_its_file() {
     let dir = support::scratch("out_of_files");
     let source = "tests/cpp/out_of_files.cpp";
-    support::build(&dir, "out_of_files", &[source], &[]);
+    let exe = support::build(&dir, "out_of_files", &[source], &[]);
     let lost_line = support::line_of(source, "// LOST");
     let kept_line = support::line_of(source, "// KEPT");
     // The soft limit alone: the hard one leaves the report room.
-    let run = support::run_with(&program_under(&dir, "-S -n"), "soft", "", &[], &[]);
+    let wrapper = support::under_ulimit(&exe, "out_of_files_soft", "-S -n");
+    let run = support::run_with(&wrapper, "soft", "", &[], &["256"]);
     assert!(run.output.status.success(), "{}", run.stderr());
     assert!(
         run.stdout().contains("opened until refused"),
@@ -60,8 +51,9 @@ fn a_program_out_of_file_descriptors_gets_its_report_symbolized_in_its_file() {
 #[test]
 fn a_program_out_of_file_descriptors_up_to_the_hard_limit_gets_its_report_on_stderr() {
     let dir = support::scratch("out_of_files_hard");
-    support::build(&dir, "out_of_files", &["tests/cpp/out_of_files.cpp"], &[]);
-    let run = support::run_with(&program_under(&dir, "-n"), "hard", "", &[], &[]);
+    let exe = support::build(&dir, "out_of_files", &["tests/cpp/out_of_files.cpp"], &[]);
+    let wrapper = support::under_ulimit(&exe, "out_of_files_hard", "-n");
+    let run = support::run_with(&wrapper, "hard", "", &[], &["256"]);
     assert!(run.output.status.success(), "{}", run.stderr());
     let stderr = run.stderr();
     assert!(stderr.contains("(the report is above)"), "{stderr}");

@@ -4,8 +4,6 @@
 
 mod support;
 
-use std::os::unix::fs::PermissionsExt;
-
 /// Before, the first storm that filled the heap's reservation hung (the own heap asked the OS
 /// for ever for a chunk it could not have); past that, a null block was freed (a crash), and
 /// once blocks beyond the heap came from the own heap, whose chunks are never unmapped, the
@@ -15,12 +13,9 @@ use std::os::unix::fs::PermissionsExt;
 fn a_program_that_runs_out_of_address_space_on_threads_goes_on_and_its_leaks_are_reported() {
     let dir = support::scratch("out_of_memory");
     let source = "tests/cpp/out_of_memory.cpp";
-    support::build(&dir, "out_of_memory", &[source], &["-std=c++20"]);
+    let exe = support::build(&dir, "out_of_memory", &[source], &["-std=c++20"]);
     let leak_line = support::line_of(source, "// LEAK");
-    let wrapper = dir.join("out_of_memory_limited");
-    let script = "#!/bin/sh\nulimit -v \"$1\"\nshift\nexec ./out_of_memory \"$@\"\n";
-    std::fs::write(&wrapper, script).unwrap();
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let wrapper = support::under_ulimit(&exe, "out_of_memory_limited", "-v");
     // Limits under which the program also runs under glibc (8 threads need its arenas' room).
     for (kib, threads) in [("600000", "1"), ("600000", "4"), ("1048576", "8")] {
         let what = format!("{kib} KiB, {threads} threads");

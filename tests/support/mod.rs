@@ -28,6 +28,19 @@ pub fn static_lib() -> &'static Path {
 }
 
 /// A fresh directory for one test's binaries and reports.
+/// A script beside `exe` that runs it under `ulimit FLAGS LIMIT` (`-v`, `-S -n`), the limit its
+/// first argument and the program's arguments after it: `name` in the same folder.
+pub fn under_ulimit(exe: &Path, name: &str, flags: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let program = exe.file_name().unwrap().to_string_lossy();
+    let wrapper = exe.with_file_name(name);
+    let script =
+        format!("#!/bin/sh\nulimit {flags} \"$1\" || exit 99\nshift\nexec ./{program} \"$@\"\n");
+    std::fs::write(&wrapper, script).unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    wrapper
+}
+
 pub fn scratch(name: &str) -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
     let _ = std::fs::remove_dir_all(&dir);
