@@ -4,8 +4,6 @@
 
 mod support;
 
-use std::process::Command;
-
 /// Before, the report went to the directory the program had moved to (or to stderr, where
 /// that was not writable), and the suppressions file was looked for there.
 #[test]
@@ -16,22 +14,13 @@ fn relative_paths_name_files_where_the_program_started_after_it_changes_director
     let elsewhere = dir.join("data");
     std::fs::create_dir_all(&elsewhere).unwrap();
     std::fs::write(dir.join("rules.supp"), "leak:*vendor_cache*\n").unwrap();
-    for leftover in [dir.join("moved.log"), elsewhere.join("moved.log")] {
-        let _ = std::fs::remove_file(&leftover);
-    }
-    let output = Command::new("timeout")
-        .args(["--signal=KILL", "300"])
-        .arg(&exe)
-        .arg(&elsewhere)
-        .current_dir(&dir)
-        .env(
-            "K15_MEMORY_OPTIONS",
-            "log_path=moved.log:suppressions=rules.supp",
-        )
-        .output()
-        .expect("the program runs");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stderr}");
+    // The relative `log_path` after `run_with`'s own names the same file, from where the
+    // program starts.
+    let options = "log_path=moved.log:suppressions=rules.supp";
+    let elsewhere_arg = elsewhere.to_str().unwrap();
+    let run = support::run_with(&exe, "moved", options, &[], &[elsewhere_arg]);
+    let stderr = run.stderr();
+    assert!(run.output.status.success(), "{stderr}");
     assert!(
         !elsewhere.join("moved.log").exists(),
         "written where it moved to"
@@ -41,7 +30,7 @@ fn relative_paths_name_files_where_the_program_started_after_it_changes_director
         stderr.contains(&format!("see {}", written.display())),
         "{stderr}"
     );
-    let json = support::inflate(&support::read_json(&dir.join("moved.log.json")));
+    let json = &run.json;
     let leaks = json["leaks"].as_array().expect("the JSON report");
     let leak_line = support::line_of(source, "// LEAK");
     let direct: Vec<(u64, u64)> = leaks
