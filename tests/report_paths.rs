@@ -1,6 +1,7 @@
 //! Reports of many processes and reports that cannot be written: `%p` in the paths, a forked
 //! child's own report, the whole report on stderr when its file fails, the one summary line of
-//! a clean run, and counts in the singular.
+//! a clean run, counts in the singular, and which process of a run keeps the configured path
+//! under `LD_PRELOAD` (its busiest, every other report beside it, none lost).
 
 mod support;
 use std::path::Path;
@@ -268,4 +269,140 @@ fn a_process_without_a_new_writes_its_report_with_malloc_off() {
         stderr.contains("k15-memory: 0 leaked blocks (0 bytes), 0 memory errors: see "),
         "{stderr}"
     );
+}
+
+/// A program under `LD_PRELOAD` that spawns helpers (`/bin/sh` running `ls`, from four threads,
+/// each a tracked process that ends before the program): the first helper to end took the
+/// configured path, and the program's own report (50 leaks) went beside it, so the user read
+/// "No leaks ... program /bin/ls". Now the path keeps the report of the run's busiest process
+/// (here the program's, with or without leaks); the program moves the helper's report beside it
+/// with that helper's pid, and says so; every helper's report is kept.
+#[test]
+fn helpers_a_program_spawns_never_take_its_report_path() {
+    let dir = support::scratch("report_paths_helpers");
+    let exe = support::build(
+        &dir,
+        "spawns_helpers",
+        &["tests/cpp/spawns_helpers.cpp"],
+        &["-DK15_MEMORY_DISABLED"],
+    );
+    let program = exe.to_str().unwrap();
+    let log = dir.join("launch.log");
+    for (mode, finding) in [
+        ("leaks", "Direct leak of 5000 bytes in 50 blocks"),
+        ("clean", "No leaks"),
+    ] {
+        let output = preloaded(&dir, &[program, mode], "");
+        assert!(output.status.success(), "{mode}: {output:?}");
+        let report = read(&log);
+        assert!(
+            report.contains(&format!("program {program}\n")) && report.contains(finding),
+            "{mode}: {report}"
+        );
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let moved_to = format!("{}.", log.display());
+        let program_line = stderr
+            .lines()
+            .find(|l| l.contains(&format!("see {} (the report of pid ", log.display())))
+            .unwrap_or_else(|| panic!("{mode}: {stderr}"));
+        let moved = program_line
+            .split(" is now ")
+            .nth(1)
+            .and_then(|rest| rest.strip_suffix(')'))
+            .unwrap_or_else(|| panic!("{program_line}"));
+        assert!(moved.starts_with(&moved_to), "{program_line}");
+        let helpers: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                let name = p.file_name().unwrap().to_string_lossy().into_owned();
+                name.starts_with("launch.log.") && !name.contains("json")
+            })
+            .collect();
+        assert!(helpers.len() >= 12, "{mode}: {helpers:?}");
+        assert!(
+            helpers.iter().any(|p| p.to_str() == Some(moved)),
+            "{helpers:?}"
+        );
+        for helper in &helpers {
+            let text = read(helper);
+            assert!(
+                text.contains("==k15-memory== pid ")
+                    && text.contains("SUMMARY: k15-memory: ")
+                    && !text.contains(&format!("program {program}\n")),
+                "{}: {text}",
+                helper.display()
+            );
+        }
+    }
+}
+
+/// Twelve processes of one run ending at once (`sh -c ls` started in the background by a shell,
+/// all under `LD_PRELOAD`): each chose its path on its own, within a clock tick of the others,
+/// so several took another's fresh report for an earlier run's and wrote over it (4 to 7 of the
+/// 12 reports were kept). Now every one is kept, and a later run still writes over this one's.
+#[test]
+fn processes_of_a_run_ending_at_once_keep_every_report() {
+    let dir = support::scratch("report_paths_at_once");
+    let script = "for i in 1 2 3 4 5 6 7 8 9 10 11 12; do sh -c 'ls / > /dev/null' & done; wait";
+    let reports_of = |dir: &Path, program: &str| -> Vec<String> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                name.starts_with("launch.log") && !name.contains("json")
+            })
+            .map(|e| read(&e.path()))
+            .filter(|text| text.contains(&format!(" program {program}\n")))
+            .collect()
+    };
+    for _ in 0..3 {
+        let output = preloaded(&dir, &["bash", "-c", script], "");
+        assert!(output.status.success(), "{output:?}");
+        assert_eq!(reports_of(&dir, "/usr/bin/ls").len(), 12, "{output:?}");
+    }
+    // A second run writes its report over the first's, and moves none of the first's aside.
+    let dir = support::scratch("report_paths_next_run");
+    let exe = support::build(
+        &dir,
+        "spawns_helpers",
+        &["tests/cpp/spawns_helpers.cpp"],
+        &["-DK15_MEMORY_DISABLED"],
+    );
+    let program = exe.to_str().unwrap();
+    let first = preloaded(&dir, &[program, "clean"], "");
+    assert!(first.status.success(), "{first:?}");
+    let files = |dir: &Path| std::fs::read_dir(dir).unwrap().count();
+    let after_first = files(&dir);
+    let header = |text: &str| text.lines().nth(1).unwrap_or_default().to_owned();
+    let first_report = header(&read(&dir.join("launch.log")));
+    let second = std::process::Command::new(program)
+        .arg("leaks")
+        .current_dir(&dir)
+        .env("LD_PRELOAD", support::preload_lib())
+        .env(
+            "K15_MEMORY_OPTIONS",
+            format!("log_path={}", dir.join("launch.log").display()),
+        )
+        .output()
+        .unwrap();
+    assert!(second.status.success(), "{second:?}");
+    let second_report = read(&dir.join("launch.log"));
+    assert!(
+        header(&second_report) != first_report
+            && second_report.contains(&format!("program {program}\n"))
+            && second_report.contains("Direct leak of 5000 bytes in 50 blocks"),
+        "{second_report}"
+    );
+    // The first run's report is gone, not moved aside; the second run's helpers wrote theirs
+    // beside the program's.
+    let kept_first = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| !e.file_name().to_string_lossy().contains("json"))
+        .any(|e| std::fs::read_to_string(e.path()).is_ok_and(|t| header(&t) == first_report));
+    assert!(!kept_first, "{first_report}");
+    assert!(files(&dir) > after_first);
 }

@@ -55,18 +55,13 @@ pub fn run() {
     // Collected even with report=0: the exit code depends on what it finds.
     let report = Report::collect(live_stack);
     if options.report {
-        let (text_path, json_path, taken) = report::paths(options);
-        let beside = if taken {
-            format!(
-                " ({} was written by another process of this run)",
-                options.log_path.as_str()
-            )
-        } else {
-            String::new()
-        };
-        let line = match report::write(&report, &text_path, &json_path) {
-            Ok(()) => match report::html_path(options, taken)
-                .map(|html| report::page::write(&json_path, &html).map(|()| html))
+        let to = report::destination::choose(options, report::destination::Weight::of(&report));
+        let (text_path, json_path, beside) = (&to.text, &to.json, &to.note);
+        let line = match report::write(&report, text_path, json_path) {
+            Ok(()) => match to
+                .html
+                .as_ref()
+                .map(|html| report::page::write(json_path, html).map(|()| html))
             {
                 None => format!("{}: see {text_path}{beside}\n", summary_line(&report)),
                 Some(Ok(html)) => format!(
@@ -78,7 +73,7 @@ pub fn run() {
                     summary_line(&report)
                 ),
             },
-            Err(failed) if failed.path == text_path => {
+            Err(failed) if failed.path == *text_path => {
                 // The report must not be lost: all of it goes to stderr instead.
                 let mut err = std::io::BufWriter::new(std::io::stderr().lock());
                 let _ = text::write(&mut err, &report);

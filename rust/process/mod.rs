@@ -15,6 +15,7 @@ pub fn start_up() {
 
 fn join_the_tracker() {
     crate::sys::note_launch_dir();
+    crate::report::destination::join_the_run();
     fork::take_part(fork::ForkPhase::BeforeErrors, |guards| {
         crate::engine::hold_registry_for_fork(guards);
         guards.push(Box::new(crate::engine::lock_names_for_fork()));

@@ -2,6 +2,7 @@
 //! pointer scan, filtered by suppressions, grouped by allocation site, written as text
 //! (LeakSanitizer-like) and as JSON (`k15-leaks/3`).
 
+pub mod destination;
 pub mod ignore;
 pub mod json;
 pub mod mappings;
@@ -21,7 +22,6 @@ use crate::tracker::live_list::StoppedWorld;
 use crate::tracker::suspend::Suspension;
 use crate::tracker::tags::{self, TagId};
 use crate::tracker::BlockKind;
-use core::sync::atomic::{AtomicBool, Ordering};
 use profile::ProfileReport;
 use scan::{LeakKind, Node};
 use std::collections::HashMap;
@@ -830,83 +830,6 @@ fn buffer_bytes() -> usize {
     }
 }
 
-/// The report's paths: `%p` becomes the pid; a process whose paths have no `%p` writes beside
-/// the report there, with its pid appended, rather than over it, when it is a forked child
-/// (its parent writes there) or another process wrote that report since this one started (a
-/// launcher under `LD_PRELOAD` — `/usr/bin/time`, a shell script, ctest — whose program wrote
-/// its report first). The second value: whether the pid was appended for that reason.
-pub fn paths(options: &crate::options::Options) -> (String, String, bool) {
-    let child = crate::tracker::fork::is_forked_child();
-    let text = crate::sys::from_launch_dir(options.log_path.as_str());
-    let json = crate::sys::from_launch_dir(&options.json_path());
-    if text.contains("%p") {
-        return (with_pid(&text), with_pid(&json), false);
-    }
-    let taken = !child && !WROTE_OWN_PATHS.load(Ordering::Relaxed) && written_since_start(&text);
-    if child || taken {
-        let pid = std::process::id();
-        return (format!("{text}.{pid}"), format!("{json}.{pid}"), taken);
-    }
-    (text, json, false)
-}
-
-/// Set once this process wrote its report at the configured paths (a report midway): a later
-/// one goes over it.
-static WROTE_OWN_PATHS: AtomicBool = AtomicBool::new(false);
-
-/// Whether `path` was written after this process started (by another process, then): its
-/// modification time against the process's start in `/proc/self/stat`, both counted from boot.
-/// The start is known to a clock tick (10 ms): a report written within one tick of it counts
-/// as older.
-fn written_since_start(path: &str) -> bool {
-    let Ok(modified) = std::fs::metadata(path).and_then(|m| m.modified()) else {
-        return false;
-    };
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // Field 22, `starttime`, is the 20th after the command's closing parenthesis.
-    let start_ticks = stat
-        .rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().nth(19)?.parse::<u64>().ok());
-    // SAFETY: sysconf takes a plain value.
-    let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    let (Some(start_ticks), Ok(ticks_per_second @ 1..)) =
-        (start_ticks, u64::try_from(ticks_per_second))
-    else {
-        return false;
-    };
-    let since_boot = |clock| {
-        let mut now = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: clock_gettime writes the local it is given.
-        unsafe { libc::clock_gettime(clock, &mut now) };
-        std::time::Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
-    };
-    let boot = std::time::SystemTime::now() - since_boot(libc::CLOCK_BOOTTIME);
-    let started =
-        boot + std::time::Duration::from_millis((start_ticks + 1) * 1000 / ticks_per_second);
-    modified > started
-}
-
-/// Where `html_path=` puts the page at exit, expanded as [`paths`] expanded the report's (its
-/// pid appended where theirs had it appended); `None`: no page.
-pub fn html_path(options: &crate::options::Options, pid_appended: bool) -> Option<String> {
-    let path = crate::sys::from_launch_dir(options.html_path.as_ref()?.as_str());
-    Some(
-        if !path.contains("%p") && (pid_appended || crate::tracker::fork::is_forked_child()) {
-            format!("{path}.{}", std::process::id())
-        } else {
-            with_pid(&path)
-        },
-    )
-}
-
-/// `path` with every `%p` replaced by the pid.
-fn with_pid(path: &str) -> String {
-    path.replace("%p", &std::process::id().to_string())
-}
-
 /// `write_leak_report(path)`: the report now, to `path` (+ `.json`; `%p` is the pid) or the
 /// configured paths.
 pub fn write_now(path: Option<&str>) -> bool {
@@ -919,14 +842,12 @@ pub fn write_now(path: Option<&str>) -> bool {
     let report = Report::collect(stack);
     let result = match path {
         Some(p) => {
-            let p = with_pid(p);
+            let p = destination::with_pid(p);
             write(&report, &p, &format!("{p}.json"))
         }
         None => {
-            let (text_path, json_path, _) = paths(crate::options::get());
-            let written = write(&report, &text_path, &json_path);
-            WROTE_OWN_PATHS.store(true, Ordering::Relaxed);
-            written
+            let to = destination::choose(crate::options::get(), destination::Weight::of(&report));
+            write(&report, &to.text, &to.json)
         }
     };
     result.is_ok()
