@@ -108,9 +108,10 @@ pub fn choose(options: &Options, weight: Weight) -> Destination {
                 if std::fs::rename(&text, &moved).is_err() {
                     return beside(lock, format!(" ({text} could not be moved aside)"));
                 }
-                // Its JSON and page follow it if they are there; either may not be.
+                // Its JSON and page follow it if they are there; either may not be (a page
+                // whose path has `%p` is its own already).
                 let _ = std::fs::rename(&json, format!("{json}.{other}"));
-                if let Some(h) = &html {
+                if let Some(h) = html.as_deref().filter(|h| !h.contains("%p")) {
                     let _ = std::fs::rename(h, format!("{h}.{other}"));
                 }
                 note = format!(
@@ -131,7 +132,7 @@ pub fn choose(options: &Options, weight: Weight) -> Destination {
     Destination {
         text,
         json,
-        html,
+        html: html.as_deref().map(with_pid),
         note,
         _lock: lock,
     }
