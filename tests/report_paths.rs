@@ -311,6 +311,18 @@ fn helpers_a_program_spawns_never_take_its_report_path() {
             .and_then(|rest| rest.strip_suffix(')'))
             .unwrap_or_else(|| panic!("{program_line}"));
         assert!(moved.starts_with(&moved_to), "{program_line}");
+        // Its JSON report went with it, and the program's is at the configured path.
+        let helper_pid = &moved[moved_to.len()..];
+        let moved_json = read(&dir.join(format!("launch.log.json.{helper_pid}")));
+        assert!(
+            moved_json.contains(&format!("\"pid\": {helper_pid}")),
+            "{moved_json}"
+        );
+        let json = read(&dir.join("launch.log.json"));
+        assert!(
+            json.contains(&format!("\"program\": \"{program}\"")),
+            "{json}"
+        );
         let helpers: Vec<_> = std::fs::read_dir(&dir)
             .unwrap()
             .flatten()
