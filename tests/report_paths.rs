@@ -177,6 +177,15 @@ fn write_leak_report_expands_percent_p_too() {
     );
 }
 
+/// A program of `tests/cpp/NAME.cpp` built without the tracker (`-DK15_MEMORY_DISABLED`), to run
+/// under `LD_PRELOAD`, in a scratch folder of its own: the folder and the program's path.
+fn built_for_preload(scratch: &str, name: &str) -> (std::path::PathBuf, String) {
+    let dir = support::scratch(scratch);
+    let source = format!("tests/cpp/{name}.cpp");
+    let exe = support::build(&dir, name, &[source.as_str()], &["-DK15_MEMORY_DISABLED"]);
+    (dir, exe.to_str().unwrap().to_owned())
+}
+
 /// Runs `command` in `dir` with the tracker preloaded and its report at `<dir>/launch.log`.
 fn preloaded(dir: &Path, command: &[&str], options: &str) -> std::process::Output {
     let log = dir.join("launch.log");
@@ -208,14 +217,8 @@ fn preloaded(dir: &Path, command: &[&str], options: &str) -> std::process::Outpu
 /// launcher's goes beside it with its pid appended, and its stderr line says why.
 #[test]
 fn a_launcher_under_ld_preload_never_hides_the_programs_report() {
-    let dir = support::scratch("report_paths_launcher");
-    let exe = support::build(
-        &dir,
-        "live_table",
-        &["tests/cpp/live_table.cpp"],
-        &["-DK15_MEMORY_DISABLED"],
-    );
-    let program = exe.to_str().unwrap();
+    let (dir, program) = built_for_preload("report_paths_launcher", "live_table");
+    let program = program.as_str();
     let script = format!("{program} parked; true");
     for launcher in [
         vec!["/usr/bin/time", program, "parked"],
@@ -279,14 +282,8 @@ fn a_process_without_a_new_writes_its_report_with_malloc_off() {
 /// with that helper's pid, and says so; every helper's report is kept.
 #[test]
 fn helpers_a_program_spawns_never_take_its_report_path() {
-    let dir = support::scratch("report_paths_helpers");
-    let exe = support::build(
-        &dir,
-        "spawns_helpers",
-        &["tests/cpp/spawns_helpers.cpp"],
-        &["-DK15_MEMORY_DISABLED"],
-    );
-    let program = exe.to_str().unwrap();
+    let (dir, program) = built_for_preload("report_paths_helpers", "spawns_helpers");
+    let program = program.as_str();
     let log = dir.join("launch.log");
     for (mode, finding) in [
         ("leaks", "Direct leak of 5000 bytes in 50 blocks"),
@@ -376,14 +373,8 @@ fn processes_of_a_run_ending_at_once_keep_every_report() {
         assert_eq!(reports_of(&dir, "/usr/bin/ls").len(), 12, "{output:?}");
     }
     // A second run writes its report over the first's, and moves none of the first's aside.
-    let dir = support::scratch("report_paths_next_run");
-    let exe = support::build(
-        &dir,
-        "spawns_helpers",
-        &["tests/cpp/spawns_helpers.cpp"],
-        &["-DK15_MEMORY_DISABLED"],
-    );
-    let program = exe.to_str().unwrap();
+    let (dir, program) = built_for_preload("report_paths_next_run", "spawns_helpers");
+    let program = program.as_str();
     let first = preloaded(&dir, &[program, "clean"], "");
     assert!(first.status.success(), "{first:?}");
     let files = |dir: &Path| std::fs::read_dir(dir).unwrap().count();
