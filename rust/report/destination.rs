@@ -7,8 +7,8 @@
 //! process that outweighs the report it finds there from this run moves that report beside it
 //! (its pid appended) and takes the paths; otherwise it writes beside them. The choice and the
 //! move happen under a lock on the report's directory, so two processes ending at once do not
-//! both take the paths. A report from before this process started is an earlier run's, and is
-//! overwritten.
+//! both take the paths. A report from before the run began ([`join_the_run`]) is an earlier
+//! run's, and is overwritten.
 
 use super::Report;
 use crate::options::Options;
