@@ -33,6 +33,9 @@ struct ThreadState {
     deferred_len: AtomicUsize,
     deferred: [AtomicUsize; DEFERRED_CAPACITY],
     deferred_kinds: [AtomicU8; DEFERRED_CAPACITY],
+    /// Claimed blocks deferred while the record was full, chained through their own first word
+    /// (see [`defer`]): the last one's header, 0 for none.
+    chained: AtomicUsize,
     /// The innermost open tag scope's tag (0: none), which the thread's allocations carry.
     tag: Cell<TagId>,
     /// Open tag scopes; only the first [`SCOPE_DEPTH`] keep their tags.
@@ -51,6 +54,7 @@ thread_local! {
             deferred_len: AtomicUsize::new(0),
             deferred: [const { AtomicUsize::new(0) }; DEFERRED_CAPACITY],
             deferred_kinds: [const { AtomicU8::new(0) }; DEFERRED_CAPACITY],
+            chained: AtomicUsize::new(0),
             tag: Cell::new(0),
             scope_depth: Cell::new(0),
             scopes: [const { Cell::new(0) }; SCOPE_DEPTH],
@@ -207,7 +211,13 @@ impl DeferredFree {
     }
 }
 
-/// Keeps `free` for the thread to apply; false when the thread's record is full.
+/// Keeps `free` for the thread to apply; false when it cannot: the thread's record is full and
+/// the free is no claimed block of 8 bytes or more.
+///
+/// A claimed block beyond the record is chained through its first 8 bytes, which the program
+/// freed (a signal storm deferred tens of thousands at once, counted lost before). The chain is
+/// only pushed while the record is full, so a thread leaving the tracker, which looks at the
+/// record's length alone, finds work and applies both ([`take_chained`] after the record).
 /// Async-signal-safe: a handler interrupting another push or a pop loses nothing.
 pub fn defer(free: DeferredFree) -> bool {
     let t = this_thread();
@@ -215,12 +225,53 @@ pub fn defer(free: DeferredFree) -> bool {
     let at = t.deferred_len.fetch_add(1, Ordering::Relaxed);
     if at >= DEFERRED_CAPACITY {
         t.deferred_len.fetch_sub(1, Ordering::Relaxed);
-        return false;
+        return match free {
+            DeferredFree::Claimed(header) => chain(t, header),
+            DeferredFree::Free { .. } => false,
+        };
     }
     let (address, kind) = free.split();
     t.deferred[at].store(address, Ordering::Relaxed);
     t.deferred_kinds[at].store(kind, Ordering::Relaxed);
     true
+}
+
+/// Chains claimed block `header` on `t` (see [`defer`]), if its user bytes hold a link.
+fn chain(t: &ThreadState, header: *mut BlockHeader) -> bool {
+    // SAFETY: a claimed block's header: ours, intact, and no one frees the block but the
+    // thread that claimed it.
+    if unsafe { (*header).size() } < core::mem::size_of::<usize>() {
+        return false; // its guard would be written over
+    }
+    let link = BlockHeader::user_ptr(header).cast::<usize>();
+    let mut last = t.chained.load(Ordering::Relaxed);
+    loop {
+        // SAFETY: the block's first 8 user bytes (aligned: every user pointer is), freed by the
+        // program and read by nobody until the chain is taken.
+        unsafe { link.write(last) };
+        // A handler interrupting between the load and here pushed on top: link again.
+        match t.chained.compare_exchange_weak(
+            last,
+            header as usize,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => return true,
+            Err(now) => last = now,
+        }
+    }
+}
+
+/// The claimed blocks chained on the calling thread (see [`defer`]), all taken at once: each
+/// link is read before the block is handed out, so the caller may free it.
+pub fn take_chained() -> impl Iterator<Item = *mut BlockHeader> {
+    let mut next = this_thread().chained.swap(0, Ordering::Relaxed);
+    core::iter::from_fn(move || {
+        let header = (next != 0).then_some(next as *mut BlockHeader)?;
+        // SAFETY: a block chained by `chain`, whose first user word holds the next link.
+        next = unsafe { BlockHeader::user_ptr(header).cast::<usize>().read() };
+        Some(header)
+    })
 }
 
 /// The last deferred free of the calling thread, taken off its record.
@@ -438,7 +489,12 @@ mod tests {
         for i in 0..DEFERRED_CAPACITY {
             assert!(defer(DeferredFree::Claimed(block(i) as *mut BlockHeader)));
         }
-        assert!(!defer(DeferredFree::Claimed(block(0) as *mut BlockHeader)));
+        // A claimed block beyond the record is chained through its memory (these are no
+        // blocks); anything else is refused.
+        assert!(!defer(DeferredFree::Free {
+            ptr: block(0),
+            kind: BlockKind::New,
+        }));
         let mut taken = 0;
         while take_deferred().is_some() {
             taken += 1;

@@ -728,12 +728,37 @@ pub fn apply_deferred_frees() {
     }
     while let Some(free) = guard::take_deferred() {
         match free {
-            guard::DeferredFree::Claimed(header) => {
-                let _inside = Inside::enter();
-                queue_claimed(header, guard::me());
-            }
+            guard::DeferredFree::Claimed(header) => apply_claimed(header),
             guard::DeferredFree::Free { ptr, kind } => deallocate(ptr, kind, StartFrame::here),
         }
+    }
+    // After the record: a block is chained only while the record is full.
+    apply_chained();
+}
+
+/// Applies a claimed block's deferred free: queued for settling.
+fn apply_claimed(header: *mut BlockHeader) {
+    let _inside = Inside::enter();
+    queue_claimed(header, guard::me());
+}
+
+/// Applies the claimed blocks chained on the thread ([`guard::take_chained`]): queued while its
+/// shard's queue has room, the rest settled under one stop of the world. A signal storm chains
+/// thousands at a time, and a stop for each kept the thread applying them for as long as the
+/// storm went on.
+fn apply_chained() {
+    let mut chained = guard::take_chained();
+    let Some(first) = chained.next() else {
+        return;
+    };
+    let _inside = Inside::enter();
+    let me = guard::me();
+    let mut next = Some(first);
+    while let Some(header) = next {
+        if !queued(header, me) {
+            return settle_now(core::iter::once(header).chain(chained), me);
+        }
+        next = chained.next();
     }
 }
 
@@ -882,22 +907,34 @@ unsafe fn claim(header: *mut BlockHeader) -> bool {
 /// Queues a claimed block on the calling thread's shard, or settles it at once when the queue
 /// is full or the thread has no shard of its own.
 fn queue_claimed(header: *mut BlockHeader, me: guard::Me) {
-    let Some(mut held) = SHARDS[me.shard.index as usize].hold(me.number, me.shard.owned) else {
-        // A signal handler in the middle of its thread's change of its shard.
-        return record_deferred(guard::DeferredFree::Claimed(header));
-    };
-    if me.shard.owned && held.queue_pending(header) {
-        return;
+    if !queued(header, me) {
+        settle_now(core::iter::once(header), me);
     }
-    drop(held);
+}
+
+/// Queues a claimed block on the calling thread's shard; false when the queue is full or the
+/// thread has no shard of its own (the caller settles it).
+fn queued(header: *mut BlockHeader, me: guard::Me) -> bool {
+    let Some(mut held) = SHARDS[me.shard.index as usize].hold(me.number, me.shard.owned) else {
+        // A signal handler in the middle of its thread's change of its shard: deferred again.
+        record_deferred(guard::DeferredFree::Claimed(header));
+        return true;
+    };
+    me.shard.owned && held.queue_pending(header)
+}
+
+/// Settles claimed blocks, none of them queued, under one stop of the world.
+fn settle_now(headers: impl Iterator<Item = *mut BlockHeader>, me: guard::Me) {
     if live_list::settling_stopped() {
         // An exit from a signal handler is under way: nothing is settled any more, and a stop
         // of the world per free would only keep its report waiting. Left claimed.
         return;
     }
     let world = StoppedWorld::stop(me.number);
-    // SAFETY: claimed, and not queued.
-    unsafe { settle_claimed_block(header, &world) };
+    for header in headers {
+        // SAFETY: claimed, and not queued.
+        unsafe { settle_claimed_block(header, &world) };
+    }
 }
 
 /// Frees a claimed block, if it still is claimed: a block whose cookie changed since was freed
