@@ -246,9 +246,9 @@ fn chain(t: &ThreadState, header: *mut BlockHeader) -> bool {
     let link = BlockHeader::user_ptr(header).cast::<usize>();
     let mut last = t.chained.load(Ordering::Relaxed);
     loop {
-        // SAFETY: the block's first 8 user bytes (aligned: every user pointer is), freed by the
-        // program and read by nobody until the chain is taken.
-        unsafe { link.write(last) };
+        // SAFETY: the block's first 8 user bytes, freed by the program and read by nobody until
+        // the chain is taken.
+        unsafe { link.write_unaligned(last) };
         // A handler interrupting between the load and here pushed on top: link again.
         match t.chained.compare_exchange_weak(
             last,
@@ -269,7 +269,7 @@ pub fn take_chained() -> impl Iterator<Item = *mut BlockHeader> {
     core::iter::from_fn(move || {
         let header = (next != 0).then_some(next as *mut BlockHeader)?;
         // SAFETY: a block chained by `chain`, whose first user word holds the next link.
-        next = unsafe { BlockHeader::user_ptr(header).cast::<usize>().read() };
+        next = unsafe { BlockHeader::user_ptr(header).cast::<usize>().read_unaligned() };
         Some(header)
     })
 }
