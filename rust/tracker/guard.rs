@@ -269,7 +269,11 @@ pub fn take_chained() -> impl Iterator<Item = *mut BlockHeader> {
     core::iter::from_fn(move || {
         let header = (next != 0).then_some(next as *mut BlockHeader)?;
         // SAFETY: a block chained by `chain`, whose first user word holds the next link.
-        next = unsafe { BlockHeader::user_ptr(header).cast::<usize>().read_unaligned() };
+        next = unsafe {
+            BlockHeader::user_ptr(header)
+                .cast::<usize>()
+                .read_unaligned()
+        };
         Some(header)
     })
 }
