@@ -747,18 +747,16 @@ fn apply_claimed(header: *mut BlockHeader) {
 /// thousands at a time, and a stop for each kept the thread applying them for as long as the
 /// storm went on.
 fn apply_chained() {
-    let mut chained = guard::take_chained();
-    let Some(first) = chained.next() else {
+    let mut chained = guard::take_chained().peekable();
+    if chained.peek().is_none() {
         return;
-    };
+    }
     let _inside = Inside::enter();
     let me = guard::me();
-    let mut next = Some(first);
-    while let Some(header) = next {
+    while let Some(header) = chained.next() {
         if !queued(header, me) {
             return settle_now(core::iter::once(header).chain(chained), me);
         }
-        next = chained.next();
     }
 }
 

@@ -50,6 +50,24 @@ extern "C" void free_a_batch(int) {
     }
 }
 
+// Installs `handler` for SIGUSR1 and starts a thread that sends it to the calling thread, with
+// `pause_us` between two signals, until `done`.
+std::thread signal_this_thread(void (*handler)(int), int flags, useconds_t pause_us) {
+    struct sigaction action {};
+    action.sa_handler = handler;
+    action.sa_flags = flags;
+    sigaction(SIGUSR1, &action, nullptr);
+    pthread_t target = pthread_self();
+    return std::thread([target, pause_us] {
+        while (!done.load()) {
+            pthread_kill(target, SIGUSR1);
+            if (pause_us > 0) {
+                usleep(pause_us);
+            }
+        }
+    });
+}
+
 constexpr unsigned kSlots = 4096;
 std::atomic<char*> slots[kSlots];
 std::atomic<unsigned> cursor{0};
@@ -65,16 +83,7 @@ int storm(int seconds) {
     for (auto& slot : slots) {
         slot = new char[24];
     }
-    struct sigaction action {};
-    action.sa_handler = replace_four;
-    action.sa_flags = SA_RESTART;
-    sigaction(SIGUSR1, &action, nullptr);
-    pthread_t main_thread = pthread_self();
-    std::thread sender([main_thread] {
-        while (!done.load()) {
-            pthread_kill(main_thread, SIGUSR1);
-        }
-    });
+    std::thread sender = signal_this_thread(replace_four, SA_RESTART, 0);
     auto end = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
     for (unsigned i = 0; std::chrono::steady_clock::now() < end;) {
         for (int k = 0; k < 1000; ++k, ++i) {
@@ -103,16 +112,7 @@ int main(int argc, char** argv) {
     for (auto& p : kept) {
         p = keep(new char[48]);
     }
-    struct sigaction action {};
-    action.sa_handler = free_a_batch;
-    sigaction(SIGUSR1, &action, nullptr);
-    pthread_t main_thread = pthread_self();
-    std::thread sender([main_thread] {
-        while (!done.load()) {
-            pthread_kill(main_thread, SIGUSR1);
-            usleep(300);
-        }
-    });
+    std::thread sender = signal_this_thread(free_a_batch, 0, 300);
     while (next_batch.load() < kBatches) {
         checking.store(true);
         k15::memory::check_heap();
