@@ -28,7 +28,7 @@
 
 use super::header::{BlockHeader, Layout, COMPACT_CLASS, COMPACT_ROOM, GUARD_SIZE, HEADER_SIZE};
 use super::live_list::HeldShard;
-use super::spans::{self, SPAN_BYTES};
+use super::spans::{self, UNIT_BYTES};
 use crate::sys::PAGE_SIZE;
 use core::cell::Cell;
 use core::ptr::null_mut;
@@ -480,12 +480,14 @@ fn refill(class: usize) -> Option<(*mut u8, u32)> {
 /// after its block, is aligned to it. A compact class's blocks start 16 bytes further, so that
 /// their headers (16 bytes in front of each block) lie in the span too.
 ///
-/// Spans are 1 MiB-aligned, and the blocks a program uses most are each class's first ones: cut
-/// from the same offset in every span, they would all fall into the same cache sets and evict
-/// each other (churn over 32 classes ran 15% slower so). The pages a colour skips are never
-/// touched, so they cost no memory.
+/// Spans are aligned to 64 KiB (1 MiB for large classes), and the blocks a program uses most
+/// are each class's first ones: cut from the same offset in every span, they would all fall
+/// into the same cache sets and evict each other (churn over 32 classes ran 15% slower so).
+/// The colour mixes the 1 MiB number into the 64 KiB one, so that large spans (whose 64 KiB
+/// numbers are all multiples of 16) take every colour too.
 pub(super) fn first_block_offset(span_start: usize, class: usize) -> usize {
-    let colour = (span_start / SPAN_BYTES) % SPAN_COLOURS * COLOUR_STEP;
+    let unit = span_start / UNIT_BYTES;
+    let colour = (unit ^ (unit >> 4)) % SPAN_COLOURS * COLOUR_STEP;
     if size_of_class(class).is_multiple_of(LARGEST_ALIGN) {
         colour + (LARGEST_ALIGN - HEADER_SIZE % LARGEST_ALIGN) % LARGEST_ALIGN
     } else {
@@ -493,10 +495,11 @@ pub(super) fn first_block_offset(span_start: usize, class: usize) -> usize {
     }
 }
 
-/// Span colours (see [`first_block_offset`]), a page and a cache line apart, so that they differ
-/// in the set both of the L1 cache (bits 6..12) and of the larger ones.
-const SPAN_COLOURS: usize = 32;
-const COLOUR_STEP: usize = PAGE_SIZE + 64;
+/// Span colours (see [`first_block_offset`]), a cache line apart, so that they differ in the set
+/// of the L1 cache (bits 6..12) and of the larger ones, within a span's first page: a span of
+/// 64 KiB cannot skip pages.
+const SPAN_COLOURS: usize = 16;
+const COLOUR_STEP: usize = 64;
 const _: () = assert!(COLOUR_STEP.is_multiple_of(LARGEST_ALIGN));
 
 /// Whether carving leaves out the block it would cut at `block`: a page-aligned user pointer
@@ -583,7 +586,7 @@ pub fn block_of_free_span(user: usize) -> Option<HeapBlock> {
 /// into blocks of that class.
 fn carved_block_containing(addr: usize, span_start: usize, class: usize) -> Option<HeapBlock> {
     let size = class_size(class);
-    let span_end = span_start + SPAN_BYTES - GUARD_SIZE;
+    let span_end = span_start + spans::span_bytes(class) - GUARD_SIZE;
     let mut block = span_start + first_block_offset(span_start, class);
     while block + size <= span_end {
         if carve_skips(block, class) {

@@ -1,6 +1,7 @@
-//! The heap's spans: one reserved range cut into 1 MiB spans, each serving one size class or free;
-//! per class, the free blocks of each of its spans; a span whose blocks have all come back is free
-//! for any class, and past a few kept ready its pages go back to the OS (`MADV_DONTNEED`), as do
+//! The heap's spans: one reserved range cut into spans, each serving one size class or free: a
+//! 64 KiB unit for a small class, 16 units side by side for a large one; per class, the free
+//! blocks of each of its spans; a span whose blocks have all come back is free for any class of
+//! its kind, and past a few MiB kept ready its pages go back to the OS (`MADV_DONTNEED`), as do
 //! the pages inside free blocks that hold whole pages.
 //!
 //! Blocks move here only in the heap's slow paths (a thread's list refilled or given back, a
@@ -27,17 +28,45 @@ use core::ptr::null_mut;
 use core::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-/// Every span's size (and alignment from the reservation's start); the largest class holds 8.
-pub const SPAN_BYTES: usize = 1 << 20;
+/// The span table's grain, and a small class's span (its alignment from the reservation's
+/// start). Small classes share the heap's pages at this grain: a unit a class emptied serves
+/// the next class that needs one while its pages are still resident. With 1 MiB spans for every
+/// class, a class's emptied pages served only its own blocks until the whole MiB emptied, and
+/// yaml-cpp's suite (tests each building some MiB of one class's nodes, then another's) faulted
+/// 5,000 times against plain's 1,800; with units, 2,300 (`docs/benchmark-history.md`, stop 47).
+pub const UNIT_BYTES: usize = 64 << 10;
 
-/// Free spans whose pages stay resident (but those inside blocks that hold pages of their own,
-/// see `return_inner_pages`), ready for the next class that needs a span: a program whose
-/// classes take turns does not pay a page fault per page each time. Spans freed beyond these go
-/// back to the OS at once, so that memory a program freed comes back (`tests/memory_back.rs`:
-/// at most glibc's once everything is freed). Keeping as many as ever served at once was tried:
-/// phases of 8 MB that take turns between three classes faulted 28,000 times instead of
-/// 180,000 (glibc 42,000), but the memory of a program that freed everything stayed resident.
-const KEPT_FREE_SPANS: u32 = 4;
+/// A large class's span (and its alignment from the reservation's start, so that any of its
+/// units finds the first, which holds its [`Span`]), 8 of the largest class's blocks.
+const BIG_SPAN_BYTES: usize = 1 << 20;
+
+/// Whether class `class` is large: its spans are [`BIG_SPAN_BYTES`] (a unit holds 7 blocks of
+/// 8 KiB behind its colour, fewer of larger ones), never cut into units for small classes, nor
+/// units joined for it.
+const fn is_big(class: usize) -> bool {
+    heap::size_of_class(class) > UNIT_BYTES / 8
+}
+
+/// The bytes of a span serving class `class`.
+pub const fn span_bytes(class: usize) -> usize {
+    span_size(is_big(class))
+}
+
+/// The first unit of the span serving `class` that unit `index` lies in.
+const fn first_unit(index: u32, class: usize) -> u32 {
+    index & !((span_bytes(class) / UNIT_BYTES) as u32 - 1)
+}
+
+/// Bytes of free spans whose pages stay resident (but those inside blocks that hold pages of
+/// their own, see `return_inner_pages`), ready for the next class that needs a span: a program
+/// whose classes take turns does not pay a page fault per page each time. Spans freed beyond
+/// these go back to the OS at once, so that memory a program freed comes back
+/// (`tests/memory_back.rs`: at most glibc's and these once everything is freed). yaml-cpp's
+/// suite faulted 2,860 times with 4 MiB kept, 2,290 with 8 and with every span kept. Keeping as
+/// many as ever served at once was tried (with 1 MiB spans): phases of 8 MB that take turns
+/// between three classes faulted 28,000 times instead of 180,000 (glibc 42,000), but the
+/// memory of a program that freed everything stayed resident.
+const KEPT_FREE_BYTES: usize = 8 << 20;
 
 /// How much of a kept free span stays resident, from its first block, when another class takes
 /// it: what that class's first lists carve (a full list is at most 64 blocks or 64 KiB). The
@@ -75,7 +104,6 @@ static CARVED: Carved = Carved {
 /// block's word 0 (`header`), one per 32-byte slot. Made usable with the spans' range, touched
 /// only where compact blocks lie, and given back to the OS with their span.
 const SIDE_STRIDE: usize = 32;
-const SIDE_BYTES_PER_SPAN: usize = side_bytes(SPAN_BYTES);
 
 /// The side-table word of the compact block whose user pointer is `user`, an address of the
 /// heap's spans (the word of another address is another's, or out of the table).
@@ -189,13 +217,19 @@ fn owner(index: u32) -> &'static AtomicU8 {
     unsafe { &*OWNERS.load(Ordering::Relaxed).add(index as usize) }
 }
 
+/// Where unit `index` starts (a span's start, for its first unit).
 fn span_start(index: u32) -> usize {
-    CARVED.base.load(Ordering::Relaxed) + index as usize * SPAN_BYTES
+    CARVED.base.load(Ordering::Relaxed) + index as usize * UNIT_BYTES
 }
 
-/// The span `addr` lies in (an address of the heap).
-fn span_index(addr: usize) -> u32 {
-    ((addr - CARVED.base.load(Ordering::Relaxed)) / SPAN_BYTES) as u32
+/// The unit `addr` lies in (an address of the heap).
+fn unit_index(addr: usize) -> u32 {
+    ((addr - CARVED.base.load(Ordering::Relaxed)) / UNIT_BYTES) as u32
+}
+
+/// The first unit of the span of class `class` that `addr` lies in.
+fn span_index(addr: usize, class: usize) -> u32 {
+    first_unit(unit_index(addr), class)
 }
 
 /// Whether `addr` lies in a span of the heap (a block of it, or a free part of its spans).
@@ -209,10 +243,11 @@ pub fn reserved() -> bool {
     CARVED.base.load(Ordering::Relaxed) != 0
 }
 
-/// Whether `len` bytes from `addr` (an address of the heap) lie within its span.
+/// Whether `len` bytes from `addr` (an address of the heap) lie within its unit, and so within
+/// its span (a large class's bytes across the end of a unit inside its span answer no too).
 #[inline]
 pub fn span_holds(addr: usize, len: usize) -> bool {
-    (addr - CARVED.base.load(Ordering::Relaxed)) % SPAN_BYTES + len <= SPAN_BYTES
+    (addr - CARVED.base.load(Ordering::Relaxed)) % UNIT_BYTES + len <= UNIT_BYTES
 }
 
 /// The start and class of the span serving a class that `addr` lies in; `None` outside the heap
@@ -221,11 +256,13 @@ pub fn serving_span(addr: usize) -> Option<(usize, usize)> {
     if !contains(addr) {
         return None;
     }
-    let index = span_index(addr);
-    match owner(index).load(Ordering::Acquire) {
+    match owner(unit_index(addr)).load(Ordering::Acquire) {
         0 => None,
         byte if byte & FREE != 0 => None,
-        byte => Some((span_start(index), byte as usize - 1)),
+        byte => {
+            let class = byte as usize - 1;
+            Some((span_start(span_index(addr, class)), class))
+        }
     }
 }
 
@@ -235,9 +272,11 @@ pub fn free_span(addr: usize) -> Option<(usize, usize)> {
     if !contains(addr) {
         return None;
     }
-    let index = span_index(addr);
-    let byte = owner(index).load(Ordering::Acquire);
-    (byte & FREE != 0).then(|| (span_start(index), (byte & !FREE) as usize))
+    let byte = owner(unit_index(addr)).load(Ordering::Acquire);
+    (byte & FREE != 0).then(|| {
+        let class = (byte & !FREE) as usize;
+        (span_start(span_index(addr, class)), class)
+    })
 }
 
 /// A class lock, unless it stays held past the tracker's patience (`live_list::lock_within`).
@@ -308,6 +347,7 @@ impl ClassSpans {
 pub fn take_blocks(class: usize, wanted: u32) -> List {
     let size = heap::class_size(class);
     let layout = Layout::of_class(class);
+    let bytes = span_bytes(class);
     let mut class_spans = class_lock(class);
     let mut list = heap::EMPTY;
     while list.count < wanted {
@@ -328,15 +368,14 @@ pub fn take_blocks(class: usize, wanted: u32) -> List {
         let start = span_start(index);
         while list.count < wanted && s.free.count > 0 {
             // SAFETY: the span's free blocks are this class's, held under its lock.
-            let Some(block) = (unsafe { s.free.pop_checked(start..start + SPAN_BYTES, layout) })
-            else {
+            let Some(block) = (unsafe { s.free.pop_checked(start..start + bytes, layout) }) else {
                 break; // a damaged link: the blocks behind it stay unused
             };
             // SAFETY: a free block of this class, now the caller's.
             unsafe { list.push(block, layout) };
             s.handed_out += 1;
         }
-        while list.count < wanted && can_carve(s, size) {
+        while list.count < wanted && can_carve(s, size, bytes) {
             let block = start + s.carved as usize;
             check_guard_word(block);
             if heap::carve_skips(block, class) {
@@ -355,7 +394,7 @@ pub fn take_blocks(class: usize, wanted: u32) -> List {
             write_guard_word(start + s.carved as usize);
             s.handed_out += 1;
         }
-        if s.free.count == 0 && !can_carve(s, size) {
+        if s.free.count == 0 && !can_carve(s, size, bytes) {
             // SAFETY: on this class's list, under its lock.
             unsafe { class_spans.remove(index) };
         }
@@ -363,10 +402,10 @@ pub fn take_blocks(class: usize, wanted: u32) -> List {
     list
 }
 
-/// Whether a block of `size` bytes can still be carved from span `s`, leaving room for the
-/// guard word behind it.
-fn can_carve(s: &Span, size: usize) -> bool {
-    s.carved as usize + size + GUARD_SIZE <= SPAN_BYTES
+/// Whether a block of `size` bytes can still be carved from span `s` of `bytes`, leaving room
+/// for the guard word behind it.
+fn can_carve(s: &Span, size: usize, bytes: usize) -> bool {
+    s.carved as usize + size + GUARD_SIZE <= bytes
 }
 
 /// Writes the guard word at `at`, behind the last block carved from a span (or a gap).
@@ -407,10 +446,10 @@ pub fn behind(at: usize, class: usize) -> Option<Found> {
     if !contains(at) {
         return None;
     }
-    let index = span_index(at);
+    let index = span_index(at, class);
     let start = span_start(index);
     let carved = carved_now(index);
-    if at + GUARD_SIZE > start + SPAN_BYTES {
+    if at + GUARD_SIZE > start + span_bytes(class) {
         return None;
     }
     Some(if heap::carve_skips(at, class) || at >= start + carved {
@@ -430,13 +469,16 @@ pub fn behind(at: usize, class: usize) -> Option<Found> {
 /// patience (its holder is this very thread, interrupted, or stuck); the span table is then read
 /// as it is.
 pub fn for_each_block(locked: bool, mut visit: impl FnMut(Found, bool)) {
-    let spans = (CARVED.bytes.load(Ordering::Acquire) / SPAN_BYTES) as u32;
-    for index in 0..spans {
+    let units = (CARVED.bytes.load(Ordering::Acquire) / UNIT_BYTES) as u32;
+    for index in 0..units {
         let class = match owner(index).load(Ordering::Acquire) {
             0 => continue,
             byte if byte & FREE != 0 => continue,
             byte => byte as usize - 1,
         };
+        if first_unit(index, class) != index {
+            continue; // walked from its span's first unit
+        }
         let class_lock = locked.then(|| class_lock_within(class)).flatten();
         let still = class_lock.is_some();
         if owner(index).load(Ordering::Acquire) != class as u8 + 1 {
@@ -475,7 +517,7 @@ fn blocks_of_span(index: u32, class: usize, carved: usize, mut visit: impl FnMut
             block += size;
         }
     }
-    if block == end && end + GUARD_SIZE <= start + SPAN_BYTES {
+    if block == end && end + GUARD_SIZE <= start + span_bytes(class) {
         visit(Found::GuardWord(end as *mut u64));
     }
 }
@@ -489,10 +531,11 @@ fn blocks_of_span(index: u32, class: usize, carved: usize, mut visit: impl FnMut
 pub unsafe fn give_back(class: usize, list: List) {
     let size = heap::class_size(class);
     let layout = Layout::of_class(class);
+    let bytes = span_bytes(class);
     let mut class_spans = class_lock(class);
     // SAFETY: guaranteed by the caller; `blocks` reads each link before the block is relinked.
     for block in unsafe { list.blocks(layout) } {
-        let index = span_index(block as usize);
+        let index = span_index(block as usize, class);
         // SAFETY: a span of this class (its block was handed out by it), under its lock.
         let s = unsafe { span(index) };
         if s.handed_out == 0 {
@@ -504,14 +547,14 @@ pub unsafe fn give_back(class: usize, list: List) {
             );
             continue;
         }
-        let had_blocks = s.free.count > 0 || can_carve(s, size);
+        let had_blocks = s.free.count > 0 || can_carve(s, size, bytes);
         // SAFETY: the block is free and the caller's to give.
         unsafe { s.free.push(block, layout) };
         s.handed_out -= 1;
         if holds_pages(size) && s.free.count as usize > resident_free_blocks(class) {
             let start = span_start(index);
             // SAFETY: the span's free blocks are this class's, held under its lock.
-            let older = unsafe { s.free.vouched_blocks(start..start + SPAN_BYTES, layout) }
+            let older = unsafe { s.free.vouched_blocks(start..start + bytes, layout) }
                 .nth(resident_free_blocks(class));
             if let Some(older) = older {
                 // SAFETY: as above.
@@ -578,8 +621,11 @@ pub fn return_free_block_pages(class: usize) {
         let start = span_start(index);
         // The blocks given back before these gave their pages back then.
         // SAFETY: the span's free blocks are this class's, held under its lock.
-        for block in unsafe { s.free.vouched_blocks(start..start + SPAN_BYTES, layout) }
-            .take(resident_free_blocks(class))
+        for block in unsafe {
+            s.free
+                .vouched_blocks(start..start + span_bytes(class), layout)
+        }
+        .take(resident_free_blocks(class))
         {
             // SAFETY: as above.
             unsafe { return_inner_pages(block, size) };
@@ -594,54 +640,90 @@ struct Region {
     reserved: usize,
     /// Bytes from the base made usable (a multiple of [`REGION_BYTES`]).
     usable: usize,
-    /// Free spans whose pages are still resident (see [`KEPT_FREE_SPANS`]), and those whose
-    /// pages went back to the OS; each a stack linked through [`Span::next`].
-    kept: u32,
-    kept_count: u32,
-    returned: u32,
+    /// Free spans whose pages are still resident (see [`KEPT_FREE_BYTES`]), and those whose
+    /// pages went back to the OS, small ones and large ones apart (indexed by `big`); each a
+    /// stack linked through [`Span::next`].
+    kept: [u32; 2],
+    kept_bytes: usize,
+    returned: [u32; 2],
 }
 
 impl Region {
-    /// The top of the free spans kept resident (`kept`) or of those returned to the OS.
-    fn pop_free(&mut self, kept: bool) -> Option<u32> {
-        let top = if kept { self.kept } else { self.returned };
+    /// The top of the free spans, large (`big`) or small, kept resident (`kept`) or returned to
+    /// the OS.
+    fn pop_free(&mut self, kept: bool, big: bool) -> Option<u32> {
+        let stack = if kept {
+            &mut self.kept[big as usize]
+        } else {
+            &mut self.returned[big as usize]
+        };
+        let top = *stack;
         if top == NO_SPAN {
             return None;
         }
         // SAFETY: a free span, on that stack, under the region lock.
-        let below = unsafe { span(top).next };
+        *stack = unsafe { span(top).next };
         if kept {
-            self.kept = below;
-            self.kept_count -= 1;
-        } else {
-            self.returned = below;
+            // SAFETY: as above.
+            self.kept_bytes -= unsafe { carved_pages(top) };
         }
         Some(top)
     }
 
-    /// Puts free span `index` on the stack of those kept resident (`kept`) or returned.
+    /// Puts free span `index`, large (`big`) or small, on the stack of those kept resident
+    /// (`kept`) or returned.
     ///
     /// # Safety
     /// `index` is a free span on no stack, and the region lock is held (`self`).
-    unsafe fn push_free(&mut self, index: u32, kept: bool) {
+    unsafe fn push_free(&mut self, index: u32, kept: bool, big: bool) {
         let stack = if kept {
-            self.kept_count += 1;
-            &mut self.kept
+            // SAFETY: guaranteed by the caller.
+            self.kept_bytes += unsafe { carved_pages(index) };
+            &mut self.kept[big as usize]
         } else {
-            &mut self.returned
+            &mut self.returned[big as usize]
         };
         // SAFETY: guaranteed by the caller.
         unsafe { span(index).next = *stack };
         *stack = index;
+    }
+
+    /// Whether free span `index` stays resident beside those kept already.
+    ///
+    /// # Safety
+    /// `index` is a free span, and the region lock is held (`self`).
+    unsafe fn keeps(&self, index: u32) -> bool {
+        // SAFETY: guaranteed by the caller.
+        self.kept_bytes + unsafe { carved_pages(index) } <= KEPT_FREE_BYTES
+    }
+}
+
+/// The bytes of free span `index` that its last class touched (at most: the pages inside its
+/// free blocks may have gone back already): what it keeps resident, counted against
+/// [`KEPT_FREE_BYTES`].
+///
+/// # Safety
+/// `index` is a free span, and the region lock is held.
+unsafe fn carved_pages(index: u32) -> usize {
+    // SAFETY: guaranteed by the caller.
+    (unsafe { span(index) }.carved as usize + GUARD_SIZE).next_multiple_of(sys::PAGE_SIZE)
+}
+
+/// The bytes of a large span (`big`) or a small one.
+const fn span_size(big: bool) -> usize {
+    if big {
+        BIG_SPAN_BYTES
+    } else {
+        UNIT_BYTES
     }
 }
 
 static REGION: Mutex<Region> = Mutex::new(Region {
     reserved: 0,
     usable: 0,
-    kept: NO_SPAN,
-    kept_count: 0,
-    returned: NO_SPAN,
+    kept: [NO_SPAN; 2],
+    kept_bytes: 0,
+    returned: [NO_SPAN; 2],
 });
 
 fn region() -> MutexGuard<'static, Region> {
@@ -651,8 +733,9 @@ fn region() -> MutexGuard<'static, Region> {
 /// A span for class `class` (called under its lock), which `serving` spans serve already: a
 /// free one (kept resident first), else a new one from the reservation.
 fn new_span(class: usize, serving: u32) -> Option<u32> {
+    let big = is_big(class);
     let mut region = region();
-    let index = match region.pop_free(true) {
+    let index = match region.pop_free(true, big) {
         Some(index) => {
             let last = last_class(index);
             // A class with a span full already will fill this one too: the pages stay.
@@ -672,9 +755,9 @@ fn new_span(class: usize, serving: u32) -> Option<u32> {
             index
         }
         // Pages given back to the OS, or never used: their side words read 0.
-        None => match region.pop_free(false) {
+        None => match region.pop_free(false, big) {
             Some(index) => index,
-            None => fresh_span(&mut region)?,
+            None => fresh_span(&mut region, big)?,
         },
     };
     // SAFETY: a span nobody serves, under the region lock; the class lock (held by the caller)
@@ -690,18 +773,28 @@ fn new_span(class: usize, serving: u32) -> Option<u32> {
     }
     // SAFETY: a span nobody serves yet, whose `carved` was just set.
     write_guard_word(span_start(index) + unsafe { span(index) }.carved as usize);
-    owner(index).store(class as u8 + 1, Ordering::Release);
+    mark_owner(index, class, class as u8 + 1);
     Some(index)
 }
 
-/// A span never used before, from the reservation (made now if needed).
-fn fresh_span(region: &mut Region) -> Option<u32> {
+/// Marks every unit of the span of `class` at `index` with owner byte `byte`.
+fn mark_owner(index: u32, class: usize, byte: u8) {
+    for unit in index..index + (span_bytes(class) / UNIT_BYTES) as u32 {
+        owner(unit).store(byte, Ordering::Release);
+    }
+}
+
+/// A span never used before, large (`big`) or small, from the reservation (made now if
+/// needed). A large span starts on its own size: the units skipped to get there are left free
+/// for small classes.
+fn fresh_span(region: &mut Region, big: bool) -> Option<u32> {
     if region.reserved == 0 {
         reserve(region)?;
     }
     let base = CARVED.base.load(Ordering::Relaxed);
-    let carved = CARVED.bytes.load(Ordering::Relaxed);
-    let end = carved.checked_add(SPAN_BYTES)?;
+    let skipped_from = CARVED.bytes.load(Ordering::Relaxed);
+    let carved = skipped_from.next_multiple_of(span_size(big));
+    let end = carved.checked_add(span_size(big))?;
     while end > region.usable {
         let more = REGION_BYTES.min(region.reserved - region.usable);
         let side = CARVED.side.load(Ordering::Relaxed) + side_bytes(region.usable);
@@ -713,8 +806,13 @@ fn fresh_span(region: &mut Region) -> Option<u32> {
         }
         region.usable += more;
     }
+    for unit in (skipped_from..carved).step_by(UNIT_BYTES) {
+        // SAFETY: a unit never handed out (its pages never touched), on no stack, under the
+        // region lock.
+        unsafe { region.push_free((unit / UNIT_BYTES) as u32, false, false) };
+    }
     CARVED.bytes.store(end, Ordering::Release);
-    Some((carved / SPAN_BYTES) as u32)
+    Some((carved / UNIT_BYTES) as u32)
 }
 
 /// Gives back the pages of free span `index`, which last served `class`, beyond what another
@@ -737,7 +835,7 @@ unsafe fn return_pages_beyond_first_lists(index: u32, class: usize) {
 }
 
 /// Frees span `index`, whose blocks of class `class` are all back: it stays resident if
-/// [`KEPT_FREE_SPANS`] allows, else its pages go back to the OS.
+/// [`KEPT_FREE_BYTES`] allows, else its pages go back to the OS.
 ///
 /// # Safety
 /// The span serves `class`, is on no list, and the class lock is held.
@@ -750,9 +848,10 @@ unsafe fn free(index: u32, class: usize) {
         // SAFETY: as above: nobody else reads or writes these headers and words meanwhile.
         unsafe { super::integrity::check_left_behind(found) }
     });
-    owner(index).store(FREE | class as u8, Ordering::Release);
+    mark_owner(index, class, FREE | class as u8);
     let size = heap::class_size(class);
-    if holds_pages(size) && region().kept_count < KEPT_FREE_SPANS {
+    // SAFETY: a free span now (its owner says so), under the region lock.
+    if holds_pages(size) && unsafe { region().keeps(index) } {
         // Likely kept: the pages inside its blocks go, their headers stay (a second `delete`
         // reads one). Not under the region lock: a few hundred calls at most, which every
         // thread taking a span would wait for.
@@ -764,24 +863,27 @@ unsafe fn free(index: u32, class: usize) {
         });
     }
     let mut region = region();
-    let keep = region.kept_count < KEPT_FREE_SPANS;
+    // SAFETY: as above.
+    let keep = unsafe { region.keeps(index) };
     if !keep {
         // SAFETY: the span's blocks are all free and on no list but its own, which goes away.
         unsafe { return_span_pages(index, class) };
     }
     // SAFETY: a free span now, under the region lock.
-    unsafe { region.push_free(index, keep) };
+    unsafe { region.push_free(index, keep, is_big(class)) };
 }
 
 /// Every free span's pages go back to the OS, the kept ones too (at exit, before the report:
 /// memory the heap will hardly need again, and the symbolizer will).
 pub fn return_kept_spans() {
     let mut region = region();
-    while let Some(index) = region.pop_free(true) {
-        // SAFETY: a free span, under the region lock: nobody serves it, so its pages may go.
-        unsafe {
-            return_span_pages(index, last_class(index));
-            region.push_free(index, false);
+    for big in [false, true] {
+        while let Some(index) = region.pop_free(true, big) {
+            // SAFETY: a free span, under the region lock: nobody serves it, so its pages may go.
+            unsafe {
+                return_span_pages(index, last_class(index));
+                region.push_free(index, false, big);
+            }
         }
     }
 }
@@ -795,7 +897,7 @@ pub fn return_kept_spans() {
 unsafe fn return_span_pages(index: u32, class: usize) {
     // SAFETY: guaranteed by the caller.
     unsafe {
-        sys::return_pages(span_start(index) as *mut u8, SPAN_BYTES);
+        sys::return_pages(span_start(index) as *mut u8, span_bytes(class));
         return_class_tables(index, class);
     }
 }
@@ -808,20 +910,21 @@ unsafe fn return_class_tables(index: u32, class: usize) {
     // SAFETY: guaranteed by the caller.
     unsafe {
         if Layout::of_class(class) == Layout::Compact {
-            return_side_words(index);
+            return_side_words(index, class);
         }
         return_records(index, class);
     }
 }
 
-/// Gives the pages of span `index`'s part of the side table back to the OS.
+/// Gives the pages of the side table's part for span `index`, which last served `class`, back
+/// to the OS.
 ///
 /// # Safety
 /// Nobody uses the span's side words.
-unsafe fn return_side_words(index: u32) {
-    let side = CARVED.side.load(Ordering::Relaxed) + side_bytes(index as usize * SPAN_BYTES);
+unsafe fn return_side_words(index: u32, class: usize) {
+    let side = CARVED.side.load(Ordering::Relaxed) + side_bytes(index as usize * UNIT_BYTES);
     // SAFETY: guaranteed by the caller.
-    unsafe { sys::return_pages(side as *mut u8, SIDE_BYTES_PER_SPAN) };
+    unsafe { sys::return_pages(side as *mut u8, side_bytes(span_bytes(class))) };
 }
 
 /// Gives the pages of span `index`'s part of the record table of `class` back to the OS, where
@@ -830,7 +933,7 @@ unsafe fn return_side_words(index: u32) {
 /// # Safety
 /// Nobody uses the span's records of that class.
 unsafe fn return_records(index: u32, class: usize) {
-    let bytes = record_table_bytes(SPAN_BYTES, RECORD_TABLES[class].shift);
+    let bytes = record_table_bytes(span_bytes(class), RECORD_TABLES[class].shift);
     if bytes.is_multiple_of(sys::PAGE_SIZE) {
         let first = record_word(span_start(index), class as u8);
         // SAFETY: guaranteed by the caller.
@@ -854,7 +957,7 @@ const fn side_bytes(bytes: usize) -> usize {
 /// mappings, thread stacks and large blocks the rest), then halves of that down to a region.
 /// Whole spans each.
 fn reserve_sizes() -> impl Iterator<Item = usize> {
-    let whole_spans = |bytes: usize| bytes.max(REGION_BYTES) / SPAN_BYTES * SPAN_BYTES;
+    let whole_spans = |bytes: usize| bytes.max(REGION_BYTES) / BIG_SPAN_BYTES * BIG_SPAN_BYTES;
     let first =
         sys::address_space_limit().map_or(MOST_RESERVED, |limit| (limit / 4).min(MOST_RESERVED));
     core::iter::successors(Some(whole_spans(first)), move |&bytes| {
@@ -866,30 +969,29 @@ fn reserve_sizes() -> impl Iterator<Item = usize> {
 #[cold]
 fn reserve(region: &mut Region) -> Option<()> {
     for bytes in reserve_sizes() {
-        // A span more, so that the range starts on a span boundary (see `RecordTable`).
-        let reserved = record_table_start(0, bytes, LAST_SHIFT + 1) + SPAN_BYTES;
+        let units = bytes / UNIT_BYTES;
+        let table_bytes = (units * (size_of::<Span>() + 1)).next_multiple_of(sys::PAGE_SIZE);
+        // A large span more, so that the range starts on a large span's boundary (see
+        // `RecordTable`, `BIG_SPAN_BYTES`).
+        let reserved = record_table_start(0, bytes, LAST_SHIFT + 1) + table_bytes + BIG_SPAN_BYTES;
         let start = sys::reserve_pages(reserved);
         if start.is_null() {
             continue;
         }
-        let base = (start as usize).next_multiple_of(SPAN_BYTES);
+        let base = (start as usize).next_multiple_of(BIG_SPAN_BYTES);
         // The record tables in one piece (a mapping of their own each, per region, would be 26
         // more mappings for `fork` to copy); only their pages that records are written to are
-        // ever resident.
+        // ever resident. The span table behind them: in a mapping of its own, it could lie
+        // right behind a large block's, where a long overrun of the block would rewrite how far
+        // spans are carved, and the walks would leave the heap.
         let records = record_table_start(base, bytes, FIRST_SHIFT);
-        let records_end = record_table_start(base, bytes, LAST_SHIFT + 1);
-        if !sys::commit_pages(records as *mut u8, records_end - records) {
+        let table = record_table_start(base, bytes, LAST_SHIFT + 1);
+        if !sys::commit_pages(records as *mut u8, table + table_bytes - records) {
             // SAFETY: the reservation was made just above and is used by nobody.
             unsafe { sys::unmap_pages(start, reserved) };
             continue;
         }
-        let spans = bytes / SPAN_BYTES;
-        let table = sys::map_pages(spans * (size_of::<Span>() + 1));
-        if table.is_null() {
-            // SAFETY: the reservation was made just above and is used by nobody.
-            unsafe { sys::unmap_pages(start, reserved) };
-            return None;
-        }
+        let table = table as *mut u8;
         CARVED.side.store(base + bytes, Ordering::Relaxed);
         for table in &RECORD_TABLES {
             let first_word = (base >> table.shift) * size_of::<usize>();
@@ -898,7 +1000,7 @@ fn reserve(region: &mut Region) -> Option<()> {
         }
         SPANS.store(table.cast(), Ordering::Relaxed);
         OWNERS.store(
-            table.wrapping_add(spans * size_of::<Span>()).cast(),
+            table.wrapping_add(units * size_of::<Span>()).cast(),
             Ordering::Relaxed,
         );
         CARVED.base.store(base, Ordering::Relaxed);
@@ -928,30 +1030,33 @@ mod tests {
             .unwrap() as usize; // a class no other test uses
         let size = heap::class_size(class);
         // More blocks than one span holds: the first span is carved to its end.
-        let list = take_blocks(class, (SPAN_BYTES / size) as u32 + 4);
+        let list = take_blocks(class, (span_bytes(class) / size) as u32 + 4);
         // SAFETY: the list's blocks are free and this test's.
         let blocks: Vec<usize> = unsafe { list.blocks(Layout::Full) }
             .map(|b| b as usize)
             .collect();
-        let first = blocks.iter().map(|&b| span_index(b)).min().unwrap();
+        let first = blocks.iter().map(|&b| span_index(b, class)).min().unwrap();
         let (carved, full) = {
             let _lock = class_lock(class);
             // SAFETY: a span of this class, under its lock.
             let s = unsafe { span(first) };
-            (span_start(first) + s.carved as usize, !can_carve(s, size))
+            (
+                span_start(first) + s.carved as usize,
+                !can_carve(s, size, span_bytes(class)),
+            )
         };
         assert!(full, "the first span was not carved to its end");
         let last = blocks
             .iter()
             .copied()
-            .filter(|&b| span_index(b) == first)
+            .filter(|&b| span_index(b, class) == first)
             .max();
         assert_eq!(
             last.map(|b| b + size),
             Some(carved),
             "no block ends where carving did"
         );
-        assert!(carved + GUARD_SIZE <= span_start(first) + SPAN_BYTES);
+        assert!(carved + GUARD_SIZE <= span_start(first) + span_bytes(class));
         // SAFETY: inside the span, below its end (checked above).
         assert_eq!(unsafe { (carved as *const u64).read() }, GUARD);
         let mut visited = false;
