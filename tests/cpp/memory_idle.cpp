@@ -39,18 +39,8 @@ void other_work() {
 }  // namespace
 
 int main() {
-    const long start = resident_kib();
-    std::vector<char*> blocks = allocate_classes();
-    const long classes_peak = resident_kib();
-    for (char* block : blocks) delete[] block;
-    std::vector<char*>().swap(blocks);
-    const long classes_freed = resident_kib();
-    other_work();
-    const long after_other_work = resident_kib();
-    std::printf("start %ld classes_peak %ld classes_freed %ld after_other_work %ld\n", start,
-                classes_peak, classes_freed, after_other_work);
-
-    // 200 blocks of 40 KB (eight spans); one in 25 stays live, so that no span is freed.
+    // 200 blocks of 40 KB (eight spans); one in 25 stays live, so that no span is freed. First,
+    // while no free span of the heap is kept resident for reuse.
     const long large_start = resident_kib();
     std::vector<char*> large;
     for (int i = 0; i < 200; ++i) {
@@ -68,6 +58,17 @@ int main() {
     std::printf("large_start %ld large_peak %ld large_freed %ld\n", large_start, large_peak,
                 large_freed);
     for (char* block : large) delete[] block;
+
+    const long start = resident_kib();
+    std::vector<char*> blocks = allocate_classes();
+    const long classes_peak = resident_kib();
+    for (char* block : blocks) delete[] block;
+    std::vector<char*>().swap(blocks);
+    const long classes_freed = resident_kib();
+    other_work();
+    const long after_other_work = resident_kib();
+    std::printf("start %ld classes_peak %ld classes_freed %ld after_other_work %ld\n", start,
+                classes_peak, classes_freed, after_other_work);
     std::puts("done");
     return 0;
 }
