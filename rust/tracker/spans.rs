@@ -781,13 +781,13 @@ fn new_span(class: usize, serving: u32) -> Option<u32> {
         }
         // Pages given back to the OS, or never used: their side words read 0. The other kind's
         // kept spans make room for them (see `ROOM_MADE_BYTES`).
-        None => match {
+        None => {
             region.return_kept(!big, ROOM_MADE_BYTES);
-            region.pop_free(false, big)
-        } {
-            Some(index) => index,
-            None => fresh_span(&mut region, big)?,
-        },
+            match region.pop_free(false, big) {
+                Some(index) => index,
+                None => fresh_span(&mut region, big)?,
+            }
+        }
     };
     // SAFETY: a span nobody serves, under the region lock; the class lock (held by the caller)
     // guards it from now on.
