@@ -459,6 +459,7 @@ fn bad_input_gets_one_line_and_exit_2() {
     let other = write("other.json", br#"{"format": "k15-leaks/9", "leaks": []}"#);
     let garbage = write("garbage.json", b"\x00\x01 not json");
     let broken = write("broken.json", br#"{"format": "k15-leaks/2", "sites": [], "leaks": [{"site": 4, "leak_kind": "direct", "size": 1}], "frames": [], "stacks": []}"#);
+    let no_kind = write("no_kind.json", br#"{"format": "k15-leaks/2", "sites": [{"stack": null}], "leaks": [{"site": 0, "leak_kind": "", "size": 1}], "frames": [], "stacks": []}"#);
     let missing = path(&dir.join("missing.json")).to_owned();
     let good = path(base).to_owned();
     let out_file = path(&dir.join("out")).to_owned();
@@ -472,6 +473,7 @@ fn bad_input_gets_one_line_and_exit_2() {
         ),
         (&garbage, "not JSON"),
         (&broken, "site 4 out of range"),
+        (&no_kind, "leak_kind \"\" is not one of"),
     ] {
         let commands: [Vec<&str>; 9] = [
             vec!["show", bad],

@@ -8,6 +8,9 @@ use std::fmt;
 /// The formats this reader understands; `merge` writes the newest of its inputs'.
 pub const FORMATS: [&str; 2] = ["k15-leaks/2", "k15-leaks/3"];
 
+/// The leak kinds a report may give a block, in the text report's order (direct leaks first).
+pub const LEAK_KINDS: [&str; 3] = ["direct", "indirect", "reachable"];
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Report {
     pub format: String,
@@ -238,6 +241,7 @@ impl Report {
             return Err(other_format(&report.format));
         }
         report.check_indices()?;
+        report.check_leak_kinds()?;
         Ok(report)
     }
 
@@ -281,6 +285,23 @@ impl Report {
             }
         }
         Ok(())
+    }
+
+    /// Every command groups, ranks and labels leaks by their kind: one it does not know is a
+    /// damaged report, refused like an index out of range.
+    fn check_leak_kinds(&self) -> Result<(), LoadError> {
+        match self
+            .leaks
+            .iter()
+            .find(|l| !LEAK_KINDS.contains(&l.leak_kind.as_str()))
+        {
+            Some(leak) => Err(LoadError(format!(
+                "malformed report: leak_kind {:?} is not one of {}",
+                leak.leak_kind,
+                LEAK_KINDS.join(", ")
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// The frames of stack `index`, innermost first (none for a stack not recorded).
@@ -366,13 +387,11 @@ fn other_format(format: &str) -> LoadError {
 }
 
 /// Direct leaks first, then indirect, then reachable (the text report's order).
-pub fn kind_rank(kind: &str) -> u8 {
-    match kind {
-        "direct" => 0,
-        "indirect" => 1,
-        "reachable" => 2,
-        _ => 3,
-    }
+pub fn kind_rank(kind: &str) -> usize {
+    LEAK_KINDS
+        .iter()
+        .position(|k| *k == kind)
+        .unwrap_or(LEAK_KINDS.len())
 }
 
 /// The leaked blocks of one site and one kind.

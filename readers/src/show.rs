@@ -120,8 +120,7 @@ fn write_text(out: &mut String, report: &Report, filter: &Filter) -> std::fmt::R
 
 fn write_site(out: &mut String, report: &Report, total: &SiteTotal) -> std::fmt::Result {
     let site = &report.sites[total.site];
-    let mut kind = total.kind.clone();
-    kind[..1].make_ascii_uppercase();
+    let kind = capitalized(&total.kind);
     write!(
         out,
         "{kind} leak of {} in {} ({})",
@@ -144,6 +143,15 @@ fn write_site(out: &mut String, report: &Report, total: &SiteTotal) -> std::fmt:
         writeln!(out, "    in {}", names.join(", "))?;
     }
     Ok(())
+}
+
+/// `word` with its first letter upper-case (by character: a report's strings need not be ASCII).
+fn capitalized(word: &str) -> String {
+    let mut chars = word.chars();
+    chars
+        .next()
+        .map(|first| first.to_uppercase().chain(chars).collect())
+        .unwrap_or_default()
 }
 
 /// Profile sites listed when `--top` does not say.

@@ -103,3 +103,38 @@ fn merge_keeps_tags_and_profile() {
         "one program, one pid, twice"
     );
 }
+
+/// `V3` with its first leak's `"leak_kind":"direct"` replaced by `kind`.
+fn v3_with_leak_kind(kind: &str) -> String {
+    V3.replacen(
+        r#""leak_kind":"direct""#,
+        &format!(r#""leak_kind":{kind:?}"#),
+        1,
+    )
+}
+
+#[test]
+fn a_leak_kind_not_documented_is_a_malformed_report() {
+    for kind in ["", "évident", "Direct"] {
+        let why = Report::from_json(&v3_with_leak_kind(kind)).unwrap_err().0;
+        assert!(
+            why.starts_with("malformed report: leak_kind") && why.contains("direct, indirect"),
+            "{kind:?}: {why}"
+        );
+    }
+    Report::from_json(&v3_with_leak_kind("reachable")).unwrap();
+}
+
+#[test]
+fn show_capitalizes_a_kind_by_character() {
+    // A report built in memory is not checked: `show` must not slice its strings by bytes.
+    let mut report = Report::from_json(V3).unwrap();
+    for (kind, shown) in [
+        ("évident", "Évident leak of 64 bytes"),
+        ("", " leak of 64 bytes"),
+    ] {
+        report.leaks[0].leak_kind = kind.to_owned();
+        let text = crate::show::text(&report, &Default::default());
+        assert!(text.contains(shown), "{kind:?}: {text}");
+    }
+}
