@@ -150,11 +150,17 @@ fn page_data(report: &Report) -> Value {
         .iter()
         .map(crate::show::process_name)
         .collect();
+    // The page draws one shape of timeline, checked here: a report read from a file had its
+    // timeline checked at load; one built in memory with a bad timeline just has no chart.
+    let timeline = report
+        .timeline
+        .as_ref()
+        .and_then(|t| crate::report::timeline_series(t).ok());
     json!({
         "program": report.program, "pid": report.pid, "format": report.format,
         "summary": report.summary, "processes": processes,
         "frames": frames, "stacks": report.stacks,
         "sites": sites, "metrics": metrics, "errors": errors,
-        "tags": report.tags, "timeline": report.timeline, "profile": profile,
+        "tags": report.tags, "timeline": timeline, "profile": profile,
     })
 }

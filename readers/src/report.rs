@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
 /// The formats this reader understands; `merge` writes the newest of its inputs'.
@@ -242,6 +242,10 @@ impl Report {
         }
         report.check_indices()?;
         report.check_leak_kinds()?;
+        if let Some(timeline) = &report.timeline {
+            timeline_series(timeline)
+                .map_err(|why| LoadError(format!("malformed report: timeline: {why}")))?;
+        }
         Ok(report)
     }
 
@@ -423,6 +427,72 @@ impl Report {
         }
         held
     }
+}
+
+/// Live bytes per tag over a timeline's samples, in sample order (`None` where a sample lacks
+/// the tag).
+pub type TimelineSeries = BTreeMap<String, Vec<Option<u64>>>;
+
+/// The series of a report's `timeline`, from any of the shapes it may take:
+/// `{"frames": [...], "tags": {name: [bytes...]}}`, `{"tags": [{"name", "live_bytes": [bytes...]}]}`
+/// or `[{"frame", "tags": {name: bytes}}]` (`live_bytes` for `tags`); or why it is none of them.
+pub fn timeline_series(timeline: &Value) -> Result<TimelineSeries, String> {
+    let bytes = |v: &Value, what: &dyn Fn() -> String| match v {
+        Value::Null => Ok(None),
+        v => v
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| format!("{} is not a byte count", what())),
+    };
+    let list = |v: &Value, what: &dyn Fn() -> String| -> Result<Vec<Option<u64>>, String> {
+        v.as_array()
+            .ok_or_else(|| format!("{} is not a list of byte counts", what()))?
+            .iter()
+            .enumerate()
+            .map(|(i, v)| bytes(v, &|| format!("{}[{i}]", what())))
+            .collect()
+    };
+    let mut series = TimelineSeries::new();
+    match timeline {
+        Value::Array(points) => {
+            for (i, point) in points.iter().enumerate() {
+                if !point.is_object() {
+                    return Err(format!("[{i}] is not an object"));
+                }
+                let tags = match point.get("tags").or_else(|| point.get("live_bytes")) {
+                    None => continue,
+                    Some(Value::Object(tags)) => tags,
+                    Some(_) => return Err(format!("[{i}].tags is not an object")),
+                };
+                for (name, v) in tags {
+                    let v = bytes(v, &|| format!("[{i}].tags.{name}"))?;
+                    let line = series.entry(name.clone()).or_default();
+                    line.resize(i, None);
+                    line.push(v);
+                }
+            }
+        }
+        Value::Object(t) => match t.get("tags") {
+            Some(Value::Object(tags)) => {
+                for (name, v) in tags {
+                    series.insert(name.clone(), list(v, &|| format!("tags.{name}"))?);
+                }
+            }
+            Some(Value::Array(tags)) => {
+                for (i, tag) in tags.iter().enumerate() {
+                    let name = tag
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| format!("tags[{i}] has no name"))?;
+                    let v = tag.get("live_bytes").unwrap_or(&Value::Null);
+                    series.insert(name.to_owned(), list(v, &|| format!("tags.{name}"))?);
+                }
+            }
+            _ => return Err("no \"tags\" object or list".to_owned()),
+        },
+        _ => return Err("neither an object nor a list of samples".to_owned()),
+    }
+    Ok(series)
 }
 
 /// `n thing` or `n things` (`processes`).

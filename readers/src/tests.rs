@@ -41,7 +41,7 @@ fn the_page_carries_every_view_of_a_v3_report() {
         r#""allocations":[[0,30],[1,10]]"#,
         r#""temporary":[[0,20],[1,0]]"#,
         r#""budget_bytes":1000"#,
-        r#""timeline":{"frames":[1,2,3],"tags":{"Render":[0,1024,64]}}"#,
+        r#""timeline":{"Render":[0,1024,64]}"#,
         r#""kind":"tag_over_budget","size":0,"stacks":[["stack",0]],"tag":"Render""#,
     ] {
         assert!(page.contains(part), "{part}");
@@ -136,5 +136,65 @@ fn show_capitalizes_a_kind_by_character() {
         report.leaks[0].leak_kind = kind.to_owned();
         let text = crate::show::text(&report, &Default::default());
         assert!(text.contains(shown), "{kind:?}: {text}");
+    }
+}
+
+/// `V3` with `timeline` for its timeline.
+fn v3_with_timeline(timeline: &str) -> String {
+    let v3_timeline = r#"{ "frames": [1, 2, 3], "tags": { "Render": [0, 1024, 64] } }"#;
+    assert!(V3.contains(v3_timeline));
+    V3.replacen(v3_timeline, timeline, 1)
+}
+
+#[test]
+fn a_timeline_the_page_cannot_draw_is_a_malformed_report() {
+    for (timeline, why) in [
+        ("5", "neither an object nor a list"),
+        (r#"{"frames": [1, 2]}"#, "no \"tags\""),
+        (
+            r#"{"frames": [1, 2], "tags": {"A": 5}}"#,
+            "tags.A is not a list",
+        ),
+        (
+            r#"{"frames": [1, 2], "tags": {"A": null}}"#,
+            "tags.A is not a list",
+        ),
+        (
+            r#"{"tags": {"A": [1, "2"]}}"#,
+            "tags.A[1] is not a byte count",
+        ),
+        (r#"{"tags": {"A": [-1]}}"#, "tags.A[0] is not a byte count"),
+        (r#"{"tags": [{"live_bytes": [1]}]}"#, "tags[0] has no name"),
+        (
+            r#"[{"frame": 1, "tags": {"A": 1}}, 7]"#,
+            "[1] is not an object",
+        ),
+        (
+            r#"[{"frame": 1, "tags": [1]}]"#,
+            "[0].tags is not an object",
+        ),
+    ] {
+        let err = Report::from_json(&v3_with_timeline(timeline))
+            .unwrap_err()
+            .0;
+        assert!(
+            err.starts_with("malformed report: timeline: ") && err.contains(why),
+            "{timeline}: {err}"
+        );
+    }
+}
+
+#[test]
+fn the_page_gets_every_timeline_shape_as_series_per_tag() {
+    for timeline in [
+        r#"[{"frame": 1, "tags": {"A": 1}}, {"frame": 2, "live_bytes": {"A": 2, "B": 3}}]"#,
+        r#"{"tags": [{"name": "A", "live_bytes": [1, 2]}, {"name": "B", "live_bytes": [null, 3]}]}"#,
+        r#"{"frames": [1, 2], "tags": {"A": [1, 2], "B": [null, 3]}}"#,
+    ] {
+        let page = crate::html_from_report_json(&v3_with_timeline(timeline)).unwrap();
+        assert!(
+            page.contains(r#""timeline":{"A":[1,2],"B":[null,3]}"#),
+            "{timeline}"
+        );
     }
 }
