@@ -86,6 +86,9 @@ pub fn merge(reports: &[Report]) -> Report {
             report.processes.clone() // a merged report merged again
         };
         let this = inputs[0].clone();
+        // Where this report's processes start in the merged list (a leak of a report not
+        // merged before is its one process's).
+        let first_process = processes.len();
         processes.extend(inputs);
         let site_ids: Vec<usize> = (0..report.sites.len())
             .map(|i| {
@@ -106,6 +109,7 @@ pub fn merge(reports: &[Report]) -> Report {
         leaks.extend(report.leaks.iter().map(|l| {
             let mut leak = l.clone();
             leak.site = site_ids[l.site];
+            leak.process = Some(first_process + l.process.unwrap_or(0));
             leak
         }));
         for error in &report.errors {

@@ -78,6 +78,10 @@ pub struct Leak {
     pub address: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_by: Option<String>,
+    /// Written by `merge`: the index in `processes` of the process that leaked the block (an
+    /// address, and so `held_by`, means something only within its process).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<usize>,
 }
 
 /// A memory error: its kind and stacks; the kind-specific fields are kept as written.
@@ -267,6 +271,10 @@ impl Report {
         if let Some(l) = self.leaks.iter().find(|l| l.site >= self.sites.len()) {
             return bad("site", l.site);
         }
+        let process_ok = |p: Option<usize>| p.is_none_or(|p| p < self.processes.len());
+        if let Some(l) = self.leaks.iter().find(|l| !process_ok(l.process)) {
+            return bad("process", l.process.unwrap_or(0));
+        }
         for e in &self.errors {
             if let Some(s) = ERROR_STACKS
                 .iter()
@@ -411,15 +419,18 @@ impl Report {
     /// For each direct-leak site, the indirect blocks its leaks hold, by the indirect block's
     /// site: `(direct site, indirect site) -> (blocks, bytes)`.
     pub fn held(&self) -> HashMap<(usize, usize), (u64, u64)> {
-        let owner: HashMap<&str, usize> = self
+        // By process and address: two processes of a merged report may have leaked at the same
+        // address (the same program without address randomization).
+        let owner: HashMap<(Option<usize>, &str), usize> = self
             .leaks
             .iter()
             .filter(|l| l.leak_kind == "direct")
-            .filter_map(|l| Some((l.address.as_deref()?, l.site)))
+            .filter_map(|l| Some(((l.process, l.address.as_deref()?), l.site)))
             .collect();
         let mut held = HashMap::new();
         for leak in self.leaks.iter().filter(|l| l.leak_kind == "indirect") {
-            if let Some(&direct) = leak.held_by.as_deref().and_then(|a| owner.get(a)) {
+            let holder = leak.held_by.as_deref().map(|a| (leak.process, a));
+            if let Some(&direct) = holder.and_then(|h| owner.get(&h)) {
                 let entry = held.entry((direct, leak.site)).or_insert((0, 0));
                 entry.0 += 1;
                 entry.1 += leak.size;

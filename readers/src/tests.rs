@@ -198,3 +198,31 @@ fn the_page_gets_every_timeline_shape_as_series_per_tag() {
         );
     }
 }
+
+#[test]
+fn a_merged_report_keeps_each_process_s_indirect_blocks_with_its_own_direct_leak() {
+    // Two runs of one program without address randomization: both leaked a block at 0x10, and
+    // only the second run's (from site 1) holds an indirect block (from site 0).
+    let leak = |site, kind: &str, address: &str, held_by: Option<&str>| crate::report::Leak {
+        site,
+        leak_kind: kind.to_owned(),
+        size: 8,
+        seq: 0,
+        thread: 1,
+        address: Some(address.to_owned()),
+        held_by: held_by.map(str::to_owned),
+        process: None,
+    };
+    let mut first = Report::from_json(V3).unwrap();
+    first.leaks = vec![leak(0, "direct", "0x10", None)];
+    let mut second = first.clone();
+    second.pid = 8;
+    second.leaks = vec![
+        leak(1, "direct", "0x10", None),
+        leak(0, "indirect", "0x30", Some("0x10")),
+    ];
+    let merged = crate::merge::merge(&[second, first]);
+    let merged = Report::from_json(&serde_json::to_string(&merged).unwrap()).unwrap();
+    let held: Vec<_> = merged.held().into_iter().collect();
+    assert_eq!(held, [((1, 0), (1, 8))], "site 1 holds site 0's block");
+}
