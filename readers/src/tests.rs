@@ -226,3 +226,34 @@ fn a_merged_report_keeps_each_process_s_indirect_blocks_with_its_own_direct_leak
     let held: Vec<_> = merged.held().into_iter().collect();
     assert_eq!(held, [((1, 0), (1, 8))], "site 1 holds site 0's block");
 }
+
+#[test]
+fn sarif_uris_are_percent_encoded_and_relative_paths_are_references() {
+    let mut report = Report::from_json(V3).unwrap();
+    report.frames[0].file = Some("/work/my checkout/src/#1 100%.cpp".to_owned());
+    report.frames[1].file = Some("./elf/dl-init.c".to_owned());
+    report.frames[2].file = Some("/opt/a b/c:d?.cpp".to_owned());
+    let log = crate::sarif::log(&report, std::path::Path::new("/work/my checkout"));
+    let run = &log["runs"][0];
+    assert_eq!(
+        run["originalUriBaseIds"]["%SRCROOT%"]["uri"],
+        "file:///work/my%20checkout/"
+    );
+    let mut artifacts: Vec<String> = run["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r["stacks"][0]["frames"].as_array().unwrap())
+        .map(|f| f["location"]["physicalLocation"]["artifactLocation"].to_string())
+        .collect();
+    artifacts.sort();
+    artifacts.dedup();
+    assert_eq!(
+        artifacts,
+        [
+            r#"{"uri":"elf/dl-init.c","uriBaseId":"%SRCROOT%"}"#,
+            r#"{"uri":"file:///opt/a%20b/c%3Ad%3F.cpp"}"#,
+            r#"{"uri":"src/%231%20100%25.cpp","uriBaseId":"%SRCROOT%"}"#,
+        ]
+    );
+}
