@@ -69,8 +69,8 @@ fn sites(report: &Report) -> BTreeMap<Key, Totals> {
             bytes: 0,
             stack: frames_out(report, stack),
         });
-        totals.blocks += blocks;
-        totals.bytes += bytes;
+        totals.blocks = totals.blocks.saturating_add(blocks);
+        totals.bytes = totals.bytes.saturating_add(bytes);
     };
     for total in report.site_totals() {
         let site = &report.sites[total.site];

@@ -21,7 +21,8 @@ pub fn text(report: &Report) -> String {
         if frames.is_empty() {
             frames.push("(no call stack)".to_owned());
         }
-        *bytes.entry(frames.join(";")).or_default() += total.bytes;
+        let stack_bytes = bytes.entry(frames.join(";")).or_default();
+        *stack_bytes = stack_bytes.saturating_add(total.bytes);
     }
     bytes
         .into_iter()

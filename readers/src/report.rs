@@ -343,7 +343,7 @@ impl Report {
                     bytes: 0,
                 });
             total.blocks += 1;
-            total.bytes += leak.size;
+            total.bytes = total.bytes.saturating_add(leak.size);
         }
         let mut totals: Vec<SiteTotal> = totals.into_values().collect();
         totals.sort_by(|a, b| {
@@ -427,13 +427,13 @@ impl Report {
             .filter(|l| l.leak_kind == "direct")
             .filter_map(|l| Some(((l.process, l.address.as_deref()?), l.site)))
             .collect();
-        let mut held = HashMap::new();
+        let mut held: HashMap<(usize, usize), (u64, u64)> = HashMap::new();
         for leak in self.leaks.iter().filter(|l| l.leak_kind == "indirect") {
             let holder = leak.held_by.as_deref().map(|a| (leak.process, a));
             if let Some(&direct) = holder.and_then(|h| owner.get(&h)) {
                 let entry = held.entry((direct, leak.site)).or_insert((0, 0));
                 entry.0 += 1;
-                entry.1 += leak.size;
+                entry.1 = entry.1.saturating_add(leak.size);
             }
         }
         held
@@ -504,6 +504,13 @@ pub fn timeline_series(timeline: &Value) -> Result<TimelineSeries, String> {
         _ => return Err("neither an object nor a list of samples".to_owned()),
     }
     Ok(series)
+}
+
+/// The sum of `values`, at most `u64::MAX`. Every sum of the readers saturates so: a report's
+/// figures are the file's word, not checked against each other, and sizes near the limit must
+/// make a total that shows as huge, not one that wrapped round to a small number.
+pub fn saturating_sum(values: impl IntoIterator<Item = u64>) -> u64 {
+    values.into_iter().fold(0, u64::saturating_add)
 }
 
 /// `n thing` or `n things` (`processes`).

@@ -1,6 +1,6 @@
 //! `k15-memory show`: the text report, from a JSON one, filtered by kind and tag.
 
-use crate::report::{count, Report, SiteTotal};
+use crate::report::{count, saturating_sum, Report, SiteTotal};
 use std::fmt::Write;
 
 /// What `show` lists.
@@ -90,8 +90,8 @@ fn write_text(out: &mut String, report: &Report, filter: &Filter) -> std::fmt::R
             out,
             "\n... and {}, {} ({}), not listed (--top {})",
             count(rest.len() as u64, "more site"),
-            count(rest.iter().map(|t| t.blocks).sum(), "block"),
-            count(rest.iter().map(|t| t.bytes).sum(), "byte"),
+            count(saturating_sum(rest.iter().map(|t| t.blocks)), "block"),
+            count(saturating_sum(rest.iter().map(|t| t.bytes)), "byte"),
             filter.top
         )?;
     }

@@ -257,3 +257,76 @@ fn sarif_uris_are_percent_encoded_and_relative_paths_are_references() {
         ]
     );
 }
+
+/// `V3` with a third leak, of `size` bytes, from site 0 (whose other leak has 64 bytes).
+fn v3_with_a_leak_of(size: u64) -> Report {
+    let mut report = Report::from_json(V3).unwrap();
+    let mut leak = report.leaks[0].clone();
+    leak.size = size;
+    report.leaks.push(leak);
+    report
+}
+
+#[test]
+fn sums_near_the_u64_limit_saturate_rather_than_wrap() {
+    let report = v3_with_a_leak_of(u64::MAX);
+    let text = crate::show::text(&report, &Default::default());
+    assert!(
+        text.contains("Direct leak of 18446744073709551615 bytes in 2 blocks"),
+        "{text}"
+    );
+    let top = crate::show::text(
+        &report,
+        &crate::show::Filter {
+            top: 1,
+            ..Default::default()
+        },
+    );
+    assert!(top.contains("(32 bytes), not listed"), "{top}");
+    let folded = crate::folded::text(&report);
+    assert!(
+        folded.contains("main;Mesh::load() 18446744073709551615\n"),
+        "{folded}"
+    );
+
+    let mut huge = Report::from_json(V3).unwrap();
+    huge.summary
+        .insert("leaked_bytes".to_owned(), u64::MAX.into());
+    huge.tags[0].total_bytes = u64::MAX;
+    huge.profile.as_mut().unwrap().sites[0].bytes = u64::MAX;
+    let merged = crate::merge::merge(&[huge.clone(), huge]);
+    assert_eq!(merged.figure("leaked_bytes"), u64::MAX);
+    assert_eq!(merged.tags[0].total_bytes, u64::MAX);
+    assert_eq!(merged.profile.unwrap().sites[0].bytes, u64::MAX);
+}
+
+/// What the test reads of a pprof profile: its samples' values (prost skips the other fields).
+#[derive(Clone, PartialEq, prost::Message)]
+struct PprofSamples {
+    #[prost(message, repeated, tag = "2")]
+    sample: Vec<PprofSample>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct PprofSample {
+    #[prost(int64, repeated, tag = "2")]
+    value: Vec<i64>,
+}
+
+#[test]
+fn pprof_clamps_what_int64_cannot_hold() {
+    let mut report = v3_with_a_leak_of(1 << 63);
+    report.profile.as_mut().unwrap().sites[0].bytes = u64::MAX;
+    let mut gz = Vec::new();
+    crate::pprof::write(&report, &mut gz).unwrap();
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz[..]), &mut bytes).unwrap();
+    let profile = <PprofSamples as prost::Message>::decode(&bytes[..]).unwrap();
+    let values: Vec<&Vec<i64>> = profile.sample.iter().map(|s| &s.value).collect();
+    assert!(
+        values.iter().flat_map(|v| v.iter()).all(|&v| v >= 0),
+        "{values:?}"
+    );
+    assert!(values.iter().any(|v| v[1] == i64::MAX), "{values:?}");
+    assert!(values.iter().any(|v| v[3] == i64::MAX), "{values:?}");
+}
