@@ -330,3 +330,16 @@ fn pprof_clamps_what_int64_cannot_hold() {
     assert!(values.iter().any(|v| v[1] == i64::MAX), "{values:?}");
     assert!(values.iter().any(|v| v[3] == i64::MAX), "{values:?}");
 }
+
+#[test]
+fn the_page_s_placeholders_in_a_program_name_stay_text() {
+    let mut report = Report::from_json(V3).unwrap();
+    report.program = Some("/x/{{data}}{{style}}{{title}}".to_owned());
+    let page = crate::html::page(&report);
+    assert!(
+        page.contains("<title>k15-memory: {{data}}{{style}}{{title}}</title>"),
+        "{}",
+        &page[..page.find("</title>").unwrap_or(page.len())]
+    );
+    assert_eq!(page.matches("id=\"k15-data\"").count(), 1);
+}
