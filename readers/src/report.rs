@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
@@ -511,6 +512,26 @@ pub fn timeline_series(timeline: &Value) -> Result<TimelineSeries, String> {
 /// make a total that shows as huge, not one that wrapped round to a small number.
 pub fn saturating_sum(values: impl IntoIterator<Item = u64>) -> u64 {
     values.into_iter().fold(0, u64::saturating_add)
+}
+
+/// `text` with its control characters written as escapes (`\n`, `\t`, `\r`, `\x1b`): a name
+/// from a report must not end a line of a line-based format or drive the terminal it is shown on.
+pub fn printable(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return Cow::Borrowed(text);
+    }
+    let mut escaped = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\n' => escaped.push_str("\\n"),
+            '\t' => escaped.push_str("\\t"),
+            '\r' => escaped.push_str("\\r"),
+            // Control characters are all below U+00A0: two hex digits say each.
+            c if c.is_control() => escaped.push_str(&format!("\\x{:02x}", u32::from(c))),
+            c => escaped.push(c),
+        }
+    }
+    Cow::Owned(escaped)
 }
 
 /// `n thing` or `n things` (`processes`).

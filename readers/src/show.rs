@@ -1,6 +1,6 @@
 //! `k15-memory show`: the text report, from a JSON one, filtered by kind and tag.
 
-use crate::report::{count, saturating_sum, Report, SiteTotal};
+use crate::report::{count, printable, saturating_sum, Report, SiteTotal};
 use std::fmt::Write;
 
 /// What `show` lists.
@@ -48,7 +48,7 @@ fn write_text(out: &mut String, report: &Report, filter: &Filter) -> std::fmt::R
         out,
         "==k15-memory== pid {} program {}",
         report.pid,
-        report.program.as_deref().unwrap_or("?")
+        printable(report.program.as_deref().unwrap_or("?"))
     )?;
     writeln!(
         out,
@@ -104,7 +104,7 @@ fn write_text(out: &mut String, report: &Report, filter: &Filter) -> std::fmt::R
             writeln!(
                 out,
                 "Memory error: {} ({})",
-                error.kind,
+                printable(&error.kind),
                 count(error.size(), "byte")
             )?;
             for field in crate::report::ERROR_STACKS {
@@ -126,21 +126,23 @@ fn write_site(out: &mut String, report: &Report, total: &SiteTotal) -> std::fmt:
         "{kind} leak of {} in {} ({})",
         count(total.bytes, "byte"),
         count(total.blocks, "block"),
-        site.allocated_with
-            .as_deref()
-            .unwrap_or(if site.array { "new[]" } else { "new" })
+        printable(site.allocated_with.as_deref().unwrap_or(if site.array {
+            "new[]"
+        } else {
+            "new"
+        }))
     )?;
     if let Some(tag) = &site.tag {
-        write!(out, " [{tag}]")?;
+        write!(out, " [{}]", printable(tag))?;
     }
     writeln!(out, " allocated from:")?;
     if let Some(file) = &site.file {
-        writeln!(out, "    at {file}:{} (K15_NEW)", site.line)?;
+        writeln!(out, "    at {}:{} (K15_NEW)", printable(file), site.line)?;
     }
     write_frames(out, report, site.stack, "    ")?;
     if !site.processes.is_empty() {
         let names: Vec<String> = site.processes.iter().map(process_name).collect();
-        writeln!(out, "    in {}", names.join(", "))?;
+        writeln!(out, "    in {}", printable(&names.join(", ")))?;
     }
     Ok(())
 }
@@ -217,11 +219,11 @@ fn write_profile_place(
     place: &crate::report::SitePlace,
 ) -> std::fmt::Result {
     if let Some(tag) = &place.tag {
-        write!(out, " [{tag}]")?;
+        write!(out, " [{}]", printable(tag))?;
     }
     match &place.file {
         Some(file) if report.frames_of(place.stack).next().is_none() => {
-            writeln!(out, " at {file}:{} (K15_NEW)", place.line)
+            writeln!(out, " at {}:{} (K15_NEW)", printable(file), place.line)
         }
         _ => {
             writeln!(out, " from:")?;
@@ -245,9 +247,9 @@ fn write_frames(
         return writeln!(out, "{indent}(no call stack)");
     }
     for (i, frame) in report.frames_of(stack).enumerate() {
-        write!(out, "{indent}#{i} {}", frame.name())?;
+        write!(out, "{indent}#{i} {}", printable(&frame.name()))?;
         if let Some(file) = &frame.file {
-            write!(out, " {file}:{}", frame.line)?;
+            write!(out, " {}:{}", printable(file), frame.line)?;
         }
         writeln!(out, "{}", if frame.inlined { " (inlined)" } else { "" })?;
     }

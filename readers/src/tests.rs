@@ -343,3 +343,27 @@ fn the_page_s_placeholders_in_a_program_name_stay_text() {
     );
     assert_eq!(page.matches("id=\"k15-data\"").count(), 1);
 }
+
+#[test]
+fn names_with_control_characters_stay_on_their_line_and_off_the_terminal() {
+    let mut report = Report::from_json(V3).unwrap();
+    report.frames[0].function = Some("a\nb;c\0d\te\u{1b}[31mred\u{7f}".to_owned());
+    report.frames[0].file = Some("/src/we\nird.cpp".to_owned());
+    report.program = Some("/bin/\u{1b}]0;title\u{7}".to_owned());
+    let folded = crate::folded::text(&report);
+    assert!(
+        folded.contains("main;a\\nb:c\\x00d\\te\\x1b[31mred\\x7f 64\n"),
+        "{folded}"
+    );
+    assert_eq!(folded.lines().count(), 2, "{folded}");
+    let text = crate::show::text(&report, &Default::default());
+    assert!(
+        text.contains("#0 a\\nb;c\\x00d\\te\\x1b[31mred\\x7f /src/we\\nird.cpp:12\n"),
+        "{text}"
+    );
+    assert!(text.contains("program /bin/\\x1b]0;title\\x07\n"), "{text}");
+    assert!(
+        !text.contains(['\0', '\u{1b}', '\u{7}', '\u{7f}']),
+        "{text}"
+    );
+}
