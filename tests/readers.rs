@@ -392,6 +392,31 @@ fn html_page_shows_the_leaks_in_chromium() {
 }
 
 #[test]
+fn html_page_draws_a_timeline_of_many_frames_in_chromium() {
+    // More frames than a browser takes as arguments of one call (`Math.max(...series)`).
+    let frames = 200_000;
+    let bytes: Vec<u64> = (0..frames).map(|i| i % 1000).collect();
+    let report = serde_json::json!({
+        "format": "k15-leaks/3", "program": "/bin/game", "pid": 1, "summary": {},
+        "sites": [], "leaks": [], "frames": [], "stacks": [], "tags": [{ "name": "Render" }],
+        "timeline": { "frames": (0..frames).collect::<Vec<u64>>(), "tags": { "Render": bytes } },
+    });
+    let dir = support::scratch("readers_timeline");
+    let json = dir.join("timeline.json");
+    std::fs::write(&json, report.to_string()).unwrap();
+    let page = dir.join("timeline.html");
+    let out = k15(&["html", path(&json), "-o", path(&page)]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let dom = rendered(&page);
+    for shown in [
+        "Live bytes per tag, by frame (peak 999 bytes)",
+        "data-metric=\"leaked\"",
+    ] {
+        assert!(dom.contains(shown), "{shown} not in the page");
+    }
+}
+
+#[test]
 fn html_path_writes_the_page_at_exit() {
     let dir = support::scratch("readers_html_path");
     let exe = support::build(&dir, "app", &[SOURCE], &[]);
@@ -459,6 +484,8 @@ fn bad_input_gets_one_line_and_exit_2() {
     let other = write("other.json", br#"{"format": "k15-leaks/9", "leaks": []}"#);
     let garbage = write("garbage.json", b"\x00\x01 not json");
     let broken = write("broken.json", br#"{"format": "k15-leaks/2", "sites": [], "leaks": [{"site": 4, "leak_kind": "direct", "size": 1}], "frames": [], "stacks": []}"#);
+    let no_kind = write("no_kind.json", br#"{"format": "k15-leaks/2", "sites": [{"stack": null}], "leaks": [{"site": 0, "leak_kind": "", "size": 1}], "frames": [], "stacks": []}"#);
+    let scalar_timeline = write("scalar_timeline.json", br#"{"format": "k15-leaks/3", "sites": [], "leaks": [], "frames": [], "stacks": [], "tags": [{"name": "A"}], "timeline": {"frames": [1], "tags": {"A": 5}}}"#);
     let missing = path(&dir.join("missing.json")).to_owned();
     let good = path(base).to_owned();
     let out_file = path(&dir.join("out")).to_owned();
@@ -472,6 +499,8 @@ fn bad_input_gets_one_line_and_exit_2() {
         ),
         (&garbage, "not JSON"),
         (&broken, "site 4 out of range"),
+        (&no_kind, "leak_kind \"\" is not one of"),
+        (&scalar_timeline, "timeline: tags.A is not a list"),
     ] {
         let commands: [Vec<&str>; 9] = [
             vec!["show", bad],

@@ -145,26 +145,18 @@ function tags() {
   timeline();
 }
 
-// The timeline as series of live bytes per tag: `{frames: [...], tags: {name: [bytes...]}}` or
-// `[{frame, tags: {name: bytes}}]`.
-function timelineSeries(t) {
-  if (!t) return null;
-  const series = {};
-  if (Array.isArray(t)) {
-    t.forEach((point, i) => { for (const [name, v] of Object.entries(point.tags || point.live_bytes || {})) (series[name] = series[name] || [])[i] = v; });
-    return series;
-  }
-  if (t.tags && !Array.isArray(t.tags)) return t.tags;
-  if (Array.isArray(t.tags)) { for (const tag of t.tags) series[tag.name] = tag.live_bytes; return series; }
-  return null;
-}
+// The largest of `values` (`floor` if none is larger). A loop, not `Math.max(...values)`: a
+// timeline of a few hundred thousand frames would overflow the call stack as arguments.
+const largest = (values, floor) => values.reduce((a, v) => Math.max(a, v || 0), floor);
 
+// The timeline as series of live bytes per tag, `{name: [bytes or null per sample]}` (the
+// reader turns each shape a report may hold into this one).
 function timeline() {
-  const series = timelineSeries(D.timeline);
+  const series = D.timeline;
   if (!series || !Object.keys(series).length) return;
   const W = 900, H = 220, names = Object.keys(series);
-  const length = Math.max(...names.map((n) => series[n].length));
-  const top = Math.max(1, ...names.map((n) => Math.max(...series[n].map((v) => v || 0))));
+  const length = largest(names.map((n) => series[n].length), 0);
+  const top = largest(names.map((n) => largest(series[n], 0)), 1);
   const ns = "http://www.w3.org/2000/svg";
   const svg = document.createElementNS(ns, "svg");
   svg.setAttribute("viewBox", "0 0 " + W + " " + (H + 20));
@@ -264,13 +256,11 @@ function update() {
   for (const row of document.querySelectorAll(".site")) row.classList.toggle("hidden", !!query && !row.dataset.words.includes(query));
 }
 
-summary();
-leaks();
-errors();
-profile();
-tags();
-metricButtons();
+// Each panel on its own: one that fails (data no check foresaw, a browser lacking something)
+// leaves the others drawn and the page usable, and says why on the console.
+for (const panel of [summary, leaks, errors, profile, tags, metricButtons, update]) {
+  try { panel(); } catch (e) { console.error("k15-memory: the " + panel.name + " panel failed:", e); }
+}
 $("search").oninput = update;
-update();
 // What the tests read: the page is drawn, and how long it took from navigation start.
 document.body.dataset.renderedMs = String(Math.round(performance.now()));

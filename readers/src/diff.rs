@@ -1,7 +1,7 @@
 //! `k15-memory diff`: leak and error sites new, gone and grown between two reports, matched
 //! by the functions and file names of their frames, so that two builds match where code moved.
 
-use crate::report::{base_name, Report};
+use crate::report::{base_name, printable, Report};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -69,8 +69,8 @@ fn sites(report: &Report) -> BTreeMap<Key, Totals> {
             bytes: 0,
             stack: frames_out(report, stack),
         });
-        totals.blocks += blocks;
-        totals.bytes += bytes;
+        totals.blocks = totals.blocks.saturating_add(blocks);
+        totals.bytes = totals.bytes.saturating_add(bytes);
     };
     for total in report.site_totals() {
         let site = &report.sites[total.site];
@@ -156,7 +156,7 @@ pub fn text(diff: &Diff) -> String {
         for change in list {
             let what = match change.kind.as_str() {
                 k @ ("direct" | "indirect" | "reachable") => format!("{k} leak"),
-                k => format!("{k} error"),
+                k => format!("{} error", printable(k)),
             };
             out += &format!(
                 "{title} {what}: {} in {} (base: {} in {})\n",
@@ -166,9 +166,9 @@ pub fn text(diff: &Diff) -> String {
                 crate::report::count(change.base_blocks, "block"),
             );
             for (i, frame) in change.stack.iter().enumerate() {
-                out += &format!("    #{i} {}", frame.function);
+                out += &format!("    #{i} {}", printable(&frame.function));
                 if let Some(file) = &frame.file {
-                    out += &format!(" {file}:{}", frame.line);
+                    out += &format!(" {}:{}", printable(file), frame.line);
                 }
                 out.push('\n');
             }

@@ -1,10 +1,11 @@
 //! `k15-memory export --folded`: leaked bytes (direct and indirect) as folded stacks (`outer;...;inner bytes`), the
 //! input of flamegraph.pl, inferno and speedscope.
 
-use crate::report::Report;
+use crate::report::{printable, Report};
 use std::collections::BTreeMap;
 
-/// One line per stack: its frames outermost first, `;`-separated, then its leaked bytes.
+/// One line per stack: its frames outermost first, `;`-separated, then its leaked bytes (a `;` in
+/// a name written `:`, a control character as an escape, so that each stack stays one line).
 pub fn text(report: &Report) -> String {
     let mut bytes: BTreeMap<String, u64> = BTreeMap::new();
     for total in report
@@ -15,13 +16,14 @@ pub fn text(report: &Report) -> String {
         let site = &report.sites[total.site];
         let mut frames: Vec<String> = report
             .frames_of(site.stack)
-            .map(|f| f.name().replace(';', ":"))
+            .map(|f| printable(&f.name()).replace(';', ":"))
             .collect();
         frames.reverse();
         if frames.is_empty() {
             frames.push("(no call stack)".to_owned());
         }
-        *bytes.entry(frames.join(";")).or_default() += total.bytes;
+        let stack_bytes = bytes.entry(frames.join(";")).or_default();
+        *stack_bytes = stack_bytes.saturating_add(total.bytes);
     }
     bytes
         .into_iter()

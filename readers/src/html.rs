@@ -23,11 +23,43 @@ pub fn page(report: &Report) -> String {
         .as_deref()
         .map(crate::report::base_name)
         .unwrap_or("merged report");
-    TEMPLATE
-        .replace("{{title}}", &escape(title))
-        .replace("{{style}}", STYLE)
-        .replace("{{script}}", SCRIPT)
-        .replace("{{data}}", &data)
+    fill(
+        TEMPLATE,
+        &[
+            ("title", &escape(title)),
+            ("style", STYLE),
+            ("script", SCRIPT),
+            ("data", &data),
+        ],
+    )
+}
+
+/// `template` with each `{{name}}` of `values` replaced by its value, in one pass: a value is
+/// never scanned for placeholders, so a program named `{{data}}` keeps its name.
+fn fill(template: &str, values: &[(&str, &str)]) -> String {
+    let mut page =
+        String::with_capacity(template.len() + values.iter().map(|v| v.1.len()).sum::<usize>());
+    let mut rest = template;
+    while let Some(start) = rest.find("{{") {
+        let placeholder = rest[start + 2..]
+            .split_once("}}")
+            .and_then(|(name, after)| {
+                let (_, value) = values.iter().find(|(n, _)| *n == name)?;
+                Some((value, after))
+            });
+        match placeholder {
+            Some((value, after)) => {
+                page.push_str(&rest[..start]);
+                page.push_str(value);
+                rest = after;
+            }
+            None => {
+                page.push_str(&rest[..start + 2]);
+                rest = &rest[start + 2..];
+            }
+        }
+    }
+    page + rest
 }
 
 fn escape(text: &str) -> String {
@@ -150,11 +182,17 @@ fn page_data(report: &Report) -> Value {
         .iter()
         .map(crate::show::process_name)
         .collect();
+    // The page draws one shape of timeline, checked here: a report read from a file had its
+    // timeline checked at load; one built in memory with a bad timeline just has no chart.
+    let timeline = report
+        .timeline
+        .as_ref()
+        .and_then(|t| crate::report::timeline_series(t).ok());
     json!({
         "program": report.program, "pid": report.pid, "format": report.format,
         "summary": report.summary, "processes": processes,
         "frames": frames, "stacks": report.stacks,
         "sites": sites, "metrics": metrics, "errors": errors,
-        "tags": report.tags, "timeline": report.timeline, "profile": profile,
+        "tags": report.tags, "timeline": timeline, "profile": profile,
     })
 }

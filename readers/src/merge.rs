@@ -86,6 +86,9 @@ pub fn merge(reports: &[Report]) -> Report {
             report.processes.clone() // a merged report merged again
         };
         let this = inputs[0].clone();
+        // Where this report's processes start in the merged list (a leak of a report not
+        // merged before is its one process's).
+        let first_process = processes.len();
         processes.extend(inputs);
         let site_ids: Vec<usize> = (0..report.sites.len())
             .map(|i| {
@@ -106,6 +109,7 @@ pub fn merge(reports: &[Report]) -> Report {
         leaks.extend(report.leaks.iter().map(|l| {
             let mut leak = l.clone();
             leak.site = site_ids[l.site];
+            leak.process = Some(first_process + l.process.unwrap_or(0));
             leak
         }));
         for error in &report.errors {
@@ -126,7 +130,11 @@ pub fn merge(reports: &[Report]) -> Report {
         }
         for (name, value) in &report.summary {
             if let Some(n) = value.as_u64() {
-                let sum = summary.get(name).and_then(Value::as_u64).unwrap_or(0) + n;
+                let sum = summary
+                    .get(name)
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0)
+                    .saturating_add(n);
                 summary.insert(name.clone(), sum.into());
             }
         }
@@ -143,11 +151,13 @@ pub fn merge(reports: &[Report]) -> Report {
                     budget_bytes: 0,
                 }
             });
-            merged.live_blocks += tag.live_blocks;
-            merged.live_bytes += tag.live_bytes;
+            merged.live_blocks = merged.live_blocks.saturating_add(tag.live_blocks);
+            merged.live_bytes = merged.live_bytes.saturating_add(tag.live_bytes);
             merged.peak_bytes = merged.peak_bytes.max(tag.peak_bytes);
-            merged.total_allocations += tag.total_allocations;
-            merged.total_bytes += tag.total_bytes;
+            merged.total_allocations = merged
+                .total_allocations
+                .saturating_add(tag.total_allocations);
+            merged.total_bytes = merged.total_bytes.saturating_add(tag.total_bytes);
         }
         if let Some(profile) = &report.profile {
             for s in &profile.sites {
@@ -156,9 +166,9 @@ pub fn merge(reports: &[Report]) -> Report {
                     ..s.place.clone()
                 };
                 let totals = profile_sites.entry(place).or_default();
-                totals[0] += s.allocations;
-                totals[1] += s.bytes;
-                totals[2] += s.temporary;
+                for (total, n) in totals.iter_mut().zip([s.allocations, s.bytes, s.temporary]) {
+                    *total = total.saturating_add(n);
+                }
             }
             // The largest process's peak stands for all: peaks of processes do not add up.
             if let Some(p) = &profile.peak {

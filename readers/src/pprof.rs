@@ -103,6 +103,13 @@ impl Strings {
     }
 }
 
+/// `n` as pprof's int64, `i64::MAX` where it does not fit. Such a figure is no real size, but
+/// the report is still read whole (its figures are the file's word): pprof shows it as the
+/// largest it can, never as a negative that a cast would make of it.
+fn int64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
 /// A sample: its stack and its labels (tag, leak kind).
 type SampleKey<'a> = (Option<usize>, Option<&'a str>, Option<&'a str>);
 
@@ -134,14 +141,14 @@ pub fn write(report: &Report, out: impl Write) -> std::io::Result<()> {
             ))
             .or_insert_with(|| vec![0; width]);
         values[0] += 1;
-        values[1] += leak.size as i64;
+        values[1] = values[1].saturating_add(int64(leak.size));
     }
     for site in report.profile.iter().flat_map(|p| &p.sites) {
         let values = samples
             .entry((site.place.stack, site.place.tag.as_deref(), None))
             .or_insert_with(|| vec![0; width]);
-        values[2] += site.allocations as i64;
-        values[3] += site.bytes as i64;
+        values[2] = values[2].saturating_add(int64(site.allocations));
+        values[3] = values[3].saturating_add(int64(site.bytes));
     }
     // One location per frame of the report (its index + 1), one function per name and file.
     let mut functions: HashMap<(i64, i64), u64> = HashMap::new();
@@ -171,7 +178,7 @@ pub fn write(report: &Report, out: impl Write) -> std::io::Result<()> {
             address,
             line: vec![Line {
                 function_id: id,
-                line: frame.line as i64,
+                line: int64(frame.line),
             }],
         });
     }

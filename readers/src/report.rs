@@ -2,11 +2,15 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
-use std::collections::HashMap;
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
 /// The formats this reader understands; `merge` writes the newest of its inputs'.
 pub const FORMATS: [&str; 2] = ["k15-leaks/2", "k15-leaks/3"];
+
+/// The leak kinds a report may give a block, in the text report's order (direct leaks first).
+pub const LEAK_KINDS: [&str; 3] = ["direct", "indirect", "reachable"];
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Report {
@@ -75,6 +79,10 @@ pub struct Leak {
     pub address: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_by: Option<String>,
+    /// Written by `merge`: the index in `processes` of the process that leaked the block (an
+    /// address, and so `held_by`, means something only within its process).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<usize>,
 }
 
 /// A memory error: its kind and stacks; the kind-specific fields are kept as written.
@@ -238,6 +246,11 @@ impl Report {
             return Err(other_format(&report.format));
         }
         report.check_indices()?;
+        report.check_leak_kinds()?;
+        if let Some(timeline) = &report.timeline {
+            timeline_series(timeline)
+                .map_err(|why| LoadError(format!("malformed report: timeline: {why}")))?;
+        }
         Ok(report)
     }
 
@@ -258,6 +271,10 @@ impl Report {
         }
         if let Some(l) = self.leaks.iter().find(|l| l.site >= self.sites.len()) {
             return bad("site", l.site);
+        }
+        let process_ok = |p: Option<usize>| p.is_none_or(|p| p < self.processes.len());
+        if let Some(l) = self.leaks.iter().find(|l| !process_ok(l.process)) {
+            return bad("process", l.process.unwrap_or(0));
         }
         for e in &self.errors {
             if let Some(s) = ERROR_STACKS
@@ -281,6 +298,23 @@ impl Report {
             }
         }
         Ok(())
+    }
+
+    /// Every command groups, ranks and labels leaks by their kind: one it does not know is a
+    /// damaged report, refused like an index out of range.
+    fn check_leak_kinds(&self) -> Result<(), LoadError> {
+        match self
+            .leaks
+            .iter()
+            .find(|l| !LEAK_KINDS.contains(&l.leak_kind.as_str()))
+        {
+            Some(leak) => Err(LoadError(format!(
+                "malformed report: leak_kind {:?} is not one of {}",
+                leak.leak_kind,
+                LEAK_KINDS.join(", ")
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// The frames of stack `index`, innermost first (none for a stack not recorded).
@@ -310,7 +344,7 @@ impl Report {
                     bytes: 0,
                 });
             total.blocks += 1;
-            total.bytes += leak.size;
+            total.bytes = total.bytes.saturating_add(leak.size);
         }
         let mut totals: Vec<SiteTotal> = totals.into_values().collect();
         totals.sort_by(|a, b| {
@@ -366,13 +400,11 @@ fn other_format(format: &str) -> LoadError {
 }
 
 /// Direct leaks first, then indirect, then reachable (the text report's order).
-pub fn kind_rank(kind: &str) -> u8 {
-    match kind {
-        "direct" => 0,
-        "indirect" => 1,
-        "reachable" => 2,
-        _ => 3,
-    }
+pub fn kind_rank(kind: &str) -> usize {
+    LEAK_KINDS
+        .iter()
+        .position(|k| *k == kind)
+        .unwrap_or(LEAK_KINDS.len())
 }
 
 /// The leaked blocks of one site and one kind.
@@ -388,22 +420,118 @@ impl Report {
     /// For each direct-leak site, the indirect blocks its leaks hold, by the indirect block's
     /// site: `(direct site, indirect site) -> (blocks, bytes)`.
     pub fn held(&self) -> HashMap<(usize, usize), (u64, u64)> {
-        let owner: HashMap<&str, usize> = self
+        // By process and address: two processes of a merged report may have leaked at the same
+        // address (the same program without address randomization).
+        let owner: HashMap<(Option<usize>, &str), usize> = self
             .leaks
             .iter()
             .filter(|l| l.leak_kind == "direct")
-            .filter_map(|l| Some((l.address.as_deref()?, l.site)))
+            .filter_map(|l| Some(((l.process, l.address.as_deref()?), l.site)))
             .collect();
-        let mut held = HashMap::new();
+        let mut held: HashMap<(usize, usize), (u64, u64)> = HashMap::new();
         for leak in self.leaks.iter().filter(|l| l.leak_kind == "indirect") {
-            if let Some(&direct) = leak.held_by.as_deref().and_then(|a| owner.get(a)) {
+            let holder = leak.held_by.as_deref().map(|a| (leak.process, a));
+            if let Some(&direct) = holder.and_then(|h| owner.get(&h)) {
                 let entry = held.entry((direct, leak.site)).or_insert((0, 0));
                 entry.0 += 1;
-                entry.1 += leak.size;
+                entry.1 = entry.1.saturating_add(leak.size);
             }
         }
         held
     }
+}
+
+/// Live bytes per tag over a timeline's samples, in sample order (`None` where a sample lacks
+/// the tag).
+pub type TimelineSeries = BTreeMap<String, Vec<Option<u64>>>;
+
+/// The series of a report's `timeline`, from any of the shapes it may take:
+/// `{"frames": [...], "tags": {name: [bytes...]}}`, `{"tags": [{"name", "live_bytes": [bytes...]}]}`
+/// or `[{"frame", "tags": {name: bytes}}]` (`live_bytes` for `tags`); or why it is none of them.
+pub fn timeline_series(timeline: &Value) -> Result<TimelineSeries, String> {
+    let bytes = |v: &Value, what: &dyn Fn() -> String| match v {
+        Value::Null => Ok(None),
+        v => v
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| format!("{} is not a byte count", what())),
+    };
+    let list = |v: &Value, what: &dyn Fn() -> String| -> Result<Vec<Option<u64>>, String> {
+        v.as_array()
+            .ok_or_else(|| format!("{} is not a list of byte counts", what()))?
+            .iter()
+            .enumerate()
+            .map(|(i, v)| bytes(v, &|| format!("{}[{i}]", what())))
+            .collect()
+    };
+    let mut series = TimelineSeries::new();
+    match timeline {
+        Value::Array(points) => {
+            for (i, point) in points.iter().enumerate() {
+                if !point.is_object() {
+                    return Err(format!("[{i}] is not an object"));
+                }
+                let tags = match point.get("tags").or_else(|| point.get("live_bytes")) {
+                    None => continue,
+                    Some(Value::Object(tags)) => tags,
+                    Some(_) => return Err(format!("[{i}].tags is not an object")),
+                };
+                for (name, v) in tags {
+                    let v = bytes(v, &|| format!("[{i}].tags.{name}"))?;
+                    let line = series.entry(name.clone()).or_default();
+                    line.resize(i, None);
+                    line.push(v);
+                }
+            }
+        }
+        Value::Object(t) => match t.get("tags") {
+            Some(Value::Object(tags)) => {
+                for (name, v) in tags {
+                    series.insert(name.clone(), list(v, &|| format!("tags.{name}"))?);
+                }
+            }
+            Some(Value::Array(tags)) => {
+                for (i, tag) in tags.iter().enumerate() {
+                    let name = tag
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| format!("tags[{i}] has no name"))?;
+                    let v = tag.get("live_bytes").unwrap_or(&Value::Null);
+                    series.insert(name.to_owned(), list(v, &|| format!("tags.{name}"))?);
+                }
+            }
+            _ => return Err("no \"tags\" object or list".to_owned()),
+        },
+        _ => return Err("neither an object nor a list of samples".to_owned()),
+    }
+    Ok(series)
+}
+
+/// The sum of `values`, at most `u64::MAX`. Every sum of the readers saturates so: a report's
+/// figures are the file's word, not checked against each other, and sizes near the limit must
+/// make a total that shows as huge, not one that wrapped round to a small number.
+pub fn saturating_sum(values: impl IntoIterator<Item = u64>) -> u64 {
+    values.into_iter().fold(0, u64::saturating_add)
+}
+
+/// `text` with its control characters written as escapes (`\n`, `\t`, `\r`, `\x1b`): a name
+/// from a report must not end a line of a line-based format or drive the terminal it is shown on.
+pub fn printable(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return Cow::Borrowed(text);
+    }
+    let mut escaped = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\n' => escaped.push_str("\\n"),
+            '\t' => escaped.push_str("\\t"),
+            '\r' => escaped.push_str("\\r"),
+            // Control characters are all below U+00A0: two hex digits say each.
+            c if c.is_control() => escaped.push_str(&format!("\\x{:02x}", u32::from(c))),
+            c => escaped.push(c),
+        }
+    }
+    Cow::Owned(escaped)
 }
 
 /// `n thing` or `n things` (`processes`).

@@ -3,10 +3,12 @@
 
 use crate::report::{count, Report};
 use serde_json::{json, Value};
-use std::path::Path;
+use std::path::{Component, Path, PathBuf};
 
 /// The report as a SARIF 2.1.0 log. Files under `root` (the checkout) are written relative to
 /// it, against `%SRCROOT%`, as code scanning wants; others as absolute `file://` URIs.
+/// Relative paths in the debug information (`-fdebug-prefix-map=$PWD=.`) are taken as
+/// relative to `root` too: the checkout is where a CI build that wrote them ran.
 pub fn log(report: &Report, root: &Path) -> Value {
     let mut rules: Vec<String> = Vec::new();
     let mut results = Vec::new();
@@ -69,7 +71,7 @@ pub fn log(report: &Report, root: &Path) -> Value {
         "version": "2.1.0",
         "runs": [{
             "tool": { "driver": { "name": "k15-memory", "version": env!("CARGO_PKG_VERSION"), "rules": rules } },
-            "originalUriBaseIds": { "%SRCROOT%": { "uri": format!("file://{}/", root.display()) } },
+            "originalUriBaseIds": { "%SRCROOT%": { "uri": directory_uri(root) } },
             "results": results,
         }]
     })
@@ -78,11 +80,23 @@ pub fn log(report: &Report, root: &Path) -> Value {
 fn location(frame: &crate::report::Frame, root: &Path) -> Value {
     let mut physical = json!({});
     if let Some(file) = &frame.file {
-        physical["artifactLocation"] = match Path::new(file).strip_prefix(root) {
-            Ok(relative) => {
-                json!({ "uri": relative.display().to_string(), "uriBaseId": "%SRCROOT%" })
+        let file = Path::new(file);
+        let relative = match file.strip_prefix(root) {
+            Ok(relative) => Some(relative),
+            Err(_) if file.is_relative() => Some(file),
+            Err(_) => None,
+        };
+        physical["artifactLocation"] = match relative {
+            Some(relative) => {
+                // `./a.cpp` is `a.cpp`: a reference resolves against the base either way, but
+                // viewers match files by their URI's text.
+                let relative: PathBuf = relative
+                    .components()
+                    .filter(|c| *c != Component::CurDir)
+                    .collect();
+                json!({ "uri": uri_path(&relative), "uriBaseId": "%SRCROOT%" })
             }
-            Err(_) => json!({ "uri": format!("file://{file}") }),
+            None => json!({ "uri": format!("file://{}", uri_path(file)) }),
         };
         if frame.line > 0 {
             physical["region"] = json!({ "startLine": frame.line });
@@ -93,6 +107,31 @@ fn location(frame: &crate::report::Frame, root: &Path) -> Value {
         location["physicalLocation"] = physical;
     }
     location
+}
+
+/// The `file://` URI of directory `path` (absolute), ending in `/` as a base URI must.
+fn directory_uri(path: &Path) -> String {
+    let uri = format!("file://{}", uri_path(path));
+    if uri.ends_with('/') {
+        uri
+    } else {
+        uri + "/"
+    }
+}
+
+/// `path` as the path of a URI (RFC 3986): every byte but `/` and the unreserved characters
+/// percent-encoded, so that a space, `#`, `?`, `%` or `:` in a file name stays part of it.
+fn uri_path(path: &Path) -> String {
+    path.as_os_str()
+        .as_encoded_bytes()
+        .iter()
+        .map(|&b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' | b'/' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 fn describe(rule: &str) -> String {

@@ -1,6 +1,6 @@
 //! `k15-memory show`: the text report, from a JSON one, filtered by kind and tag.
 
-use crate::report::{count, Report, SiteTotal};
+use crate::report::{count, printable, saturating_sum, Report, SiteTotal};
 use std::fmt::Write;
 
 /// What `show` lists.
@@ -48,7 +48,7 @@ fn write_text(out: &mut String, report: &Report, filter: &Filter) -> std::fmt::R
         out,
         "==k15-memory== pid {} program {}",
         report.pid,
-        report.program.as_deref().unwrap_or("?")
+        printable(report.program.as_deref().unwrap_or("?"))
     )?;
     writeln!(
         out,
@@ -90,8 +90,8 @@ fn write_text(out: &mut String, report: &Report, filter: &Filter) -> std::fmt::R
             out,
             "\n... and {}, {} ({}), not listed (--top {})",
             count(rest.len() as u64, "more site"),
-            count(rest.iter().map(|t| t.blocks).sum(), "block"),
-            count(rest.iter().map(|t| t.bytes).sum(), "byte"),
+            count(saturating_sum(rest.iter().map(|t| t.blocks)), "block"),
+            count(saturating_sum(rest.iter().map(|t| t.bytes)), "byte"),
             filter.top
         )?;
     }
@@ -104,7 +104,7 @@ fn write_text(out: &mut String, report: &Report, filter: &Filter) -> std::fmt::R
             writeln!(
                 out,
                 "Memory error: {} ({})",
-                error.kind,
+                printable(&error.kind),
                 count(error.size(), "byte")
             )?;
             for field in crate::report::ERROR_STACKS {
@@ -120,30 +120,40 @@ fn write_text(out: &mut String, report: &Report, filter: &Filter) -> std::fmt::R
 
 fn write_site(out: &mut String, report: &Report, total: &SiteTotal) -> std::fmt::Result {
     let site = &report.sites[total.site];
-    let mut kind = total.kind.clone();
-    kind[..1].make_ascii_uppercase();
+    let kind = capitalized(&total.kind);
     write!(
         out,
         "{kind} leak of {} in {} ({})",
         count(total.bytes, "byte"),
         count(total.blocks, "block"),
-        site.allocated_with
-            .as_deref()
-            .unwrap_or(if site.array { "new[]" } else { "new" })
+        printable(site.allocated_with.as_deref().unwrap_or(if site.array {
+            "new[]"
+        } else {
+            "new"
+        }))
     )?;
     if let Some(tag) = &site.tag {
-        write!(out, " [{tag}]")?;
+        write!(out, " [{}]", printable(tag))?;
     }
     writeln!(out, " allocated from:")?;
     if let Some(file) = &site.file {
-        writeln!(out, "    at {file}:{} (K15_NEW)", site.line)?;
+        writeln!(out, "    at {}:{} (K15_NEW)", printable(file), site.line)?;
     }
     write_frames(out, report, site.stack, "    ")?;
     if !site.processes.is_empty() {
         let names: Vec<String> = site.processes.iter().map(process_name).collect();
-        writeln!(out, "    in {}", names.join(", "))?;
+        writeln!(out, "    in {}", printable(&names.join(", ")))?;
     }
     Ok(())
+}
+
+/// `word` with its first letter upper-case (by character: a report's strings need not be ASCII).
+fn capitalized(word: &str) -> String {
+    let mut chars = word.chars();
+    chars
+        .next()
+        .map(|first| first.to_uppercase().chain(chars).collect())
+        .unwrap_or_default()
 }
 
 /// Profile sites listed when `--top` does not say.
@@ -209,11 +219,11 @@ fn write_profile_place(
     place: &crate::report::SitePlace,
 ) -> std::fmt::Result {
     if let Some(tag) = &place.tag {
-        write!(out, " [{tag}]")?;
+        write!(out, " [{}]", printable(tag))?;
     }
     match &place.file {
         Some(file) if report.frames_of(place.stack).next().is_none() => {
-            writeln!(out, " at {file}:{} (K15_NEW)", place.line)
+            writeln!(out, " at {}:{} (K15_NEW)", printable(file), place.line)
         }
         _ => {
             writeln!(out, " from:")?;
@@ -237,9 +247,9 @@ fn write_frames(
         return writeln!(out, "{indent}(no call stack)");
     }
     for (i, frame) in report.frames_of(stack).enumerate() {
-        write!(out, "{indent}#{i} {}", frame.name())?;
+        write!(out, "{indent}#{i} {}", printable(&frame.name()))?;
         if let Some(file) = &frame.file {
-            write!(out, " {file}:{}", frame.line)?;
+            write!(out, " {}:{}", printable(file), frame.line)?;
         }
         writeln!(out, "{}", if frame.inlined { " (inlined)" } else { "" })?;
     }
