@@ -302,6 +302,21 @@ fn the_trackers_own_memory_never_comes_back_through_the_family() {
     }
 }
 
+/// pvalloc of a size within a page of `SIZE_MAX` rounded it up to 0 and served a block.
+#[test]
+fn sizes_beyond_the_address_space_are_refused_by_every_function_with_enomem() {
+    for options in ["malloc=1", "malloc=0"] {
+        let run = run("huge_sizes", options);
+        assert!(
+            run.stdout()
+                .contains("huge sizes served: 0, other errno: 0, counts unchanged: yes"),
+            "{options}: {}",
+            run.stdout()
+        );
+        assert_eq!(run.json["summary"]["errors"], 0, "{options}: {}", run.text);
+    }
+}
+
 #[test]
 fn malloc_0_leaves_the_family_to_glibc() {
     let run = run("leaks", "malloc=0");

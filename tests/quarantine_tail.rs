@@ -31,7 +31,7 @@ fn writes_past_the_end_of_freed_blocks_are_overruns_with_both_stacks() {
             (size.parse().unwrap(), address.to_owned())
         })
         .collect();
-    assert_eq!(freed.len(), 7, "{stdout}");
+    assert_eq!(freed.len(), 9, "{stdout}");
     assert!(
         stdout.contains(&format!("check_heap: {}\n", freed.len())),
         "{stdout}"

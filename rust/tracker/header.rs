@@ -832,12 +832,28 @@ impl BlockHeader {
     /// once it is damaged they are checked one by one); `None` for an intact cookie or one
     /// damaged too far to tell.
     pub fn underrun_bytes(&self) -> Option<usize> {
+        self.underrun_bytes_leaving(UNDERRUN_INTACT_BYTES)
+    }
+
+    /// [`BlockHeader::underrun_bytes`] of a block outside the heap found on its shard's list,
+    /// which says it is ours and live where its cookie no longer can: any change to the cookie
+    /// counts (an underrun of 5 bytes or more leaves too little of it to name the block), as
+    /// long as it is no state of ours (a claimed block's, waiting to be settled) and the rest of
+    /// the header holds together.
+    pub fn underrun_bytes_of_listed(&self) -> Option<usize> {
+        if self.cookie_valid(Layout::Full) {
+            return None;
+        }
+        self.underrun_bytes_leaving(0)
+    }
+
+    /// The top bytes of the cookie that an underrun changed, where at least `intact` low bytes
+    /// of a live cookie are left and the rest of the header holds together.
+    fn underrun_bytes_leaving(&self, intact: u32) -> Option<usize> {
         let changed = self.cookie.load(Ordering::Relaxed) ^ self.expected(LIVE);
-        let intact = changed.trailing_zeros() / 8;
-        (changed != 0
-            && intact >= UNDERRUN_INTACT_BYTES
-            && super::integrity::fields_hold_together(self))
-        .then(|| 8 - intact as usize)
+        let left = changed.trailing_zeros() / 8;
+        (changed != 0 && left >= intact && super::integrity::fields_hold_together(self))
+            .then(|| 8 - left as usize)
     }
 
     /// Whether the cookie says the block is one of ours in any state (live, freed, claimed,

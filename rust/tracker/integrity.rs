@@ -74,16 +74,8 @@ fn inspect(header: *mut BlockHeader, found_by: FoundBy, problems: &mut Vec<Memor
     // SAFETY: as in block_error; repairing the guard and cookie changes only bytes the tracker
     // owns.
     let h = unsafe { &mut *header };
-    if let Some(damaged) = h.underrun_bytes() {
-        let found = h.cookie_bytes();
-        h.restore_live_cookie();
-        let damage = Damage::between(-8, &found, &h.cookie_bytes());
-        debug_assert!(damaged > 0 && damage.is_some());
-        problems.push(MemoryError {
-            damage,
-            detail: found_by.detail(),
-            ..block_error(ErrorKind::Underrun, header, h.kind(), StackId(0))
-        });
+    if h.underrun_bytes().is_some() {
+        problems.push(underrun_repaired(header, found_by));
     }
     if !h.guard_intact() {
         let found = h.guard_bytes();
@@ -111,6 +103,20 @@ fn inspect(header: *mut BlockHeader, found_by: FoundBy, problems: &mut Vec<Memor
                 ..block_error(ErrorKind::Overrun, header, h.kind(), StackId(0))
             });
         }
+    }
+}
+
+/// The `underrun` of the block at `header`, whose cookie (the bytes in front of its user pointer)
+/// was changed and is written back as a live block's, so that it is reported once.
+fn underrun_repaired(header: *mut BlockHeader, found_by: FoundBy) -> MemoryError {
+    // SAFETY: as in inspect.
+    let h = unsafe { &mut *header };
+    let found = h.cookie_bytes();
+    h.restore_live_cookie();
+    MemoryError {
+        damage: Damage::between(-8, &found, &h.cookie_bytes()),
+        detail: found_by.detail(),
+        ..block_error(ErrorKind::Underrun, header, h.kind(), StackId(0))
     }
 }
 
@@ -681,6 +687,10 @@ fn check_list(
     for header in held.blocks() {
         // SAFETY: a header on a held list, which nobody else changes meanwhile.
         let h = unsafe { &*header };
+        // On the list, so ours: a cookie an underrun replaced whole is still the block's.
+        if held.may_repair() && h.underrun_bytes_of_listed().is_some() {
+            problems.push(underrun_repaired(header, found_by));
+        }
         if h.is_live() || h.underrun_bytes().is_some() {
             inspect(header, found_by, problems);
             visit(header);
@@ -1377,7 +1387,7 @@ pub fn foreign_free_error(
         Some(block) => (block.header(), block.layout()),
         None => match large_block_start(addr) {
             Some(header) => (header, Layout::Full),
-            None => return Some(plain),
+            None => return Some(listed_underrun(ptr, freed_with, free_stack).unwrap_or(plain)),
         },
     };
     let user = BlockHeader::user_ptr(header) as usize;
@@ -1409,6 +1419,35 @@ pub fn foreign_free_error(
         ));
     }
     Some(plain)
+}
+
+/// The `underrun` of a block from outside the heap (large or aligned over 64) at `ptr`, whose
+/// cookie an underrun replaced so far that it no longer names the block
+/// ([`BlockHeader::underrun_bytes`]): found on its shard's list with the world stopped, it is a
+/// live block of ours; its cookie is repaired, so that the `delete` goes on to free it. `None`
+/// where `ptr` is no such block.
+fn listed_underrun(
+    ptr: *mut u8,
+    freed_with: BlockKind,
+    free_stack: StackId,
+) -> Option<MemoryError> {
+    let header = BlockHeader::of(ptr);
+    // Read first, without stopping the world: a foreign pointer's header (its guard among
+    // them) does not hold together.
+    // SAFETY: read only where readable.
+    if !could_be_far_block(header) || unsafe { (*header).underrun_bytes_of_listed() }.is_none() {
+        return None;
+    }
+    let world = StoppedWorld::stop(guard::thread_number());
+    // SAFETY: readable (above), and nobody changes a header of ours with the world stopped.
+    let h = unsafe { &*header };
+    let held = world.shards().nth(h.shard() as usize)?;
+    let listed = held.may_repair() && held.blocks().any(|block| block == header);
+    (listed && h.underrun_bytes_of_listed().is_some()).then(|| MemoryError {
+        free_stack,
+        freed_with,
+        ..underrun_repaired(header, FoundBy::Delete)
+    })
 }
 
 /// The first 16 bytes of a readable header that are its block's (a far block's list links; a

@@ -531,6 +531,12 @@ impl HeldShard<'_> {
         true
     }
 
+    /// Whether the list and its blocks' headers may be repaired: nobody can be in the middle of
+    /// a change of them (not a shard a stopped world had to read as it stood).
+    pub fn may_repair(&self) -> bool {
+        self.how != Held::Unsettled
+    }
+
     /// Every block on the list, head first. Each link is checked before it is followed; a
     /// damaged list is repaired and reported (`integrity`) on the way.
     pub fn blocks(&self) -> impl Iterator<Item = *mut BlockHeader> + '_ {
@@ -548,7 +554,7 @@ impl HeldShard<'_> {
                 if !node.is_null()
                     && !super::integrity::links_back(node, current)
                     && !repaired
-                    && self.how != Held::Unsettled
+                    && self.may_repair()
                 {
                     super::integrity::repair_list(self);
                     repaired = true;

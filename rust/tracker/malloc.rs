@@ -353,8 +353,12 @@ fn allocate_with_room(
     kind: BlockKind,
     start: impl FnOnce() -> StartFrame,
 ) -> *mut u8 {
+    // Rounded up to whole pages; a size within a page of `usize::MAX` would wrap (to 0).
     let size = if kind == BlockKind::Pvalloc {
-        size.max(1).next_multiple_of(PAGE_SIZE)
+        let Some(pages) = size.max(1).checked_next_multiple_of(PAGE_SIZE) else {
+            return out_of_memory();
+        };
+        pages
     } else {
         size
     };

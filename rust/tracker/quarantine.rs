@@ -75,8 +75,17 @@ pub unsafe fn hold(header: *mut BlockHeader, evict: bool) {
     let user = BlockHeader::user_ptr(header);
     // SAFETY: the free path recorded the stack in the block's first bytes (`record_free_stack`).
     let free_stack = unsafe { super::recorded_free_stack(user) };
-    // SAFETY: the block's user bytes are ours again.
-    unsafe { core::ptr::write_bytes(user, FILL, h.size()) };
+    // The free stack's 4 bytes lie over the first guard bytes of a block of fewer bytes: those
+    // are written again (the `delete` checked them before), so that the guard shows only what
+    // is written after the free.
+    let under_stack = core::mem::size_of::<StackId>()
+        .saturating_sub(h.size())
+        .min(h.guard_len());
+    // SAFETY: the block's user bytes and its guard are ours again.
+    unsafe {
+        core::ptr::write_bytes(user, FILL, h.size());
+        core::ptr::write_bytes(user.wrapping_add(h.size()), GUARD_BYTE, under_stack);
+    }
     let leaving = {
         let mut q = quarantine();
         q.bytes += footprint(h);

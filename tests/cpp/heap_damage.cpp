@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <new>
 #include <thread>
 
 namespace {
@@ -76,6 +77,37 @@ std::uint64_t held_blocks = 0;
     char* block = make(56);
     block[-static_cast<long>(one)] = 'U';  // WRITE underrun
     release(block);
+}
+
+// Blocks from outside the heap: large (a mapping of their own) and aligned over 64 bytes (the
+// tracker's own heap, or a mapping for a page), each written 8 bytes in front of its start, over
+// the whole check word in front of it. Three are freed; the last is left live, for check_heap().
+[[gnu::noinline]] char* make_aligned(std::size_t size, std::size_t align) {
+    char* block = static_cast<char*>(::operator new[](size, std::align_val_t{align}));  // ALLOC make_aligned
+    std::memset(block, 0, size);
+    sink = block;
+    return block;
+}
+
+[[gnu::noinline]] void underrun_by_eight(char* block) {
+    std::memset(block - 8 * one, 'U', 8);  // WRITE far underrun
+}
+
+// One call each (no loop): valgrind shows one error per call stack.
+[[gnu::noinline]] void far_underruns() {
+    char* large = make(200000);
+    char* aligned = make_aligned(300, 256);
+    char* page_aligned = make_aligned(500, 4096);
+    char* kept = make(250000);
+    underrun_by_eight(large);
+    underrun_by_eight(aligned);
+    underrun_by_eight(page_aligned);
+    underrun_by_eight(kept);
+    release(large);
+    ::operator delete[](aligned, std::align_val_t{256});
+    ::operator delete[](page_aligned, std::align_val_t{4096});
+    std::printf("check_heap: %zu\n", k15::memory::check_heap());
+    held_blocks += 1;
 }
 
 [[gnu::noinline]] void found_by_check_heap() {
@@ -200,6 +232,7 @@ int main(int argc, char** argv) {
     else if (is("overrun_by_sixteen")) overrun_by_sixteen();
     else if (is("memcpy_overrun")) memcpy_overrun();
     else if (is("underrun")) underrun();
+    else if (is("far_underruns")) far_underruns();
     else if (is("check_heap")) found_by_check_heap();
     else if (is("smashed_header")) smash_the_header_behind(make, 200, 96, 240);
     else if (is("interior_delete")) interior_delete();

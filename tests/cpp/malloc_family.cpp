@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <sys/mman.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -179,6 +180,46 @@ void reentrancy() {
                 static_cast<unsigned long long>(after.total_frees - before.total_frees));
 }
 
+// Sizes no allocator can serve, some only once rounded up (pvalloc's whole pages, an
+// alignment, the header): every function refuses them as glibc does, null and ENOMEM (returned
+// by posix_memalign), and the counts stay as they were.
+void huge_sizes() {
+    const std::size_t sizes[] = {SIZE_MAX, SIZE_MAX - 100, SIZE_MAX - 4095, SIZE_MAX / 2 + 1, std::size_t{1} << 40};
+    const auto before = k15::memory::stats();
+    int served = 0;
+    int other_errno = 0;
+    auto refused = [&](auto allocate) {
+        errno = 0;
+        void* block = allocate();
+        if (block != nullptr) ++served;
+        if (errno != ENOMEM) ++other_errno;
+        free(block);
+    };
+    for (const std::size_t size : sizes) {
+        refused([&] { return malloc(size); });
+        refused([&] { return calloc(1, size); });
+        refused([&] { return valloc(size); });
+        refused([&] { return pvalloc(size); });
+        refused([&] { return memalign(256, size); });
+        refused([&] { return aligned_alloc(8192, size); });
+        refused([&] {
+            void* block = nullptr;
+            const int result = posix_memalign(&block, 64, size);
+            errno = result;  // posix_memalign returns its error and leaves errno alone
+            return result == 0 ? block : nullptr;
+        });
+        void* resized = malloc(10);
+        refused([&] {
+            void* moved = realloc(resized, size);
+            if (moved == nullptr) free(resized);
+            return moved;
+        });
+    }
+    const auto after = k15::memory::stats();
+    std::printf("huge sizes served: %d, other errno: %d, counts unchanged: %s\n", served, other_errno,
+                after.live_blocks == before.live_blocks && after.live_bytes == before.live_bytes ? "yes" : "no");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -189,5 +230,6 @@ int main(int argc, char** argv) {
     if (scenario == "foreign_to_glibc") foreign(false);
     if (scenario == "threads") threads();
     if (scenario == "reentrancy") reentrancy();
+    if (scenario == "huge_sizes") huge_sizes();
     std::printf("survived\n");
 }

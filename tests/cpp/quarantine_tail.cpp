@@ -41,6 +41,11 @@ int main() {
     // Sizes that fill their class: 16 (a compact slot) and 32 (a 64-byte block).
     write_past_freed(16, 'F');
     write_past_freed(32, 'G');
+    // Fewer bytes than the free's stack (4) the free path keeps in a freed block: blocks freed
+    // and never written are no overruns, nor are the bytes past the one written.
+    for (std::size_t size = 0; size < 4; ++size) release(make(size));
+    write_past_freed(1, 'H');
+    write_past_freed(3, 'I');
 #ifndef K15_MEMORY_DISABLED
     std::printf("check_heap: %zu\n", k15::memory::check_heap());
 #endif
