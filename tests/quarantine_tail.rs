@@ -79,3 +79,29 @@ fn writes_past_the_end_of_freed_blocks_are_overruns_with_both_stacks() {
     let sizes: Vec<u64> = freed.iter().map(|(size, _)| *size).collect();
     assert_eq!(named, sizes, "{text}");
 }
+
+#[test]
+fn writes_after_free_name_the_free_of_every_kind_of_block_held() {
+    let source = "tests/cpp/quarantine_aligned.cpp";
+    let dir = support::scratch("quarantine_aligned");
+    let exe = support::build(&dir, "quarantine_aligned", &[source], &[]);
+    // 16: a block of the heap; 128 and up: of the aligned blocks' own placement.
+    for options in ["quarantine=4M", "quarantine=4M:stack_depth=8"] {
+        let run = support::run(&exe, options);
+        let stdout = run.stdout();
+        assert!(
+            stdout.contains("check_heap: 4"),
+            "{options}: {stdout}\n{}",
+            run.text
+        );
+        assert_eq!(run.errors().len(), 4, "{options}: {}", run.text);
+        for error in run.errors() {
+            assert_eq!(error["kind"], "use_after_free", "{options}: {error}");
+            assert_eq!(
+                error["previous_free_stack"][0]["function"],
+                "(anonymous namespace)::release_here(void*)",
+                "{options}: {error}"
+            );
+        }
+    }
+}

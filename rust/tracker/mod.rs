@@ -961,15 +961,17 @@ pub(crate) unsafe fn settle_claimed_block(header: *mut BlockHeader, world: &Stop
 }
 
 /// Keeps the stack of this `delete` in the block's first user bytes, which a free block of the
-/// heap (or a large block until it is unmapped) does not use otherwise: a second `delete` then
-/// names the first. Blocks of glibc and of the budget are reused by them at once: not kept there.
+/// heap (or a large block until it is unmapped, or any block the quarantine holds) does not use
+/// otherwise: a second `delete` or a write after it then names the first. Blocks of glibc and of
+/// the budget are reused by them at once: not kept there but by the quarantine, which reads the
+/// stack of every block it holds (else the program's own first bytes, taken for a stack).
 #[cold]
 #[inline(never)]
 fn record_free_stack(header: *mut BlockHeader, start: StartFrame) {
     let user = BlockHeader::user_ptr(header);
     // SAFETY: the block is live and being freed by this thread.
     let placement = unsafe { (*header).placement() };
-    if matches!(placement, Placement::Heap | Placement::Mapped) {
+    if matches!(placement, Placement::Heap | Placement::Mapped) || init::hot().quarantine() {
         let _inside = Inside::enter();
         let stack = capture_stack_of(start);
         // SAFETY: every block has room for at least 4 bytes at its user pointer (a heap block
