@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 
 #include "keep.h"
@@ -23,7 +24,9 @@ namespace {
     for (int i = 0; i < 10000; ++i) {
         void* block = std::malloc(40);
         keep(block);  // LEAK: 10,000 of them
-        static_cast<char*>(block)[0] = 1;
+        // Written whole: memory the heap reuses holds what its last blocks left there, which the
+        // scan would read as pointers (to a block leaked here: one indirect leak in 90 reports).
+        std::memset(block, 1, 40);
     }
 }
 
