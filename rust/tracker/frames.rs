@@ -97,6 +97,11 @@ pub fn marks_so_far() -> u64 {
 pub fn mark() {
     // The timeline's sample is written here.
     let _held = crate::sys::CancellationHeld::hold();
+    // Inside the tracker while the locks are held (and let go of after them): a signal handler
+    // that lands here and forks gets an unprepared fork, as from an interrupted allocation,
+    // rather than waiting in `fork`'s prepare for a lock this very thread holds (it waited
+    // forever). Nothing here allocates, so nothing goes untracked.
+    let _inside = super::guard::Inside::enter();
     let Ok(mut frames) = FRAMES.lock() else {
         return;
     };
