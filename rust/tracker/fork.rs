@@ -197,7 +197,8 @@ extern "C" fn prepare() {
     guards.push(Box::new(heap::lock_for_fork()));
     guards.push(Box::new(integrity::lock_for_fork()));
     guards.push(Box::new(crate::stack::lock_caches_for_fork()));
-    // Leaves: their holders take no other lock meanwhile.
+    // Leaves: their holders take no other lock meanwhile, but for a frame mark's holder of
+    // the frames' lock, which takes the timeline's (a `Last` participant) in it.
     guards.push(Box::new(super::checkpoints::lock_for_fork()));
     guards.push(Box::new(super::frames::lock_for_fork()));
     guards.push(Box::new(super::tags::lock_for_fork()));

@@ -114,9 +114,10 @@ pub fn mark() {
         let s = tags::sums(id);
         frames.record(id, [s.allocations, s.frees, s.total_bytes], ended);
     }
-    let marks = frames.marks;
-    drop(frames);
-    super::timeline::at_frame_mark(marks);
+    // With the frames' lock held: marks of other threads numbered after this one are written
+    // after it (let go of before, a later mark's sample came first: 394 before 392 and 393).
+    // The timeline's lock is taken after this one, as `fork` takes them.
+    super::timeline::at_frame_mark(frames.marks);
 }
 
 impl Frames {
