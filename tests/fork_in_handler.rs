@@ -129,3 +129,46 @@ fn handlers_that_fork_never_hang() {
         assert_eq!(summary["leaked_blocks"], 0, "{args:?}: {summary}");
     }
 }
+
+/// A SIGALRM whose handler forks while the main thread is in `frame_mark()` (with a timeline,
+/// whose lock a mark takes too) or interns new tag names: the mark and the interning hold their
+/// locks, which the fork's prepare took in turn, waiting for the very thread it runs on (10 hangs
+/// in 10 runs of each). Now they count as inside the tracker, as an allocation does, and the fork
+/// goes ahead unprepared: every run makes its 200 forks, each child exits by itself.
+#[test]
+fn handlers_that_fork_during_frame_marks_and_interning_never_hang() {
+    let dir = support::scratch("fork_in_frame_mark");
+    let exe = support::build(
+        &dir,
+        "fork_in_frame_mark",
+        &["tests/cpp/fork_in_frame_mark.cpp"],
+        &[],
+    );
+    for (mode, options) in [
+        (
+            "frames",
+            format!("report=0:timeline={}", dir.join("tl.json").display()),
+        ),
+        ("frames", "report=0".to_string()),
+        ("tags", "report=0".to_string()),
+    ] {
+        for _ in 0..3 {
+            let output = Command::new("timeout")
+                .args(["--signal=KILL", HANG_SECONDS])
+                .arg(&exe)
+                .args([mode, "200"])
+                .current_dir(&dir)
+                .env("K15_MEMORY_OPTIONS", &options)
+                .output()
+                .expect("the program runs");
+            assert_ne!(output.status.code(), Some(137), "{mode} {options}: hung");
+            assert!(
+                output.status.success(),
+                "{mode} {options}: {:?}\n{}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr)
+            );
+            assert_eq!(printed(&output, "forks:"), Some(200), "{mode} {options}");
+        }
+    }
+}

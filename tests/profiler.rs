@@ -284,3 +284,59 @@ fn a_block_resized_under_another_tag_moves_to_that_tag_in_place_or_not() {
         "{stdout}"
     );
 }
+
+/// A report written while threads allocate and free tagged blocks counts in its tag table the
+/// blocks its leak list has: both read while the world is stopped (the table was read after the
+/// threads went on, and counted hundreds of blocks more or fewer than the list).
+#[test]
+fn a_mid_run_report_s_tag_table_matches_its_leak_list() {
+    let dir = support::scratch("profiler_tags_mid_run");
+    let exe = support::build(
+        &dir,
+        "profiler_tags_mid_run",
+        &["tests/cpp/profiler_tags_mid_run.cpp"],
+        &[],
+    );
+    let output = std::process::Command::new("timeout")
+        .args(["--signal=KILL", "120"])
+        .arg(&exe)
+        .arg("4")
+        .current_dir(&dir)
+        .env("K15_MEMORY_OPTIONS", "report=0")
+        .output()
+        .expect("the program runs");
+    assert!(
+        output.status.success(),
+        "{:?}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout)
+    );
+    for r in 0..4 {
+        let json = support::read_json(&dir.join(format!("mid-{r}.log.json")));
+        // Blocks and bytes listed per tag, counted against each parent too (as the table is).
+        let mut listed: std::collections::HashMap<String, (u64, u64)> = Default::default();
+        for leak in json["leaks"].as_array().expect("leaks") {
+            let site = leak["site"].as_u64().unwrap() as usize;
+            let Some(tag) = json["sites"][site]["tag"].as_str() else {
+                continue;
+            };
+            let size = leak["size"].as_u64().unwrap();
+            for (end, _) in tag.match_indices('/').chain([(tag.len(), "")]) {
+                let counted = listed.entry(tag[..end].to_string()).or_default();
+                counted.0 += 1;
+                counted.1 += size;
+            }
+        }
+        let tags = json["tags"].as_array().expect("tags");
+        assert!(!tags.is_empty(), "report {r}");
+        for tag in tags {
+            let name = tag["name"].as_str().unwrap();
+            let table = (
+                tag["live_blocks"].as_u64().unwrap(),
+                tag["live_bytes"].as_u64().unwrap(),
+            );
+            let in_list = listed.get(name).copied().unwrap_or_default();
+            assert_eq!(table, in_list, "report {r}, tag {name}");
+        }
+    }
+}

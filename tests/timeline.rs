@@ -167,3 +167,19 @@ fn a_forked_child_writes_its_own_timeline_or_none() {
     let events = events(&dir.join("fork-one.json"));
     assert_eq!(marks(&events), [1, 2, 3, 4]);
 }
+
+/// Frame marks of 4 threads at once reach the file in the order they were numbered: a mark let
+/// go of the frames' lock before its sample was written, and a later mark's came first (392 and
+/// 393 after 394).
+#[test]
+fn frame_marks_of_several_threads_are_written_in_order() {
+    let exe = build("timeline_threads");
+    let run = run_timeline(&exe, "threads.json", &["threads", "4", "2000"]);
+    assert!(run.output.status.success(), "{}", run.stderr());
+    let events = events(&exe.parent().unwrap().join("threads.json"));
+    check_counters(&events);
+    let marks = marks(&events);
+    let out_of_order: Vec<_> = marks.windows(2).filter(|w| w[1] != w[0] + 1).collect();
+    assert!(out_of_order.is_empty(), "{out_of_order:?}");
+    assert_eq!((marks.first(), marks.len()), (Some(&1), 8000));
+}

@@ -260,6 +260,8 @@ impl Report {
             unlisted_allocators,
             unreadable_blocks,
             unsuspended_threads,
+            stats,
+            tags,
         } = snapshot(&symbolizer, stack);
         // After: the snapshot's heap check adds errors (and the threads are going again).
         let (mut all_errors, mut error_count) = errors::all();
@@ -316,8 +318,8 @@ impl Report {
             errors: all_errors,
             error_count,
             runtime_blocks,
-            stats: crate::tracker::stats(),
-            tags: crate::tracker::tag_stats(),
+            stats,
+            tags,
             frames: crate::tracker::frames::report(),
             profile,
             unsettled_threads,
@@ -458,6 +460,10 @@ struct Snapshot {
     unlisted_allocators: Vec<&'static str>,
     unreadable_blocks: usize,
     unsuspended_threads: Vec<u32>,
+    /// The process's counters and every tag's, read with the lists (read after the world went
+    /// on, a mid-run report's tag table counted blocks its leak list did not have).
+    stats: crate::tracker::Stats,
+    tags: Vec<tags::TagStats>,
 }
 
 /// Every live tracked block and every engine allocator's live block, classified by a scan of
@@ -541,6 +547,9 @@ fn snapshot(symbolizer: &Symbolizer, stack: Option<core::ops::Range<usize>>) -> 
         })
     });
     let unsettled_threads = world.unsettled_threads();
+    // The stop settled the queued frees, and no shard's counters move while it lasts.
+    let stats = crate::tracker::stats_as_they_stand();
+    let tags = tags::all_stats();
     add_sub_blocks(&mut leaks, sub_blocks);
     leaks.retain(|l| !crate::tracker::fork::inherited(l.thread, l.seq));
     leaks.sort_unstable_by_key(|l| (l.thread, l.seq));
@@ -577,6 +586,8 @@ fn snapshot(symbolizer: &Symbolizer, stack: Option<core::ops::Range<usize>>) -> 
         unlisted_allocators,
         unreadable_blocks: classified.unreadable_blocks,
         unsuspended_threads,
+        stats,
+        tags,
     }
 }
 

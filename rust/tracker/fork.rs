@@ -14,8 +14,9 @@
 //! the program's mappings (its holder takes no other lock); let go of in the reverse order. Not covered: a stack allocator's lock (a stack allocator belongs to one
 //! thread).
 //!
-//! A `fork` from a signal handler that interrupted the tracker on its own thread takes none of
-//! them: the interrupted code may hold any, and would let go only after the handler returns
+//! A `fork` from a signal handler that interrupted the tracker on its own thread (an
+//! allocation, a free's slow path, a frame mark, the interning of a tag) takes none of them:
+//! the interrupted code may hold any, and would let go only after the handler returns
 //! (the fork waited forever: a crash handler that forks a reporter, a timer that forks). The
 //! fork goes ahead unprepared: the parent's tracker goes on as it was; the child inherits it
 //! as it was, which is safe to `exec` or `_exit` from, and to allocate in unless another thread
@@ -196,7 +197,8 @@ extern "C" fn prepare() {
     guards.push(Box::new(heap::lock_for_fork()));
     guards.push(Box::new(integrity::lock_for_fork()));
     guards.push(Box::new(crate::stack::lock_caches_for_fork()));
-    // Leaves: their holders take no other lock meanwhile.
+    // Leaves: their holders take no other lock meanwhile, but for a frame mark's holder of
+    // the frames' lock, which takes the timeline's (a `Last` participant) in it.
     guards.push(Box::new(super::checkpoints::lock_for_fork()));
     guards.push(Box::new(super::frames::lock_for_fork()));
     guards.push(Box::new(super::tags::lock_for_fork()));

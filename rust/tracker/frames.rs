@@ -97,6 +97,11 @@ pub fn marks_so_far() -> u64 {
 pub fn mark() {
     // The timeline's sample is written here.
     let _held = crate::sys::CancellationHeld::hold();
+    // Inside the tracker while the locks are held (and let go of after them): a signal handler
+    // that lands here and forks gets an unprepared fork, as from an interrupted allocation,
+    // rather than waiting in `fork`'s prepare for a lock this very thread holds (it waited
+    // forever). Nothing here allocates, so nothing goes untracked.
+    let _inside = super::guard::Inside::enter();
     let Ok(mut frames) = FRAMES.lock() else {
         return;
     };
@@ -109,9 +114,10 @@ pub fn mark() {
         let s = tags::sums(id);
         frames.record(id, [s.allocations, s.frees, s.total_bytes], ended);
     }
-    let marks = frames.marks;
-    drop(frames);
-    super::timeline::at_frame_mark(marks);
+    // With the frames' lock held: marks of other threads numbered after this one are written
+    // after it (let go of before, a later mark's sample came first: 394 before 392 and 393).
+    // The timeline's lock is taken after this one, as `fork` takes them.
+    super::timeline::at_frame_mark(frames.marks);
 }
 
 impl Frames {

@@ -1127,6 +1127,12 @@ pub fn tag_stats() -> Vec<tags::TagStats> {
 /// Counters of the whole process.
 pub fn stats() -> Stats {
     settle_frees();
+    stats_as_they_stand()
+}
+
+/// [`stats`] without settling the frees queued first: for a caller that stopped the world,
+/// which settled them (a report reads them with the live lists it walks).
+pub fn stats_as_they_stand() -> Stats {
     let t = live_list::totals();
     Stats {
         live_blocks: t.live_blocks,

@@ -86,6 +86,9 @@ pub fn intern(name: &[u8]) -> TagId {
     if let Some(id) = find(name, hash) {
         return id;
     }
+    // Inside the tracker while the lock is held (see `frames::mark`: a signal handler that lands
+    // here and forks would wait forever for this thread's lock).
+    let _inside = super::guard::Inside::enter();
     let Ok(mut interned) = INTERNING.lock() else {
         return 0;
     };

@@ -8,6 +8,7 @@
 //                                  calls exit(0)
 //   profiler_timeline fork         marks 3 frames, forks; the child marks 2 and _exits, the
 //                                  parent waits and marks 1 more
+//   profiler_timeline threads T N  T threads mark N frames each, at once
 
 #include <k15/memory.h>
 
@@ -66,6 +67,15 @@ int main(int argc, char** argv) {
         run_frames(std::atoi(argv[3]));
         std::raise(sig);
         return 3;  // not reached: the handler exits
+    } else if (!std::strcmp(argv[1], "threads")) {
+        const int marks = std::atoi(argv[3]);
+        std::vector<std::thread> threads;
+        for (int t = std::atoi(argv[2]); t > 0; --t) {
+            threads.emplace_back([marks] {
+                for (int i = 0; i < marks; ++i) k15::memory::frame_mark();
+            });
+        }
+        for (auto& thread : threads) thread.join();
     } else if (!std::strcmp(argv[1], "fork")) {
         run_frames(3);
         const pid_t child = fork();
