@@ -37,7 +37,7 @@ fn freed_spans_go_back_to_the_os_and_their_blocks_stay_checked() {
         printed(&stdout, "after"),
     );
     // 120,000 blocks of 400 bytes: about 55 MiB resident, all of it back but the free spans kept
-    // ready (8 MiB) and the one a leaked block keeps.
+    // ready (4 MiB) and the one a leaked block keeps.
     assert!(peak - start > 40_000, "{stdout}");
     assert!(
         after - start < 12_000,
@@ -105,7 +105,7 @@ fn memory_of_classes_no_longer_used_and_inside_free_large_blocks_comes_back() {
     let at = |key| printed(&stdout, key);
     // About 38 MB of blocks of 24 classes, freed: each class's last span was held by the 64 to
     // 128 blocks the thread's lists of that class keep (glibc keeps all of it here, fragmented);
-    // 8 MiB of the spans freed stay resident, ready for the next class that needs one.
+    // 4 MiB of the spans freed stay resident, ready for the next class that needs one.
     let classes = at("classes_peak") - at("start");
     assert!(classes > 32_000, "{stdout}");
     assert!(

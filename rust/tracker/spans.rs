@@ -33,7 +33,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 /// the next class that needs one while its pages are still resident. With 1 MiB spans for every
 /// class, a class's emptied pages served only its own blocks until the whole MiB emptied, and
 /// yaml-cpp's suite (tests each building some MiB of one class's nodes, then another's) faulted
-/// 5,000 times against plain's 1,800; with units, 2,300 (`docs/benchmark-history.md`, stop 47).
+/// 5,000 times against plain's 1,800; with units, 3,200 (`docs/benchmark-history.md`, stop 47).
 pub const UNIT_BYTES: usize = 64 << 10;
 
 /// A large class's span (and its alignment from the reservation's start, so that any of its
@@ -62,18 +62,20 @@ const fn first_unit(index: u32, class: usize) -> u32 {
 /// whose classes take turns does not pay a page fault per page each time. Spans freed beyond
 /// these go back to the OS at once, so that memory a program freed comes back
 /// (`tests/memory_back.rs`: at most glibc's and these once everything is freed). yaml-cpp's
-/// suite faulted 2,860 times with 4 MiB kept, 2,290 with 8 and with every span kept. Keeping as
+/// suite faulted 2,940 times with 4 MiB kept, 2,410 with 8, 2,290 with every span kept, 6,000
+/// with none (plain 1,800); with 8, its peak RSS crossed 1.5x plain's (21.2 MiB against 14.1,
+/// 20.9 with 4). Keeping as
 /// many as ever served at once was tried (with 1 MiB spans): phases of 8 MB that take turns
 /// between three classes faulted 28,000 times instead of 180,000 (glibc 42,000), but the
 /// memory of a program that freed everything stayed resident.
-const KEPT_FREE_BYTES: usize = 8 << 20;
+const KEPT_FREE_BYTES: usize = 4 << 20;
 
 /// The pages of free spans of one kind (small or large) kept resident that go back to the OS
 /// when a span of the other kind is taken from memory not resident: a program whose phases
 /// move from small blocks to large ones (or back) would else hold both at its peak (Bullet's
 /// scenes: 0.7 MiB more than with no span kept). As much as a new span is likely to touch soon
 /// (yaml-cpp, which takes large spans now and then between its tests' small ones, faulted
-/// 2,780 times so, 3,750 with a large span's 1 MiB).
+/// 2,780 times so with 8 MiB kept, 3,750 with a large span's 1 MiB sent back).
 const ROOM_MADE_BYTES: usize = 256 << 10;
 
 /// How much of a kept free span stays resident, from its first block, when another class takes

@@ -10,7 +10,7 @@
 namespace {
 
 // 24 classes from 48 to 968 bytes, 1.6 MB of blocks each: about 38 MB, several times what the
-// heap keeps of its free spans ready for the next class that needs one (8 MiB).
+// heap keeps of its free spans ready for the next class that needs one (4 MiB).
 constexpr int kClasses = 24;
 constexpr int kBytesPerClass = 1600 * 1000;
 
