@@ -558,3 +558,45 @@ fn forked_children_never_wait_on_the_loader_and_reloads_keep_no_files() {
         "{open_files} files open after {cycles} loads"
     );
 }
+
+/// `exit(3)`, or a report and `_exit(3)`, from SIGALRM while the main thread marks frames, with
+/// and without a timeline: the handler lands inside a mark, whose lock its own thread holds.
+/// Before, the report waited for that lock forever (8 runs in 10 of `exit` hung, every one of
+/// the others); now it leaves the frames out and every run writes its report.
+#[test]
+fn exit_or_a_report_from_a_handler_inside_a_frame_mark_never_hangs() {
+    let dir = support::scratch("lifecycle_exit_in_frame_mark");
+    let exe = support::build(
+        &dir,
+        "exit_during_frame_mark",
+        &["tests/cpp/exit_during_frame_mark.cpp"],
+        &[],
+    );
+    for run in 0..12u32 {
+        let mode = if run % 2 == 0 { "exit" } else { "report" };
+        let timeline = if run % 4 < 2 {
+            String::new()
+        } else {
+            format!(":timeline={}", dir.join("timeline.json").display())
+        };
+        let log = dir.join("exit.log");
+        let written = if mode == "exit" {
+            log.clone()
+        } else {
+            dir.join("from_handler.log")
+        };
+        let _ = std::fs::remove_file(&written);
+        let options = format!("log_path={}{timeline}", log.display());
+        let delay_us = (2000 + run * 373).to_string();
+        let output = run_bounded(&exe, &options, &[mode, &delay_us]);
+        assert_eq!(
+            output.status.code(),
+            Some(3),
+            "run {run} ({mode}{timeline}): {:?} (137: hung and killed)\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let text = std::fs::read_to_string(&written).unwrap_or_default();
+        assert!(text.contains("k15-memory"), "run {run} ({mode}): {text}");
+    }
+}

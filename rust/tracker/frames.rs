@@ -160,9 +160,11 @@ impl FrameReport {
     }
 }
 
-/// The frames so far (for the report).
+/// The frames so far (for the report); none when the frames' lock stays held past the tracker's
+/// patience: by the very thread whose mark a signal handler interrupted to call `exit` or write
+/// a report (which waited for it forever).
 pub fn report() -> FrameReport {
-    let Ok(frames) = FRAMES.lock() else {
+    let Some(frames) = live_list::lock_within(&FRAMES) else {
         return FrameReport::default();
     };
     let tags = tags::ids().end as usize;
