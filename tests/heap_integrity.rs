@@ -239,6 +239,34 @@ fn an_underrun_over_the_check_word_of_a_large_or_aligned_block_is_an_underrun_of
     agrees_with_valgrind("far_underruns", &run);
 }
 
+/// `realloc` of such a block: the underrun reported, the block moved with its bytes and the old
+/// one freed (before, it was freed and null returned, so the program went on with the old
+/// pointer as after a failure).
+#[test]
+fn realloc_of_a_large_or_aligned_block_after_an_underrun_moves_it() {
+    // Not `run_kind`: with `malloc=1` the C runtime's blocks count among the live ones.
+    let kind = "far_underruns_realloc";
+    let run = support::run_with(&programs().0, kind, "malloc=1", &[], &[kind]);
+    assert!(
+        run.stdout()
+            .contains("moved and kept: 2, live blocks as before\n"),
+        "{}\n{}",
+        run.stdout(),
+        run.text
+    );
+    let found: Vec<(&str, u64)> = run
+        .errors()
+        .iter()
+        .map(|e| (e["kind"].as_str().unwrap(), e["size"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        found,
+        [("underrun", 200000), ("underrun", 300)],
+        "{}",
+        run.text
+    );
+}
+
 #[test]
 fn check_heap_finds_damage_once_and_the_exit_report_finds_the_rest() {
     let run = run_kind("check_heap");

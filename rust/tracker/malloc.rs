@@ -9,11 +9,11 @@
 //! ours (released by us, whatever function frees it) or glibc's (released by `__libc_free`, and
 //! only while glibc serves the family), else it is reported and left alone.
 
-use super::guard::Inside;
+use super::guard::{self, Inside};
 use super::header::{BlockHeader, Lookup, NewBlock, Placement};
 use super::resize::{resize_in_place, room_to_grow};
 use super::BlockKind;
-use super::{allocate_inside, allocate_untracked, deallocate, init};
+use super::{allocate_inside, allocate_untracked, deallocate, init, report_foreign};
 use crate::stack::StartFrame;
 use crate::sys::{self, glibc, PAGE_SIZE};
 use core::ffi::c_void;
@@ -216,6 +216,14 @@ pub unsafe extern "C" fn k15_memory_c_realloc(
             // SAFETY: a glibc block, resized by glibc.
             return unsafe { glibc::realloc(ptr as *mut c_void, size) } as *mut u8;
         }
+        // A block whose header the report repairs moves as any live one: freed and null
+        // returned, the program would go on with the old pointer, as after a failure.
+        Lookup::Foreign if !guard::inside() => match report_foreign(ptr, BlockKind::Realloc, start)
+        {
+            // SAFETY: a live block of ours (its header repaired just now).
+            Some((header, _)) => unsafe { (*header).size() },
+            None => return core::ptr::null_mut(),
+        },
         Lookup::Freed { .. } | Lookup::Foreign | Lookup::Damaged => {
             deallocate(ptr, BlockKind::Realloc, start); // reports it
             return core::ptr::null_mut();

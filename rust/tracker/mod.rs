@@ -539,10 +539,24 @@ fn free_foreign(ptr: *mut u8, kind: BlockKind, start: impl Fn() -> StartFrame + 
     if handed_back(ptr) {
         return;
     }
-    bad_free(|| integrity::foreign_free_error(ptr, kind, capture_stack_of(start())));
-    // A header damaged beyond repair and rebuilt from its block's record: freed as asked.
-    if let Lookup::Live(header, cookie) = BlockHeader::lookup(ptr) {
+    if let Some((header, cookie)) = report_foreign(ptr, kind, start) {
         free_live(header, cookie, kind, start);
+    }
+}
+
+/// Reports `ptr`, which names no live block of ours as its header reads, as a bad free; the
+/// block it names once the report repaired its header (rebuilt from its block's record, or an
+/// underrun of a large or aligned block found on its shard's list), else `None`.
+#[cold]
+pub(super) fn report_foreign(
+    ptr: *mut u8,
+    kind: BlockKind,
+    start: impl Fn() -> StartFrame,
+) -> Option<(*mut BlockHeader, usize)> {
+    bad_free(|| integrity::foreign_free_error(ptr, kind, capture_stack_of(start())));
+    match BlockHeader::lookup(ptr) {
+        Lookup::Live(header, cookie) => Some((header, cookie)),
+        _ => None,
     }
 }
 

@@ -5,6 +5,7 @@
 #include <k15/memory.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <thread>
@@ -108,6 +109,33 @@ std::uint64_t held_blocks = 0;
     ::operator delete[](page_aligned, std::align_val_t{4096});
     std::printf("check_heap: %zu\n", k15::memory::check_heap());
     held_blocks += 1;
+}
+
+// The same underrun in front of blocks of the C family, then `realloc`: each moves as any block
+// does, its bytes with it, and the old one is freed (run with `malloc=1`).
+[[gnu::noinline]] void* allocate_c(std::size_t size, std::size_t align) {
+    void* block = nullptr;
+    if (posix_memalign(&block, align, size) != 0) return nullptr;  // ALLOC allocate_c
+    std::memset(block, 'k', size);
+    return block;
+}
+
+[[gnu::noinline]] void far_underruns_realloc() {
+    const std::size_t sizes[] = {200000, 300};
+    const std::size_t alignments[] = {16, 256};
+    int kept = 0;
+    const std::uint64_t live_before = k15::memory::stats().live_blocks;
+    for (int i = 0; i < 2; ++i) {
+        char* block = static_cast<char*>(allocate_c(sizes[i], alignments[i]));
+        underrun_by_eight(block);
+        char* moved = static_cast<char*>(std::realloc(block, sizes[i] * 2));
+        if (moved == nullptr) continue;
+        kept += moved[0] == 'k' && moved[sizes[i] - 1] == 'k';
+        std::free(moved);
+    }
+    const std::uint64_t live_after = k15::memory::stats().live_blocks;
+    std::printf("moved and kept: %d, live blocks %s\n", kept,
+                live_after == live_before ? "as before" : "changed");
 }
 
 [[gnu::noinline]] void found_by_check_heap() {
@@ -233,6 +261,7 @@ int main(int argc, char** argv) {
     else if (is("memcpy_overrun")) memcpy_overrun();
     else if (is("underrun")) underrun();
     else if (is("far_underruns")) far_underruns();
+    else if (is("far_underruns_realloc")) far_underruns_realloc();
     else if (is("check_heap")) found_by_check_heap();
     else if (is("smashed_header")) smash_the_header_behind(make, 200, 96, 240);
     else if (is("interior_delete")) interior_delete();
