@@ -98,6 +98,21 @@ fn a_game_loop_s_timeline_has_a_counter_per_tag_at_every_frame_mark() {
 }
 
 #[test]
+fn a_timeline_that_cannot_be_written_says_so_once_and_the_program_goes_on() {
+    let exe = build("timeline_unwritable");
+    let options = "timeline=/dev/full";
+    let run = support::run_with(&exe, "report", options, &[], &["frames", "20"]);
+    let stderr = run.stderr();
+    assert!(run.output.status.success(), "{stderr}");
+    let said: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("k15-memory: timeline"))
+        .collect();
+    assert_eq!(said.len(), 1, "{stderr}");
+    assert!(said[0].contains("No space left on device"), "{said:?}");
+}
+
+#[test]
 fn a_program_that_marks_no_frames_is_sampled_every_10_ms() {
     let exe = build("timeline_timer");
     let run = run_timeline(&exe, "timer.json", &["timer", "300"]);

@@ -164,10 +164,7 @@ extern "C" fn sample_until_the_first_frame(_: *mut libc::c_void) -> *mut libc::c
 /// A frame mark: `marks` marks so far (the first ends start-up).
 pub fn at_frame_mark(marks: u64) {
     TIMER_STOPPED.store(true, Ordering::Relaxed);
-    let mut timeline = lock();
-    if timeline.fd >= 0 {
-        timeline.sample(Some(marks));
-    }
+    lock().sample(Some(marks));
 }
 
 /// The last sample, at exit (before the report is collected).
@@ -175,10 +172,7 @@ pub fn at_exit() {
     TIMER_STOPPED.store(true, Ordering::Relaxed);
     join_the_timer();
     // A signal handler's `exit` may have interrupted a sample on this very thread.
-    let Ok(mut timeline) = TIMELINE.try_lock() else {
-        return;
-    };
-    if timeline.fd >= 0 {
+    if let Ok(mut timeline) = TIMELINE.try_lock() {
         timeline.sample(None);
     }
 }
@@ -246,8 +240,11 @@ impl Timeline {
         true
     }
 
-    /// Writes the counters now (and the frame mark, for `Some(marks)`).
+    /// Writes the counters now (and the frame mark, for `Some(marks)`), while the file is open.
     fn sample(&mut self, marks: Option<u64>) {
+        if self.fd < 0 {
+            return;
+        }
         let ts = self.started.map_or(0, |s| s.elapsed().as_micros() as u64);
         let pid = self.pid;
         let process = live_list::totals();
@@ -300,7 +297,23 @@ impl Timeline {
         };
         if written == bytes.len() as isize {
             self.end += before_trailer;
+            return;
         }
+        // A full disk, `/dev/full`, a file cut short under it: said once, and the timeline
+        // stops there, valid as it was written so far.
+        let why = if written < 0 {
+            std::io::Error::last_os_error().to_string()
+        } else {
+            format!("{written} of {} bytes written", bytes.len())
+        };
+        crate::sys::write_fd(
+            2,
+            format!("k15-memory: timeline: cannot write its samples ({why}): it stops here\n")
+                .as_bytes(),
+        );
+        // SAFETY: this process's own descriptor, used by nobody else.
+        unsafe { libc::close(self.fd) };
+        self.fd = -1;
     }
 }
 
