@@ -239,6 +239,57 @@ fn an_underrun_over_the_check_word_of_a_large_or_aligned_block_is_an_underrun_of
     agrees_with_valgrind("far_underruns", &run);
 }
 
+/// Underruns of 5 to 8 bytes in front of heap blocks (`new`, `new[]`, `K15_NEW`, compact) whose
+/// live neighbour in front runs into their header with no guard between: too little of the
+/// check word is left to name the block, but its record does (the fields in front of the check
+/// word are as it says, so nothing came from the front). Before, each was an overrun of the
+/// neighbour, showing the block's own header words as bytes written past its end.
+#[test]
+fn a_heap_block_underrun_of_five_to_eight_bytes_is_not_an_overrun_of_its_neighbour() {
+    let run = run_kind("near_underruns");
+    let found: Vec<(&str, u64, i64, &str)> = run
+        .errors()
+        .iter()
+        .map(|e| {
+            (
+                e["kind"].as_str().unwrap(),
+                e["size"].as_u64().unwrap(),
+                e["offset"].as_i64().unwrap(),
+                e["bytes"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    let bytes = |n: usize| ["55"; 8][..n].join(" ");
+    let expected = [(32, 5), (48, 6), (64, 7), (16, 8), (80, 8)];
+    let (b5, b6, b7, b8) = (bytes(5), bytes(6), bytes(7), bytes(8));
+    let shown = |n: usize| match n {
+        5 => b5.as_str(),
+        6 => b6.as_str(),
+        7 => b7.as_str(),
+        _ => b8.as_str(),
+    };
+    assert_eq!(
+        found,
+        expected.map(|(size, n)| ("underrun", size, -(n as i64), shown(n))),
+        "{}",
+        run.text
+    );
+    for error in run.errors() {
+        let alloc = function_names(&error["alloc_stack"]);
+        assert!(
+            alloc.iter().any(|f| f.contains("near_underruns")),
+            "{alloc:?}"
+        );
+        let freed = function_names(&error["free_stack"]);
+        assert!(
+            freed.iter().any(|f| f.contains("near_underruns")),
+            "{freed:?}"
+        );
+    }
+    assert_eq!(run.leaks().len(), 0, "every block was freed: {}", run.text);
+    agrees_with_valgrind("near_underruns", &run);
+}
+
 /// `realloc` of such a block: the underrun reported, the block moved with its bytes and the old
 /// one freed (before, it was freed and null returned, so the program went on with the old
 /// pointer as after a failure).

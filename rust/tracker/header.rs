@@ -831,8 +831,74 @@ impl BlockHeader {
     /// holds together (`integrity::fields_hold_together`: the cookie covers those fields, so
     /// once it is damaged they are checked one by one); `None` for an intact cookie or one
     /// damaged too far to tell.
+    ///
+    /// A heap block's underrun of 5 bytes or more leaves too little of the cookie to tell, but
+    /// its record beside the heap can: [`BlockHeader::underrun_bytes_by_record`].
     pub fn underrun_bytes(&self) -> Option<usize> {
         self.underrun_bytes_leaving(UNDERRUN_INTACT_BYTES)
+            .or_else(|| self.underrun_bytes_by_record())
+    }
+
+    /// The top bytes of the cookie of a live heap block that an underrun changed, told by its
+    /// record where the cookie no longer can: every field in front of the cookie that the
+    /// record keeps is as it says (`packed` whole, the stack, in full the thread a thread
+    /// number given out), and the fields it does not keep hold together. A write from the front
+    /// (an overrun of the block there) crosses all of those fields before it reaches the
+    /// cookie, and would have to write them back as they were; a change of the cookie alone is
+    /// the block's underrun. `None` for a free block, one outside the heap, or an intact cookie.
+    #[cold]
+    fn underrun_bytes_by_record(&self) -> Option<usize> {
+        let user = self.address();
+        let block = super::heap::block_containing(user).filter(|block| block.user() == user)?;
+        let class = block.class;
+        let record = record_at(user, class).load(Ordering::Acquire);
+        let layout = Layout::of_class(class as usize);
+        // SAFETY: the header of a block carved in a span, readable.
+        let (word0, word1, packed) = unsafe {
+            let words = self as *const Self as *const usize;
+            (words.read(), words.add(1).read(), words.add(2).read())
+        };
+        let holds = match layout {
+            Layout::Compact => is_compact_packed(record) && packed == record,
+            Layout::Full => {
+                let record = Record(record);
+                record.is_live()
+                    && record.size() as u64
+                        <= ROOM[(class | (Placement::Heap as u8) << CLASS_BITS) as usize]
+                    && packed
+                        == pack(
+                            record.size(),
+                            record.shard(),
+                            class,
+                            record.kind(),
+                            Placement::Heap,
+                        ) as usize
+                    && (word1 >> 32) as u32 == record.stack().0
+                    && (1..super::guard::next_thread_number()).contains(&((word0 >> 32) as u32))
+            }
+        };
+        // A cookie of any state of ours (a claimed block's, waiting to be settled) is no
+        // damage; nor is one that gives back a first word with a thread number given out: a
+        // write from the front that changed that word alone (`front_overrun` puts it back).
+        if !holds || self.cookie_valid_where(layout, true) {
+            return None;
+        }
+        let cookie = self.cookie.load(Ordering::Relaxed);
+        if layout == Layout::Full {
+            // SAFETY: as above.
+            let beyond = unsafe { covered_beyond_exposed_word(self, layout) };
+            let threads = 1..super::guard::next_thread_number();
+            let first_word_back = |state: usize| cookie ^ state ^ user ^ beyond;
+            if [LIVE, CLAIMED]
+                .into_iter()
+                .any(|state| threads.contains(&((first_word_back(state) >> 32) as u32)))
+            {
+                return None;
+            }
+        }
+        let changed = cookie ^ self.expected_as(LIVE, layout);
+        (changed != 0 && super::integrity::fields_hold_together(self))
+            .then(|| 8 - (changed.trailing_zeros() / 8) as usize)
     }
 
     /// [`BlockHeader::underrun_bytes`] of a block outside the heap found on its shard's list,

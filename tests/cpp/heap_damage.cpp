@@ -111,6 +111,43 @@ std::uint64_t held_blocks = 0;
     held_blocks += 1;
 }
 
+// Underruns of 5 to 8 bytes in front of heap blocks whose size fills their class (no guard
+// bytes), each with a live neighbour right in front of it (made after it: the heap hands a
+// list's blocks out downwards): they leave too little of the check word to name the block, and
+// the neighbour's end runs straight into the header. Each is an underrun of its own block,
+// freed at its delete, never an overrun of the neighbour.
+[[gnu::noinline]] void underrun_by(char* block, std::size_t bytes) {
+    std::memset(block - bytes * one, 'U', bytes);  // WRITE near underrun
+}
+
+[[gnu::noinline]] void near_underruns() {
+    char* plain = static_cast<char*>(::operator new(32));  // ALLOC near plain
+    char* plain_front = static_cast<char*>(::operator new(32));
+    char* array = new char[48];  // ALLOC near array
+    char* array_front = new char[48];
+    char* sited = make(64);
+    char* sited_front = make(64);
+    char* compact = make_plain(16);
+    char* compact_front = make_plain(16);
+    char* wide = make_plain(80);
+    char* wide_front = make_plain(80);
+    underrun_by(plain, 5);
+    underrun_by(array, 6);
+    underrun_by(sited, 7);
+    underrun_by(compact, 8);
+    underrun_by(wide, 8);
+    ::operator delete(plain);
+    delete[] array;
+    release(sited);
+    release(compact);
+    release(wide);
+    ::operator delete(plain_front);
+    delete[] array_front;
+    release(sited_front);
+    release(compact_front);
+    release(wide_front);
+}
+
 // The same underrun in front of blocks of the C family, then `realloc`: each moves as any block
 // does, its bytes with it, and the old one is freed (run with `malloc=1`).
 [[gnu::noinline]] void* allocate_c(std::size_t size, std::size_t align) {
@@ -261,6 +298,7 @@ int main(int argc, char** argv) {
     else if (is("memcpy_overrun")) memcpy_overrun();
     else if (is("underrun")) underrun();
     else if (is("far_underruns")) far_underruns();
+    else if (is("near_underruns")) near_underruns();
     else if (is("far_underruns_realloc")) far_underruns_realloc();
     else if (is("check_heap")) found_by_check_heap();
     else if (is("smashed_header")) smash_the_header_behind(make, 200, 96, 240);
