@@ -101,8 +101,17 @@ pub fn mark() {
     // that lands here and forks gets an unprepared fork, as from an interrupted allocation,
     // rather than waiting in `fork`'s prepare for a lock this very thread holds (it waited
     // forever). Nothing here allocates, so nothing goes untracked.
+    // Already inside: a handler that interrupted its thread there, perhaps in a mark holding
+    // the frames' lock, which a plain wait would wait for forever; past the tracker's patience
+    // this mark is left out.
+    let interrupted = super::guard::inside();
     let _inside = super::guard::Inside::enter();
-    let Ok(mut frames) = FRAMES.lock() else {
+    let frames = if interrupted {
+        live_list::lock_within(&FRAMES)
+    } else {
+        FRAMES.lock().ok()
+    };
+    let Some(mut frames) = frames else {
         return;
     };
     frames.marks += 1;

@@ -1,8 +1,8 @@
 // The main thread marks frames without a pause while SIGALRM's handler, after DELAY_US, calls
-// `exit(3)` or writes a report and leaves with `_exit(3)`: the handler often lands inside a
-// mark, whose lock its own thread holds.
+// `exit(3)`, or writes a report, or marks a frame itself, and leaves with `_exit(3)`: the
+// handler often lands inside a mark, whose lock its own thread holds.
 //
-//   exit_during_frame_mark exit|report DELAY_US
+//   exit_during_frame_mark exit|report|mark DELAY_US
 #include <k15/memory.h>
 
 #include <sys/time.h>
@@ -13,10 +13,11 @@
 
 namespace {
 
-bool report_then_leave = false;
+const char* mode = "exit";
 
 extern "C" void on_alarm(int) {
-    if (!report_then_leave) std::exit(3);
+    if (std::strcmp(mode, "exit") == 0) std::exit(3);
+    if (std::strcmp(mode, "mark") == 0) k15::memory::frame_mark();
     k15::memory::write_leak_report("from_handler.log");
     std::_Exit(3);
 }
@@ -25,7 +26,7 @@ extern "C" void on_alarm(int) {
 
 int main(int argc, char** argv) {
     if (argc < 3) return 2;
-    report_then_leave = std::strcmp(argv[1], "report") == 0;
+    mode = argv[1];
     std::signal(SIGALRM, on_alarm);
     itimerval timer{};
     timer.it_value.tv_usec = std::atoi(argv[2]);
