@@ -101,17 +101,10 @@ pub fn mark() {
     // that lands here and forks gets an unprepared fork, as from an interrupted allocation,
     // rather than waiting in `fork`'s prepare for a lock this very thread holds (it waited
     // forever). Nothing here allocates, so nothing goes untracked.
-    // Already inside: a handler that interrupted its thread there, perhaps in a mark holding
-    // the frames' lock, which a plain wait would wait for forever; past the tracker's patience
-    // this mark is left out.
+    // A handler's mark inside an interrupted one is left out past the tracker's patience.
     let interrupted = super::guard::inside();
     let _inside = super::guard::Inside::enter();
-    let frames = if interrupted {
-        live_list::lock_within(&FRAMES)
-    } else {
-        FRAMES.lock().ok()
-    };
-    let Some(mut frames) = frames else {
+    let Some(mut frames) = live_list::lock_unless_interrupted(interrupted, &FRAMES) else {
         return;
     };
     frames.marks += 1;

@@ -885,6 +885,24 @@ pub(crate) fn lock_within<T>(lock: &std::sync::Mutex<T>) -> Option<std::sync::Mu
     }
 }
 
+/// `lock` for code that a signal handler may run on a thread it `interrupted` inside the tracker
+/// (`guard::inside()` before the caller entered it), perhaps inside this very lock: then it is
+/// waited for only as long as [`lock_within`] waits (a plain wait would last forever), else as
+/// any lock.
+pub(crate) fn lock_unless_interrupted<T>(
+    interrupted: bool,
+    lock: &std::sync::Mutex<T>,
+) -> Option<std::sync::MutexGuard<'_, T>> {
+    if interrupted {
+        lock_within(lock)
+    } else {
+        Some(
+            lock.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+}
+
 /// Whether any shard has queued frees to settle.
 pub fn any_pending() -> bool {
     SHARDS

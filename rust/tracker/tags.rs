@@ -86,10 +86,13 @@ pub fn intern(name: &[u8]) -> TagId {
     if let Some(id) = find(name, hash) {
         return id;
     }
-    // Inside the tracker while the lock is held (see `frames::mark`: a signal handler that lands
-    // here and forks would wait forever for this thread's lock).
+    // A handler's interning inside an interrupted one leaves its tag out (0) past the tracker's
+    // patience; inside the tracker while the lock is held (see `frames::mark`: a signal handler
+    // that lands here and forks would wait forever for this thread's lock).
+    let interrupted = super::guard::inside();
     let _inside = super::guard::Inside::enter();
-    let Ok(mut interned) = INTERNING.lock() else {
+    let Some(mut interned) = super::live_list::lock_unless_interrupted(interrupted, &INTERNING)
+    else {
         return 0;
     };
     intern_locked(&mut interned, name, hash)
