@@ -203,6 +203,27 @@ fn a_one_byte_underrun_is_an_underrun_and_the_block_is_freed() {
     agrees_with_valgrind("underrun", &run);
 }
 
+/// Each error of `run` as (kind, size, offset, bytes shown).
+fn damage_found(run: &support::Run) -> Vec<(String, u64, i64, String)> {
+    run.errors()
+        .iter()
+        .map(|e| {
+            (
+                e["kind"].as_str().unwrap().to_owned(),
+                e["size"].as_u64().unwrap(),
+                e["offset"].as_i64().unwrap(),
+                e["bytes"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// What [`damage_found`] lists for an underrun of `bytes` 'U's in front of a block of `size`.
+fn underrun_of(size: u64, bytes: usize) -> (String, u64, i64, String) {
+    let shown = ["55"; 8][..bytes].join(" ");
+    ("underrun".to_owned(), size, -(bytes as i64), shown)
+}
+
 /// 8 bytes leave nothing of the check word to name the block by: a large or aligned block is
 /// known from its shard's list instead (before, its `delete` was an `invalid_free` that left it
 /// allocated, and a live one went missing from the report).
@@ -210,22 +231,9 @@ fn a_one_byte_underrun_is_an_underrun_and_the_block_is_freed() {
 fn an_underrun_over_the_check_word_of_a_large_or_aligned_block_is_an_underrun_of_that_block() {
     let run = run_kind("far_underruns");
     assert!(run.stdout().contains("check_heap: 1\n"), "{}", run.stdout());
-    let found: Vec<(&str, u64, i64, &str)> = run
-        .errors()
-        .iter()
-        .map(|e| {
-            (
-                e["kind"].as_str().unwrap(),
-                e["size"].as_u64().unwrap(),
-                e["offset"].as_i64().unwrap(),
-                e["bytes"].as_str().unwrap(),
-            )
-        })
-        .collect();
-    let bytes = ["55"; 8].join(" ");
     assert_eq!(
-        found,
-        [200000, 300, 500, 250000].map(|size| ("underrun", size, -8, bytes.as_str())),
+        damage_found(&run),
+        [200000, 300, 500, 250000].map(|size| underrun_of(size, 8)),
         "{}",
         run.text
     );
@@ -247,30 +255,9 @@ fn an_underrun_over_the_check_word_of_a_large_or_aligned_block_is_an_underrun_of
 #[test]
 fn a_heap_block_underrun_of_five_to_eight_bytes_is_not_an_overrun_of_its_neighbour() {
     let run = run_kind("near_underruns");
-    let found: Vec<(&str, u64, i64, &str)> = run
-        .errors()
-        .iter()
-        .map(|e| {
-            (
-                e["kind"].as_str().unwrap(),
-                e["size"].as_u64().unwrap(),
-                e["offset"].as_i64().unwrap(),
-                e["bytes"].as_str().unwrap(),
-            )
-        })
-        .collect();
-    let bytes = |n: usize| ["55"; 8][..n].join(" ");
-    let expected = [(32, 5), (48, 6), (64, 7), (16, 8), (80, 8)];
-    let (b5, b6, b7, b8) = (bytes(5), bytes(6), bytes(7), bytes(8));
-    let shown = |n: usize| match n {
-        5 => b5.as_str(),
-        6 => b6.as_str(),
-        7 => b7.as_str(),
-        _ => b8.as_str(),
-    };
     assert_eq!(
-        found,
-        expected.map(|(size, n)| ("underrun", size, -(n as i64), shown(n))),
+        damage_found(&run),
+        [(32, 5), (48, 6), (64, 7), (16, 8), (80, 8)].map(|(size, n)| underrun_of(size, n)),
         "{}",
         run.text
     );
