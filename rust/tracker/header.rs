@@ -25,7 +25,9 @@
 //! nearly all) is found by walking the heap's spans (`spans::for_each_block`), whose table knows
 //! each span's class and how far it was carved. Blocks outside the heap (large, over-aligned, the
 //! tracker's own) are few: their shard-list links lie in the [`FAR_PREFIX`] in front of the
-//! header ([`FarLinks`]), with the offset of their memory.
+//! header ([`FarLinks`]), with a copy of the header's first three words ([`far_copy`]: an
+//! underrun over the whole header leaves the block known, as a heap block's record does) and
+//! the offset of their memory.
 //!
 //! The size, stack, site and cookie sit in the last 24 bytes, so they survive a free list's link
 //! in a freed block (the heap's uses word 0; the own heap's, `sys::own_heap`, lies in front of
@@ -60,8 +62,9 @@ use core::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 pub const HEADER_SIZE: usize = 32;
 /// Bytes kept in front of the header of a block from outside the heap: its shard-list links
-/// ([`FarLinks`]) and, last, the offset of the block's memory from its user pointer.
-pub const FAR_PREFIX: usize = 32;
+/// ([`FarLinks`]), the copy of its header's first three words ([`far_copy`]) and, last, the
+/// offset of the block's memory from its user pointer.
+pub const FAR_PREFIX: usize = 48;
 /// Sizes from this one on cannot be tracked (the header keeps 40 bits of size): refused like
 /// any allocation the address space cannot hold.
 pub const SIZE_LIMIT: usize = 1 << SIZE_BITS;
@@ -158,6 +161,18 @@ pub struct FarLinks {
 pub fn far_links(header: *mut BlockHeader) -> *mut FarLinks {
     header.cast::<u8>().wrapping_sub(FAR_PREFIX).cast()
 }
+
+/// The copy of the first three words of the header of a block from outside the heap (thread and
+/// number; site, tag and stack; `packed`), written with the header, behind the links: an
+/// underrun that replaces the header, up to its 32 bytes, leaves it
+/// ([`BlockHeader::restore_far_copy`]).
+fn far_copy(header: *mut BlockHeader) -> *mut [usize; 3] {
+    header
+        .cast::<u8>()
+        .wrapping_sub(FAR_PREFIX - size_of::<FarLinks>())
+        .cast()
+}
+const _: () = assert!(FAR_PREFIX == size_of::<FarLinks>() + size_of::<[usize; 3]>() + 8);
 
 /// The bytes of [`BlockHeader::packed`] below the size, each read with one load on the free
 /// path; the size above them is one shift away.
@@ -701,6 +716,9 @@ impl BlockHeader {
                 words.write(first_word_value);
                 words.add(1).write(word1);
                 (&raw mut (*header).packed).write(packed);
+                if raw.placement != Placement::Heap {
+                    far_copy(header).write([first_word_value, word1, packed as usize]);
+                }
                 if raw.placement == Placement::Malloc {
                     words.sub(1).write(raw.raw_offset);
                 } else if raw.placement == Placement::Heap && state == LIVE {
@@ -911,6 +929,59 @@ impl BlockHeader {
             return None;
         }
         self.underrun_bytes_leaving(0)
+    }
+
+    /// The shard that the copy of the header of a block from outside the heap names
+    /// ([`far_copy`]): its list is where the block is, where an underrun replaced more of its
+    /// header than the check word.
+    ///
+    /// # Safety
+    /// `header` is readable with its [`FAR_PREFIX`] (`integrity::could_be_far_block`).
+    pub unsafe fn far_copy_shard(header: *mut BlockHeader) -> u8 {
+        // SAFETY: guaranteed by the caller.
+        let [_, _, packed] = unsafe { far_copy(header).read() };
+        packed.to_le_bytes()[SHARD_BYTE]
+    }
+
+    /// Puts back the header of a block from outside the heap, on the list of shard `shard`,
+    /// from its copy ([`far_copy`]), as a live block's: where an underrun replaced more of it
+    /// than the check word, so that [`BlockHeader::underrun_bytes_of_listed`] cannot tell. The
+    /// header's bytes as found; `None`, with nothing changed, where the copy names another
+    /// shard or a heap block, the header it gives does not hold together
+    /// (`integrity::fields_hold_together`), or the header was as the copy gives it already.
+    ///
+    /// # Safety
+    /// `header` is a block on `shard`'s list, readable with its [`FAR_PREFIX`], and nobody else
+    /// changes it meanwhile (the world is stopped).
+    pub unsafe fn restore_far_copy(
+        header: *mut BlockHeader,
+        shard: u8,
+    ) -> Option<[u8; HEADER_SIZE]> {
+        // SAFETY: guaranteed by the caller.
+        unsafe {
+            let found = header.cast::<[u8; HEADER_SIZE]>().read();
+            let [first, second, packed] = far_copy(header).read();
+            let bytes = packed.to_le_bytes();
+            // As `placement` reads it: above `Mapped` is the heap's.
+            if bytes[SHARD_BYTE] != shard
+                || bytes[CLASS_BYTE] >> CLASS_BITS > Placement::Mapped as u8
+            {
+                return None;
+            }
+            let words = header.cast::<usize>();
+            words.write(first);
+            words.add(1).write(second);
+            (&raw mut (*header).packed).write(packed as u64);
+            let h = &mut *header;
+            h.restore_live_cookie();
+            if found == header.cast::<[u8; HEADER_SIZE]>().read()
+                || !super::integrity::fields_hold_together(h)
+            {
+                header.cast::<[u8; HEADER_SIZE]>().write(found);
+                return None;
+            }
+            Some(found)
+        }
     }
 
     /// The top bytes of the cookie that an underrun changed, where at least `intact` low bytes

@@ -113,11 +113,38 @@ fn underrun_repaired(header: *mut BlockHeader, found_by: FoundBy) -> MemoryError
     let h = unsafe { &mut *header };
     let found = h.cookie_bytes();
     h.restore_live_cookie();
+    underrun_error(header, &found, found_by)
+}
+
+/// The `underrun` of the block at `header`, repaired already, whose last `found.len()` bytes in
+/// front of its user pointer were `found`: the bytes that differ from those there now.
+fn underrun_error(header: *mut BlockHeader, found: &[u8], found_by: FoundBy) -> MemoryError {
+    let user = BlockHeader::user_ptr(header);
+    // SAFETY: as in inspect; `found` is at most the header's bytes in front of the user pointer.
+    let (now, kind) = unsafe {
+        (
+            core::slice::from_raw_parts(user.wrapping_sub(found.len()), found.len()),
+            (*header).kind(),
+        )
+    };
     MemoryError {
-        damage: Damage::between(-8, &found, &h.cookie_bytes()),
+        damage: Damage::between(-(found.len() as isize), found, now),
         detail: found_by.detail(),
-        ..block_error(ErrorKind::Underrun, header, h.kind(), StackId(0))
+        ..block_error(ErrorKind::Underrun, header, kind, StackId(0))
     }
+}
+
+/// The `underrun` of a listed block from outside the heap (on the list of shard `shard`, the
+/// world stopped) whose header an underrun replaced beyond its check word, put back from its
+/// copy ([`BlockHeader::restore_far_copy`]); `None` where it cannot be.
+fn far_header_repaired(
+    header: *mut BlockHeader,
+    shard: u8,
+    found_by: FoundBy,
+) -> Option<MemoryError> {
+    // SAFETY: a block on `shard`'s list (so readable with its prefix), the world stopped.
+    let found = unsafe { BlockHeader::restore_far_copy(header, shard) }?;
+    Some(underrun_error(header, &found, found_by))
 }
 
 /// Where the damaged guard of the live heap block at `user` runs on into the headers behind it:
@@ -687,9 +714,12 @@ fn check_list(
     for header in held.blocks() {
         // SAFETY: a header on a held list, which nobody else changes meanwhile.
         let h = unsafe { &*header };
-        // On the list, so ours: a cookie an underrun replaced whole is still the block's.
+        // On the list, so ours: a cookie an underrun replaced whole is still the block's, and a
+        // header it replaced is put back from its copy.
         if held.may_repair() && h.underrun_bytes_of_listed().is_some() {
             problems.push(underrun_repaired(header, found_by));
+        } else if held.may_repair() && !h.cookie_valid(Layout::Full) {
+            problems.extend(far_header_repaired(header, held.index(), found_by));
         }
         if h.is_live() || h.underrun_bytes().is_some() {
             inspect(header, found_by, problems);
@@ -1259,6 +1289,7 @@ pub fn readable(p: *mut BlockHeader) -> bool {
 /// Whether `p` could be a block on a shard list: outside the heap (whose blocks are on none),
 /// its header and the links in front of it readable.
 fn could_be_far_block(p: *mut BlockHeader) -> bool {
+    // The prefix runs into the header: the pages of their four ends are all of theirs.
     let links = far_links(p);
     !super::heap::contains(p as usize) && readable(p) && readable(links.cast())
 }
@@ -1432,21 +1463,34 @@ fn listed_underrun(
     free_stack: StackId,
 ) -> Option<MemoryError> {
     let header = BlockHeader::of(ptr);
-    // Read first, without stopping the world: a foreign pointer's header (its guard among
-    // them) does not hold together.
-    // SAFETY: read only where readable.
-    if !could_be_far_block(header) || unsafe { (*header).underrun_bytes_of_listed() }.is_none() {
+    if !could_be_far_block(header) {
         return None;
     }
+    // Read first, without stopping the world: a foreign pointer's header (its guard among
+    // them) does not hold together. Where the underrun reached beyond the check word, the
+    // header's copy names the list to look on.
+    // SAFETY: readable with its prefix (above).
+    let shard = unsafe {
+        match (*header).underrun_bytes_of_listed() {
+            Some(_) => (*header).shard(),
+            None => BlockHeader::far_copy_shard(header),
+        }
+    };
     let world = StoppedWorld::stop(guard::thread_number());
+    let held = world.shards().nth(shard as usize)?;
+    if !held.may_repair() || !held.blocks().any(|block| block == header) {
+        return None;
+    }
     // SAFETY: readable (above), and nobody changes a header of ours with the world stopped.
-    let h = unsafe { &*header };
-    let held = world.shards().nth(h.shard() as usize)?;
-    let listed = held.may_repair() && held.blocks().any(|block| block == header);
-    (listed && h.underrun_bytes_of_listed().is_some()).then(|| MemoryError {
+    let error = if unsafe { (*header).underrun_bytes_of_listed() }.is_some() {
+        underrun_repaired(header, FoundBy::Delete)
+    } else {
+        far_header_repaired(header, shard, FoundBy::Delete)?
+    };
+    Some(MemoryError {
         free_stack,
         freed_with,
-        ..underrun_repaired(header, FoundBy::Delete)
+        ..error
     })
 }
 

@@ -531,6 +531,14 @@ impl HeldShard<'_> {
         true
     }
 
+    /// The index of the held shard in [`SHARDS`] (a cold path's: a search).
+    pub fn index(&self) -> u8 {
+        SHARDS
+            .iter()
+            .position(|shard| core::ptr::eq(shard, self.shard))
+            .map_or(0, |index| index as u8)
+    }
+
     /// Whether the list and its blocks' headers may be repaired: nobody can be in the middle of
     /// a change of them (not a shard a stopped world had to read as it stood).
     pub fn may_repair(&self) -> bool {

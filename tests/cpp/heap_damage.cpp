@@ -111,6 +111,37 @@ std::uint64_t held_blocks = 0;
     held_blocks += 1;
 }
 
+// The same blocks written further in front, over more of their header than the check word:
+// 16, 24 and 32 bytes (the whole header: an array's element before the first, of a struct of
+// that size), the last one left live.
+[[gnu::noinline]] void underrun_by_sixteen(char* block) {
+    std::memset(block - 16 * one, 'U', 16);  // WRITE whole-header underrun
+}
+
+[[gnu::noinline]] void underrun_by_twenty_four(char* block) {
+    std::memset(block - 24 * one, 'U', 24);  // WRITE whole-header underrun
+}
+
+[[gnu::noinline]] void underrun_by_thirty_two(char* block) {
+    std::memset(block - 32 * one, 'U', 32);  // WRITE whole-header underrun
+}
+
+[[gnu::noinline]] void whole_header_underruns() {
+    char* large = make(200000);
+    char* aligned = make_aligned(300, 256);
+    char* page_aligned = make_aligned(500, 4096);
+    char* kept = make(250000);
+    underrun_by_sixteen(large);
+    underrun_by_twenty_four(aligned);
+    underrun_by_thirty_two(page_aligned);
+    underrun_by_thirty_two(kept);
+    release(large);
+    ::operator delete[](aligned, std::align_val_t{256});
+    ::operator delete[](page_aligned, std::align_val_t{4096});
+    std::printf("check_heap: %zu\n", k15::memory::check_heap());
+    held_blocks += 1;
+}
+
 // Underruns of 5 to 8 bytes in front of heap blocks whose size fills their class (no guard
 // bytes), each with a live neighbour right in front of it (made after it: the heap hands a
 // list's blocks out downwards): they leave too little of the check word to name the block, and
@@ -298,6 +329,7 @@ int main(int argc, char** argv) {
     else if (is("memcpy_overrun")) memcpy_overrun();
     else if (is("underrun")) underrun();
     else if (is("far_underruns")) far_underruns();
+    else if (is("whole_header_underruns")) whole_header_underruns();
     else if (is("near_underruns")) near_underruns();
     else if (is("far_underruns_realloc")) far_underruns_realloc();
     else if (is("check_heap")) found_by_check_heap();
