@@ -282,6 +282,30 @@ fn an_underrun_over_the_whole_header_of_a_large_or_aligned_block_is_an_underrun_
     agrees_with_valgrind("whole_header_underruns", &run);
 }
 
+/// Over the list links in front of the header too, the block is cut from its list: the damage is
+/// named by that block (before, with no listed block left beside the gap, by address 0x20).
+#[test]
+fn an_underrun_over_the_list_links_names_the_block_it_cut_from_the_list() {
+    let run = run_kind("underrun_over_the_links");
+    let printed = run
+        .stdout()
+        .lines()
+        .find_map(|l| l.strip_prefix("block at "))
+        .expect("the block's address")
+        .to_owned();
+    let named: Vec<(&str, &str)> = run
+        .errors()
+        .iter()
+        .map(|e| (e["kind"].as_str().unwrap(), e["address"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        named,
+        [("heap_corruption", printed.as_str())],
+        "{}",
+        run.text
+    );
+}
+
 /// Underruns of 5 to 8 bytes in front of heap blocks (`new`, `new[]`, `K15_NEW`, compact) whose
 /// live neighbour in front runs into their header with no guard between: too little of the
 /// check word is left to name the block, but its record does (the fields in front of the check

@@ -25,9 +25,9 @@
 //! nearly all) is found by walking the heap's spans (`spans::for_each_block`), whose table knows
 //! each span's class and how far it was carved. Blocks outside the heap (large, over-aligned, the
 //! tracker's own) are few: their shard-list links lie in the [`FAR_PREFIX`] in front of the
-//! header ([`FarLinks`]), with a copy of the header's first three words ([`far_copy`]: an
-//! underrun over the whole header leaves the block known, as a heap block's record does) and
-//! the offset of their memory.
+//! header ([`FarLinks`]), behind a copy of the header's first three words ([`far_copy`]: an
+//! underrun over the whole header leaves the block known, as a heap block's record does), and
+//! in front of the offset of their memory.
 //!
 //! The size, stack, site and cookie sit in the last 24 bytes, so they survive a free list's link
 //! in a freed block (the heap's uses word 0; the own heap's, `sys::own_heap`, lies in front of
@@ -61,9 +61,9 @@ use core::ffi::c_char;
 use core::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 pub const HEADER_SIZE: usize = 32;
-/// Bytes kept in front of the header of a block from outside the heap: its shard-list links
-/// ([`FarLinks`]), the copy of its header's first three words ([`far_copy`]) and, last, the
-/// offset of the block's memory from its user pointer.
+/// Bytes kept in front of the header of a block from outside the heap: the copy of its header's
+/// first three words ([`far_copy`]), its shard-list links ([`FarLinks`]) and, last, the offset
+/// of the block's memory from its user pointer.
 pub const FAR_PREFIX: usize = 48;
 /// Sizes from this one on cannot be tracked (the header keeps 40 bits of size): refused like
 /// any allocation the address space cannot hold.
@@ -157,20 +157,27 @@ pub struct FarLinks {
     pub next: *mut BlockHeader,
 }
 
-/// The shard-list links of a block from outside the heap, in front of its header.
+/// The shard-list links of a block from outside the heap, in front of its header (behind the
+/// copy of it: an underrun reaches them first).
 pub fn far_links(header: *mut BlockHeader) -> *mut FarLinks {
-    header.cast::<u8>().wrapping_sub(FAR_PREFIX).cast()
+    header
+        .cast::<u8>()
+        .wrapping_sub(FAR_PREFIX - size_of::<[usize; 3]>())
+        .cast()
 }
 
 /// The copy of the first three words of the header of a block from outside the heap (thread and
-/// number; site, tag and stack; `packed`), written with the header, behind the links: an
-/// underrun that replaces the header, up to its 32 bytes, leaves it
-/// ([`BlockHeader::restore_far_copy`]).
+/// number; site, tag and stack; `packed`), written with the header, at the start of its
+/// [`FAR_PREFIX`]: an underrun that replaces the header, up to its 32 bytes, leaves it
+/// ([`BlockHeader::restore_far_copy`]), and one that reaches it has cut the block from its list
+/// on the way (the links lie in between), so a block found on its list never has a damaged copy.
 fn far_copy(header: *mut BlockHeader) -> *mut [usize; 3] {
-    header
-        .cast::<u8>()
-        .wrapping_sub(FAR_PREFIX - size_of::<FarLinks>())
-        .cast()
+    header.cast::<u8>().wrapping_sub(FAR_PREFIX).cast()
+}
+
+/// The start of the [`FAR_PREFIX`] of a block from outside the heap.
+pub fn far_prefix(header: *mut BlockHeader) -> *mut u8 {
+    far_copy(header).cast()
 }
 const _: () = assert!(FAR_PREFIX == size_of::<FarLinks>() + size_of::<[usize; 3]>() + 8);
 

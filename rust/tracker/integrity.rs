@@ -5,7 +5,8 @@
 use super::errors::{self, Damage, ErrorKind, MemoryError};
 use super::guard::{self, Inside};
 use super::header::{
-    far_links, BlockHeader, FirstWordDamage, Layout, GUARD, GUARD_BYTE, GUARD_SIZE, HEADER_SIZE,
+    far_links, far_prefix, BlockHeader, FirstWordDamage, Layout, GUARD, GUARD_BYTE, GUARD_SIZE,
+    HEADER_SIZE,
 };
 use super::heap::HeapBlock;
 use super::live_list::{HeldShard, StoppedWorld};
@@ -1290,8 +1291,7 @@ pub fn readable(p: *mut BlockHeader) -> bool {
 /// its header and the links in front of it readable.
 fn could_be_far_block(p: *mut BlockHeader) -> bool {
     // The prefix runs into the header: the pages of their four ends are all of theirs.
-    let links = far_links(p);
-    !super::heap::contains(p as usize) && readable(p) && readable(links.cast())
+    !super::heap::contains(p as usize) && readable(p) && readable(far_prefix(p).cast())
 }
 
 /// Whether the header at `p` is a far block's and one of ours: its cookie says so, or says a
@@ -1353,14 +1353,13 @@ pub fn repair_list(held: &HeldShard<'_>) {
             node = (*far_links(node)).prev;
         }
         if node != forward_end {
-            found_corruption(
-                if forward_end.is_null() {
-                    backward_start as usize
-                } else {
-                    forward_end as usize
-                },
-                Corrupted::LostBlocks,
-            );
+            // Named by a listed block beside the gap; with none left on either side (every
+            // block's links damaged), by the list's first, now cut from it.
+            let named = [forward_end, backward_start]
+                .into_iter()
+                .find(|block| !block.is_null())
+                .unwrap_or(head);
+            found_corruption(named as usize, Corrupted::LostBlocks);
         } else if !forward_end.is_null() && (*far_links(forward_end)).next != backward_start {
             found_corruption(forward_end as usize, Corrupted::Links);
         }

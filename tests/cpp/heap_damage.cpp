@@ -142,6 +142,19 @@ std::uint64_t held_blocks = 0;
     held_blocks += 1;
 }
 
+// Further still, over the header's copy and the list links in front of it: the block is cut
+// from its list, and named as such.
+[[gnu::noinline]] void underrun_by_sixty_four(char* block) {
+    std::memset(block - 64 * one, 'U', 64);  // WRITE underrun over the links
+}
+
+[[gnu::noinline]] void underrun_over_the_links() {
+    char* kept = make(250000);
+    underrun_by_sixty_four(kept);
+    std::printf("block at %p\n", static_cast<void*>(kept));
+    held_blocks += 1;
+}
+
 // Underruns of 5 to 8 bytes in front of heap blocks whose size fills their class (no guard
 // bytes), each with a live neighbour right in front of it (made after it: the heap hands a
 // list's blocks out downwards): they leave too little of the check word to name the block, and
@@ -330,6 +343,7 @@ int main(int argc, char** argv) {
     else if (is("underrun")) underrun();
     else if (is("far_underruns")) far_underruns();
     else if (is("whole_header_underruns")) whole_header_underruns();
+    else if (is("underrun_over_the_links")) underrun_over_the_links();
     else if (is("near_underruns")) near_underruns();
     else if (is("far_underruns_realloc")) far_underruns_realloc();
     else if (is("check_heap")) found_by_check_heap();
