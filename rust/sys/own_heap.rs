@@ -38,6 +38,13 @@ static FREE_LISTS: [AtomicU64; CLASSES] = [const { AtomicU64::new(0) }; CLASSES]
 /// The start of the chunk blocks are carved from now; its first words are a [`Chunk`].
 static CURRENT_CHUNK: AtomicPtr<Chunk> = AtomicPtr::new(core::ptr::null_mut());
 
+/// Every chunk published so far, the first [`KNOWN_CHUNKS`] of them (64 MiB each, so 4 GiB of
+/// the tracker's own memory and its blocks): [`holds`] looks there.
+const KNOWN_CHUNKS: usize = 64;
+static CHUNKS: [AtomicPtr<Chunk>; KNOWN_CHUNKS] =
+    [const { AtomicPtr::new(core::ptr::null_mut()) }; KNOWN_CHUNKS];
+static CHUNKS_KNOWN: AtomicUsize = AtomicUsize::new(0);
+
 struct Chunk {
     /// The address the next carved block starts at (past `end` once the chunk is used up).
     next: AtomicUsize,
@@ -132,6 +139,19 @@ pub unsafe fn free(ptr: *mut u8) {
     }
 }
 
+/// Whether `[start, end)` lies in one chunk the own heap carves its class blocks from (never
+/// unmapped: readable for the whole process); false also for chunks past the first
+/// [`KNOWN_CHUNKS`].
+pub fn holds(start: usize, end: usize) -> bool {
+    let known = CHUNKS_KNOWN.load(Ordering::Relaxed).min(KNOWN_CHUNKS);
+    CHUNKS[..known].iter().any(|slot| {
+        // SAFETY: a published chunk stays mapped for the whole process, its header unchanged
+        // but for `next`.
+        unsafe { slot.load(Ordering::Acquire).as_ref() }
+            .is_some_and(|chunk| (chunk as *const Chunk as usize) <= start && end <= chunk.end)
+    })
+}
+
 /// The first word of a class block, which links it on its free list while it is free.
 fn link_of(block: usize) -> &'static AtomicUsize {
     // SAFETY: class blocks lie in chunks that are never unmapped, 16-aligned: the word stays
@@ -215,6 +235,8 @@ fn carve(room: usize) -> Option<usize> {
         {
             // SAFETY: our own fresh mapping, never published.
             unsafe { unmap_pages(fresh, len) };
+        } else if let Some(slot) = CHUNKS.get(CHUNKS_KNOWN.fetch_add(1, Ordering::Relaxed)) {
+            slot.store(fresh.cast(), Ordering::Release);
         }
     }
 }

@@ -25,9 +25,9 @@
 //! nearly all) is found by walking the heap's spans (`spans::for_each_block`), whose table knows
 //! each span's class and how far it was carved. Blocks outside the heap (large, over-aligned, the
 //! tracker's own) are few: their shard-list links lie in the [`FAR_PREFIX`] in front of the
-//! header ([`FarLinks`]), behind a copy of the header's first three words ([`far_copy`]: an
-//! underrun over the whole header leaves the block known, as a heap block's record does), and
-//! in front of the offset of their memory.
+//! header ([`FarLinks`]), behind a copy of the header ([`far_copy`]: an underrun over the
+//! whole header leaves the block known, as a heap block's record does), and in front of the
+//! offset of their memory.
 //!
 //! The size, stack, site and cookie sit in the last 24 bytes, so they survive a free list's link
 //! in a freed block (the heap's uses word 0; the own heap's, `sys::own_heap`, lies in front of
@@ -61,10 +61,10 @@ use core::ffi::c_char;
 use core::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 pub const HEADER_SIZE: usize = 32;
-/// Bytes kept in front of the header of a block from outside the heap: the copy of its header's
-/// first three words ([`far_copy`]), its shard-list links ([`FarLinks`]) and, last, the offset
-/// of the block's memory from its user pointer.
-pub const FAR_PREFIX: usize = 48;
+/// Bytes kept in front of the header of a block from outside the heap: the copy of its header
+/// ([`far_copy`]), its shard-list links ([`FarLinks`]) and, last, the offset of the block's
+/// memory from its user pointer.
+pub const FAR_PREFIX: usize = 64;
 /// Sizes from this one on cannot be tracked (the header keeps 40 bits of size): refused like
 /// any allocation the address space cannot hold.
 pub const SIZE_LIMIT: usize = 1 << SIZE_BITS;
@@ -157,21 +157,19 @@ pub struct FarLinks {
     pub next: *mut BlockHeader,
 }
 
-/// The shard-list links of a block from outside the heap, in front of its header (behind the
-/// copy of it: an underrun reaches them first).
+/// The shard-list links of a block from outside the heap, in front of its header, a word apart
+/// from the offset of its memory (behind the copy of the header: an underrun reaches them first).
 pub fn far_links(header: *mut BlockHeader) -> *mut FarLinks {
-    header
-        .cast::<u8>()
-        .wrapping_sub(FAR_PREFIX - size_of::<[usize; 3]>())
-        .cast()
+    header.cast::<u8>().wrapping_sub(HEADER_SIZE).cast()
 }
 
-/// The copy of the first three words of the header of a block from outside the heap (thread and
-/// number; site, tag and stack; `packed`), written with the header, at the start of its
-/// [`FAR_PREFIX`]: an underrun that replaces the header, up to its 32 bytes, leaves it
-/// ([`BlockHeader::restore_far_copy`]), and one that reaches it has cut the block from its list
-/// on the way (the links lie in between), so a block found on its list never has a damaged copy.
-fn far_copy(header: *mut BlockHeader) -> *mut [usize; 3] {
+/// The copy of the header of a block from outside the heap as it was written (thread and
+/// number; site, tag and stack; `packed`; the live cookie, which vouches for the other three),
+/// at the start of its [`FAR_PREFIX`]: an underrun that replaces the header, up to its 32
+/// bytes, leaves it ([`BlockHeader::restore_far_copy`]), and one that reaches it has cut the
+/// block from its list on the way (the links lie in between), so a block found tied into its
+/// list never has a damaged copy.
+fn far_copy(header: *mut BlockHeader) -> *mut [usize; 4] {
     header.cast::<u8>().wrapping_sub(FAR_PREFIX).cast()
 }
 
@@ -179,7 +177,8 @@ fn far_copy(header: *mut BlockHeader) -> *mut [usize; 3] {
 pub fn far_prefix(header: *mut BlockHeader) -> *mut u8 {
     far_copy(header).cast()
 }
-const _: () = assert!(FAR_PREFIX == size_of::<FarLinks>() + size_of::<[usize; 3]>() + 8);
+const _: () = assert!(FAR_PREFIX == size_of::<[usize; 4]>() + HEADER_SIZE);
+const _: () = assert!(size_of::<FarLinks>() + size_of::<usize>() < HEADER_SIZE);
 
 /// The bytes of [`BlockHeader::packed`] below the size, each read with one load on the free
 /// path; the size above them is one shift away.
@@ -723,9 +722,6 @@ impl BlockHeader {
                 words.write(first_word_value);
                 words.add(1).write(word1);
                 (&raw mut (*header).packed).write(packed);
-                if raw.placement != Placement::Heap {
-                    far_copy(header).write([first_word_value, word1, packed as usize]);
-                }
                 if raw.placement == Placement::Malloc {
                     words.sub(1).write(raw.raw_offset);
                 } else if raw.placement == Placement::Heap && state == LIVE {
@@ -736,10 +732,13 @@ impl BlockHeader {
                 (packed, cover_full(first_word_value, word1, packed as usize))
             }
         };
-        // SAFETY: as above.
+        // SAFETY: as above; a block from outside the heap has its `FAR_PREFIX` in front.
         unsafe {
             let cookie = state ^ user ^ cover;
             (&raw mut (*header).cookie).write(AtomicUsize::new(cookie));
+            if raw.placement != Placement::Heap {
+                far_copy(header).write(header.cast::<[usize; 4]>().read());
+            }
             // One store of the 8 bytes that end where the guard ends: a short guard (the class
             // leaves under 8 bytes, so the block holds more than 8) takes the user's last bytes
             // with it, which the program has not written yet.
@@ -946,16 +945,34 @@ impl BlockHeader {
     /// `header` is readable with its [`FAR_PREFIX`] (`integrity::could_be_far_block`).
     pub unsafe fn far_copy_shard(header: *mut BlockHeader) -> u8 {
         // SAFETY: guaranteed by the caller.
-        let [_, _, packed] = unsafe { far_copy(header).read() };
+        let [_, _, packed, _] = unsafe { far_copy(header).read() };
         packed.to_le_bytes()[SHARD_BYTE]
+    }
+
+    /// Whether the copy of the header of a block from outside the heap ([`far_copy`]) is a live
+    /// block's, as written at this address (its cookie vouches for it), and the header no freed
+    /// block's: what names the block where an underrun replaced its header.
+    ///
+    /// # Safety
+    /// `header` is readable with its [`FAR_PREFIX`] (`integrity::could_be_far_block`).
+    pub unsafe fn far_copy_vouches(header: *mut BlockHeader) -> bool {
+        // SAFETY: guaranteed by the caller.
+        let [first, second, packed, cookie] = unsafe { far_copy(header).read() };
+        let user = Self::user_ptr(header) as usize;
+        // As `placement` reads it: above `Mapped` is the heap's.
+        cookie == LIVE ^ user ^ cover_full(first, second, packed)
+            && packed.to_le_bytes()[CLASS_BYTE] >> CLASS_BITS <= Placement::Mapped as u8
+            // SAFETY: as above.
+            && unsafe { !(*header).is_marked_freed() }
     }
 
     /// Puts back the header of a block from outside the heap, on the list of shard `shard`,
     /// from its copy ([`far_copy`]), as a live block's: where an underrun replaced more of it
     /// than the check word, so that [`BlockHeader::underrun_bytes_of_listed`] cannot tell. The
-    /// header's bytes as found; `None`, with nothing changed, where the copy names another
-    /// shard or a heap block, the header it gives does not hold together
-    /// (`integrity::fields_hold_together`), or the header was as the copy gives it already.
+    /// header's bytes as found; `None`, with nothing changed, where the copy does not vouch for
+    /// itself ([`BlockHeader::far_copy_vouches`]) or names another shard, the header it gives
+    /// does not hold together (`integrity::fields_hold_together`), or the header was as the copy
+    /// gives it already.
     ///
     /// # Safety
     /// `header` is a block on `shard`'s list, readable with its [`FAR_PREFIX`], and nobody else
@@ -966,23 +983,13 @@ impl BlockHeader {
     ) -> Option<[u8; HEADER_SIZE]> {
         // SAFETY: guaranteed by the caller.
         unsafe {
-            let found = header.cast::<[u8; HEADER_SIZE]>().read();
-            let [first, second, packed] = far_copy(header).read();
-            let bytes = packed.to_le_bytes();
-            // As `placement` reads it: above `Mapped` is the heap's.
-            if bytes[SHARD_BYTE] != shard
-                || bytes[CLASS_BYTE] >> CLASS_BITS > Placement::Mapped as u8
-            {
+            if !Self::far_copy_vouches(header) || Self::far_copy_shard(header) != shard {
                 return None;
             }
-            let words = header.cast::<usize>();
-            words.write(first);
-            words.add(1).write(second);
-            (&raw mut (*header).packed).write(packed as u64);
-            let h = &mut *header;
-            h.restore_live_cookie();
+            let found = header.cast::<[u8; HEADER_SIZE]>().read();
+            header.cast::<[usize; 4]>().write(far_copy(header).read());
             if found == header.cast::<[u8; HEADER_SIZE]>().read()
-                || !super::integrity::fields_hold_together(h)
+                || !super::integrity::fields_hold_together(&*header)
             {
                 header.cast::<[u8; HEADER_SIZE]>().write(found);
                 return None;
@@ -1233,6 +1240,12 @@ impl BlockHeader {
 
     fn address(&self) -> usize {
         Self::user_ptr(self as *const _ as *mut _) as usize
+    }
+
+    /// Whether the cookie is a freed block's (of a header laid out in full).
+    pub fn is_marked_freed(&self) -> bool {
+        // SAFETY: the header is readable (we are reading it).
+        self.cookie.load(Ordering::Relaxed) == unsafe { Self::freed_cookie_at(self, Layout::Full) }
     }
 
     pub fn is_live(&self) -> bool {

@@ -135,17 +135,50 @@ fn underrun_error(header: *mut BlockHeader, found: &[u8], found_by: FoundBy) -> 
     }
 }
 
-/// The `underrun` of a listed block from outside the heap (on the list of shard `shard`, the
-/// world stopped) whose header an underrun replaced beyond its check word, put back from its
-/// copy ([`BlockHeader::restore_far_copy`]); `None` where it cannot be.
-fn far_header_repaired(
+/// The `underrun` of a block from outside the heap reached on the list of `held` (the world
+/// stopped), repaired: on the list, so ours, a check word an underrun replaced whole is written
+/// again, and a header it replaced further is put back from its copy
+/// ([`BlockHeader::restore_far_copy`]). `None` where its header shows no such damage, or where
+/// the block's links no longer tie it into the list (a list repair, made on the way there, cut
+/// it out: made live again, it would lead to neighbours that may go).
+fn listed_block_repaired(
+    held: &HeldShard<'_>,
     header: *mut BlockHeader,
-    shard: u8,
     found_by: FoundBy,
 ) -> Option<MemoryError> {
-    // SAFETY: a block on `shard`'s list (so readable with its prefix), the world stopped.
-    let found = unsafe { BlockHeader::restore_far_copy(header, shard) }?;
+    // SAFETY: a header reached on a held list, readable with its prefix, the world stopped.
+    let h = unsafe { &*header };
+    if !held.may_repair() || h.cookie_valid(Layout::Full) || !linked_into(held, header) {
+        return None;
+    }
+    if h.underrun_bytes_of_listed().is_some() {
+        return Some(underrun_repaired(header, found_by));
+    }
+    // SAFETY: as above.
+    let found = unsafe { BlockHeader::restore_far_copy(header, held.index()) }?;
     Some(underrun_error(header, &found, found_by))
+}
+
+/// Whether the far block `header` is tied into the list of `held`: its neighbours (or the
+/// list's ends) link back to it, each read only once it is known to be readable.
+fn linked_into(held: &HeldShard<'_>, header: *mut BlockHeader) -> bool {
+    let (head, tail) = held.ends();
+    // SAFETY: the block is readable with its prefix (it was reached on the list), and each
+    // neighbour is read only once `could_be_far_block` says it is readable.
+    unsafe {
+        let (prev, next) = ((*far_links(header)).prev, (*far_links(header)).next);
+        let prev_agrees = if prev.is_null() {
+            head == header
+        } else {
+            could_be_far_block(prev) && (*far_links(prev)).next == header
+        };
+        prev_agrees
+            && (if next.is_null() {
+                tail == header
+            } else {
+                links_back(next, header)
+            })
+    }
 }
 
 /// Where the damaged guard of the live heap block at `user` runs on into the headers behind it:
@@ -715,13 +748,7 @@ fn check_list(
     for header in held.blocks() {
         // SAFETY: a header on a held list, which nobody else changes meanwhile.
         let h = unsafe { &*header };
-        // On the list, so ours: a cookie an underrun replaced whole is still the block's, and a
-        // header it replaced is put back from its copy.
-        if held.may_repair() && h.underrun_bytes_of_listed().is_some() {
-            problems.push(underrun_repaired(header, found_by));
-        } else if held.may_repair() && !h.cookie_valid(Layout::Full) {
-            problems.extend(far_header_repaired(header, held.index(), found_by));
-        }
+        problems.extend(listed_block_repaired(held, header, found_by));
         if h.is_live() || h.underrun_bytes().is_some() {
             inspect(header, found_by, problems);
             visit(header);
@@ -1295,11 +1322,16 @@ fn could_be_far_block(p: *mut BlockHeader) -> bool {
 }
 
 /// Whether the header at `p` is a far block's and one of ours: its cookie says so, or says a
-/// live block whose check word an underrun damaged.
+/// live block whose check word an underrun damaged, or the copy in front of it vouches for a
+/// live block that an underrun replaced the header of.
 fn recognisable(p: *mut BlockHeader) -> bool {
-    // SAFETY: read once it is known to be readable.
+    // SAFETY: read once it is known to be readable with its prefix.
     could_be_far_block(p)
-        && unsafe { (*p).cookie_valid(Layout::Full) || (*p).underrun_bytes().is_some() }
+        && unsafe {
+            (*p).cookie_valid(Layout::Full)
+                || (*p).underrun_bytes().is_some()
+                || BlockHeader::far_copy_vouches(p)
+        }
 }
 
 /// Whether `node` could be a far block whose back link leads to `from` (the block whose
@@ -1312,11 +1344,35 @@ pub unsafe fn links_back(node: *mut BlockHeader, from: *mut BlockHeader) -> bool
     could_be_far_block(node) && unsafe { (*far_links(node)).prev == from }
 }
 
+/// Set once a list was repaired: the blocks a repair cut out keep links to neighbours that may be
+/// freed since, so from then on a link is followed only to a block known to be readable and not
+/// freed ([`could_be_neighbour`]). Until then (nearly every run) a link is trusted as written.
+static LISTS_REPAIRED: AtomicBool = AtomicBool::new(false);
+
+/// Whether the far block a link names may be read and linked to: plausible (see
+/// [`could_be_header`]), and once a list was repaired, also readable (a live mapped block, the
+/// own heap's memory, else as the OS says) and not freed.
+pub fn could_be_neighbour(p: *mut BlockHeader) -> bool {
+    use crate::sys::own_heap;
+    if !could_be_header(p) {
+        return false;
+    }
+    if !LISTS_REPAIRED.load(Ordering::Relaxed) {
+        return true;
+    }
+    let (start, end) = (far_prefix(p) as usize, BlockHeader::user_ptr(p) as usize);
+    let readable =
+        super::mapped_blocks::holds(end) || own_heap::holds(start, end) || could_be_far_block(p);
+    // SAFETY: read once it is known to be readable.
+    readable && unsafe { !(*p).is_marked_freed() }
+}
+
 /// Rebuilds the list of `held` after a link was found damaged: forward from its head as long as
 /// the links lead to headers of ours, backward from its tail likewise, and joins the two where
 /// they meet (the block whose own links were damaged, now relinked) or, when more was damaged,
 /// across the gap (the blocks in it are no longer listed). What was damaged is recorded.
 pub fn repair_list(held: &HeldShard<'_>) {
+    LISTS_REPAIRED.store(true, Ordering::Relaxed);
     let (head, tail) = held.ends();
     // SAFETY: the shard is held; every header is read only once `recognisable` says it is ours.
     unsafe {
@@ -1477,19 +1533,13 @@ fn listed_underrun(
     };
     let world = StoppedWorld::stop(guard::thread_number());
     let held = world.shards().nth(shard as usize)?;
-    if !held.may_repair() || !held.blocks().any(|block| block == header) {
+    if !held.blocks().any(|block| block == header) {
         return None;
     }
-    // SAFETY: readable (above), and nobody changes a header of ours with the world stopped.
-    let error = if unsafe { (*header).underrun_bytes_of_listed() }.is_some() {
-        underrun_repaired(header, FoundBy::Delete)
-    } else {
-        far_header_repaired(header, shard, FoundBy::Delete)?
-    };
     Some(MemoryError {
         free_stack,
         freed_with,
-        ..error
+        ..listed_block_repaired(&held, header, FoundBy::Delete)?
     })
 }
 
@@ -1598,7 +1648,7 @@ pub fn fields_hold_together(h: &BlockHeader) -> bool {
                 || page_is_mapped(header - size_of::<usize>()))
                 && {
                     let offset = h.raw_offset();
-                    offset >= HEADER_SIZE
+                    (HEADER_SIZE..=super::raw::LARGEST_MALLOC_OFFSET).contains(&offset)
                         && offset.is_multiple_of(16)
                         && h.size() < 1 << 47
                         && page_is_mapped(user + h.size())

@@ -444,18 +444,18 @@ impl HeldShard<'_> {
     #[inline]
     unsafe fn links_agree(&self, header: *mut BlockHeader) -> bool {
         let s = self.shard;
-        // SAFETY: a neighbour is read only once it passes `could_be_header`.
+        // SAFETY: a neighbour is read only once it passes `could_be_neighbour`.
         unsafe {
             let (prev, next) = ((*far_links(header)).prev, (*far_links(header)).next);
             let prev_agrees = if prev.is_null() {
                 *s.head.get() == header
             } else {
-                super::integrity::could_be_header(prev) && (*far_links(prev)).next == header
+                super::integrity::could_be_neighbour(prev) && (*far_links(prev)).next == header
             };
             let next_agrees = if next.is_null() {
                 *s.tail.get() == header
             } else {
-                super::integrity::could_be_header(next) && (*far_links(next)).prev == header
+                super::integrity::could_be_neighbour(next) && (*far_links(next)).prev == header
             };
             prev_agrees && next_agrees
         }

@@ -23,6 +23,13 @@ const MAPPED_THRESHOLD: usize = 120 * 1024;
 /// header and the bytes in front of it that keep the offset (`header`).
 const FAR_OFFSET: usize = HEADER_SIZE + FAR_PREFIX;
 
+/// The most a block from the own heap keeps in front of its user pointer: its alignment (below
+/// a page: larger ones are mapped) past the header, and as much again where that would start a
+/// page ([`malloc_user_offset`]). An offset read from a header beyond it is damage.
+pub const LARGEST_MALLOC_OFFSET: usize = PAGE_SIZE;
+const _: () =
+    assert!(FAR_OFFSET.next_multiple_of(PAGE_SIZE / 2) + PAGE_SIZE / 2 <= LARGEST_MALLOC_OFFSET);
+
 /// Memory for one block: `raw` is what gets released, `user` is what the program sees.
 pub struct RawBlock {
     pub user: *mut u8,

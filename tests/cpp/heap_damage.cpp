@@ -142,15 +142,11 @@ std::uint64_t held_blocks = 0;
     held_blocks += 1;
 }
 
-// Further still, over the header's copy and the list links in front of it: the block is cut
-// from its list, and named as such.
-[[gnu::noinline]] void underrun_by_sixty_four(char* block) {
-    std::memset(block - 64 * one, 'U', 64);  // WRITE underrun over the links
-}
-
-[[gnu::noinline]] void underrun_over_the_links() {
+// Further still, over the list links in front of the header (64 bytes), and over the header's
+// copy in front of those (96): a block left live each time.
+[[gnu::noinline]] void underrun_kept_by(std::size_t bytes) {
     char* kept = make(250000);
-    underrun_by_sixty_four(kept);
+    std::memset(kept - bytes * one, 'U', bytes);  // WRITE underrun over the links
     std::printf("block at %p\n", static_cast<void*>(kept));
     held_blocks += 1;
 }
@@ -343,7 +339,8 @@ int main(int argc, char** argv) {
     else if (is("underrun")) underrun();
     else if (is("far_underruns")) far_underruns();
     else if (is("whole_header_underruns")) whole_header_underruns();
-    else if (is("underrun_over_the_links")) underrun_over_the_links();
+    else if (is("underrun_over_the_links")) underrun_kept_by(64);
+    else if (is("underrun_over_the_copy")) underrun_kept_by(96);
     else if (is("near_underruns")) near_underruns();
     else if (is("far_underruns_realloc")) far_underruns_realloc();
     else if (is("check_heap")) found_by_check_heap();
