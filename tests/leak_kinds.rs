@@ -9,32 +9,43 @@ use support::Census;
 /// valgrind's loss records (`--show-leak-kinds=all`) of blocks that `operator new` allocated:
 /// those are the ones the tracker sees (`malloc`'d blocks of glibc and libstdc++, such as the
 /// emergency exception pool and stdio buffers, are not tracked unless `malloc=1`).
+///
+/// valgrind's verdict on the same plain program varies from run to run: now and then (one run in
+/// five of `large_leaks` on a 2-core VM, whatever its stack was cleared of) some word points
+/// inside a leaked block and makes it "possibly lost", a kind the tracker has no counterpart for.
+/// Such a run is taken again, up to five times in all.
 fn valgrind_census(plain: &Path, args: &[&str]) -> (Census, String) {
-    let text = support::valgrind_leak_check(plain, plain.parent().unwrap(), args);
-    let mut census = Census::new();
-    for record in support::loss_records(&text) {
-        // `operator new` anywhere: libstdc++'s, or a class's own (every Bullet class's goes
-        // to btAlignedAlloc in libLinearMath, then to malloc).
-        let tracked = record.stack.iter().any(|l| l.contains("operator new"));
-        let bullet = record
-            .stack
-            .iter()
-            .any(|l| l.contains("libLinearMath") || l.contains("btAlignedAlloc"));
-        if !tracked {
+    let mut text = String::new();
+    for _ in 0..5 {
+        text = support::valgrind_leak_check(plain, plain.parent().unwrap(), args);
+        let records: Vec<_> = support::loss_records(&text)
+            .into_iter()
+            // `operator new` anywhere: libstdc++'s, or a class's own (every Bullet class's goes
+            // to btAlignedAlloc in libLinearMath, then to malloc).
+            .filter(|record| record.stack.iter().any(|l| l.contains("operator new")))
+            .collect();
+        if records.iter().any(|record| record.kind == "possible") {
             continue;
         }
-        assert_ne!(record.kind, "possible", "valgrind: possibly lost:\n{text}");
-        let (bytes, blocks) = (record.bytes, record.blocks);
-        let size = match bullet {
-            // Bullet's aligned allocator over-allocates (size + 16 + 8 - 1) from malloc:
-            // valgrind sees that, the tracker the size Bullet asked for.
-            true => bytes / blocks - (16 + 8 - 1),
-            false => bytes / blocks,
-        };
-        assert_eq!(bytes % blocks, 0, "mixed sizes in one record");
-        *census.entry((record.kind.to_owned(), size)).or_default() += blocks;
+        let mut census = Census::new();
+        for record in records {
+            let bullet = record
+                .stack
+                .iter()
+                .any(|l| l.contains("libLinearMath") || l.contains("btAlignedAlloc"));
+            let (bytes, blocks) = (record.bytes, record.blocks);
+            let size = match bullet {
+                // Bullet's aligned allocator over-allocates (size + 16 + 8 - 1) from malloc:
+                // valgrind sees that, the tracker the size Bullet asked for.
+                true => bytes / blocks - (16 + 8 - 1),
+                false => bytes / blocks,
+            };
+            assert_eq!(bytes % blocks, 0, "mixed sizes in one record");
+            *census.entry((record.kind.to_owned(), size)).or_default() += blocks;
+        }
+        return (census, text);
     }
-    (census, text)
+    panic!("valgrind: possibly lost in five runs:\n{text}");
 }
 
 /// `sources` built with the tracker and without it (`-DK15_MEMORY_DISABLED`), for valgrind.
