@@ -148,7 +148,8 @@ fn listed_block_repaired(
 ) -> Option<MemoryError> {
     // SAFETY: a header reached on a held list, readable with its prefix, the world stopped.
     let h = unsafe { &*header };
-    if !held.may_repair() || h.cookie_valid(Layout::Full) || !linked_into(held, header) {
+    // SAFETY: as above, the shard held.
+    if !held.may_repair() || h.cookie_valid(Layout::Full) || unsafe { !held.links_agree(header) } {
         return None;
     }
     if h.underrun_bytes_of_listed().is_some() {
@@ -157,28 +158,6 @@ fn listed_block_repaired(
     // SAFETY: as above.
     let found = unsafe { BlockHeader::restore_far_copy(header, held.index()) }?;
     Some(underrun_error(header, &found, found_by))
-}
-
-/// Whether the far block `header` is tied into the list of `held`: its neighbours (or the
-/// list's ends) link back to it, each read only once it is known to be readable.
-fn linked_into(held: &HeldShard<'_>, header: *mut BlockHeader) -> bool {
-    let (head, tail) = held.ends();
-    // SAFETY: the block is readable with its prefix (it was reached on the list), and each
-    // neighbour is read only once `could_be_far_block` says it is readable.
-    unsafe {
-        let (prev, next) = ((*far_links(header)).prev, (*far_links(header)).next);
-        let prev_agrees = if prev.is_null() {
-            head == header
-        } else {
-            could_be_far_block(prev) && (*far_links(prev)).next == header
-        };
-        prev_agrees
-            && (if next.is_null() {
-                tail == header
-            } else {
-                links_back(next, header)
-            })
-    }
 }
 
 /// Where the damaged guard of the live heap block at `user` runs on into the headers behind it:

@@ -437,12 +437,13 @@ impl HeldShard<'_> {
         }
     }
 
-    /// Whether the block's neighbours (or the list's ends) link back to it.
+    /// Whether the block's neighbours (or the list's ends) link back to it: whether it is tied
+    /// into the list.
     ///
     /// # Safety
     /// `header` is a header of ours; the shard is held.
     #[inline]
-    unsafe fn links_agree(&self, header: *mut BlockHeader) -> bool {
+    pub unsafe fn links_agree(&self, header: *mut BlockHeader) -> bool {
         let s = self.shard;
         // SAFETY: a neighbour is read only once it passes `could_be_neighbour`.
         unsafe {
