@@ -732,11 +732,12 @@ impl BlockHeader {
                 (packed, cover_full(first_word_value, word1, packed as usize))
             }
         };
-        // SAFETY: as above; a block from outside the heap has its `FAR_PREFIX` in front.
+        // SAFETY: as above; a block of the program's from outside the heap has its `FAR_PREFIX`
+        // in front (the tracker's own, untracked, the offset of its memory alone).
         unsafe {
             let cookie = state ^ user ^ cover;
             (&raw mut (*header).cookie).write(AtomicUsize::new(cookie));
-            if raw.placement != Placement::Heap {
+            if raw.placement != Placement::Heap && state == LIVE {
                 far_copy(header).write(header.cast::<[usize; 4]>().read());
             }
             // One store of the 8 bytes that end where the guard ends: a short guard (the class

@@ -19,9 +19,30 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 /// blocks alone and unmaps them on free, and a double free would then read unmapped memory.
 const MAPPED_THRESHOLD: usize = 120 * 1024;
 
-/// The least offset of a user pointer from the start of a block from the own heap: the
-/// header and the bytes in front of it that keep the offset (`header`).
+/// The least offset of a user pointer from the start of a block of the program's from the own
+/// heap: the header and the bytes in front of it, its list links, the copy of its header and
+/// the offset of its memory (`header`).
 const FAR_OFFSET: usize = HEADER_SIZE + FAR_PREFIX;
+
+/// What a block from outside the heap keeps in front of its header.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Front {
+    /// A block of the program's, listed on its shard: the whole [`FAR_PREFIX`].
+    Listed,
+    /// The tracker's own (on no list, never checked): the offset of its memory alone, in a
+    /// word rounded to 16 bytes.
+    Own,
+}
+
+impl Front {
+    /// The least offset of the user pointer from the start of the block's memory.
+    const fn offset(self) -> usize {
+        match self {
+            Front::Listed => FAR_OFFSET,
+            Front::Own => HEADER_SIZE + 16,
+        }
+    }
+}
 
 /// The most a block from the own heap keeps in front of its user pointer: its alignment (below
 /// a page: larger ones are mapped) past the header, and as much again where that would start a
@@ -98,7 +119,7 @@ pub fn acquire_anywhere(
         // report. Mapped alone, the block's pages go back when it is freed.
         return acquire_mapped(size, align.max(16));
     }
-    acquire_from_system(size, align)
+    acquire_from_system(size, align, Front::Listed)
 }
 
 /// Memory from the own heap or our own mappings, never the heap: the tracker's own memory (a signal
@@ -109,21 +130,21 @@ pub fn acquire_system(size: usize, align: usize) -> Option<RawBlock> {
     if size >= SIZE_LIMIT {
         return None;
     }
-    acquire_from_system(size.checked_add(GUARD_SIZE)?, align)
+    acquire_from_system(size.checked_add(GUARD_SIZE)?, align, Front::Own)
 }
 
-/// [`acquire_system`] for `size` bytes, the guard included.
+/// [`acquire_system`] for `size` bytes, the guard included, with `front` in front.
 #[inline]
-fn acquire_from_system(size: usize, align: usize) -> Option<RawBlock> {
+fn acquire_from_system(size: usize, align: usize, front: Front) -> Option<RawBlock> {
     // The common case, kept short: default alignment, from the own heap, not page-aligned.
     if align <= 16 && size < MAPPED_THRESHOLD {
-        let raw = sys::raw_alloc(FAR_OFFSET + size, 16);
+        let raw = sys::raw_alloc(front.offset() + size, 16);
         if !raw.is_null() {
-            let user = raw.wrapping_add(FAR_OFFSET);
+            let user = raw.wrapping_add(front.offset());
             if !(user as usize).is_multiple_of(PAGE_SIZE) {
                 return Some(RawBlock {
                     user,
-                    raw_offset: FAR_OFFSET,
+                    raw_offset: front.offset(),
                     placement: Placement::Malloc,
                     class: 0,
                 });
@@ -132,7 +153,7 @@ fn acquire_from_system(size: usize, align: usize) -> Option<RawBlock> {
             unsafe { sys::raw_free(raw) };
         }
     }
-    acquire_any(size, align)
+    acquire_any(size, align, front)
 }
 
 /// A block counted against the budget (`budget=`), from wherever an unbudgeted one would come:
@@ -158,7 +179,7 @@ pub fn acquire_budgeted(
 
 #[cold]
 #[inline(never)]
-fn acquire_any(size: usize, align: usize) -> Option<RawBlock> {
+fn acquire_any(size: usize, align: usize, front: Front) -> Option<RawBlock> {
     let align = align.max(16);
     if !align.is_power_of_two() || align > (1 << 30) {
         return None;
@@ -171,7 +192,8 @@ fn acquire_any(size: usize, align: usize) -> Option<RawBlock> {
     // pointer move off a page start. (Retrying the same size is no way out: chunks of a whole
     // number of pages carved one after another from a heap's top all start at the
     // same offset in their page, and such a retry recurred until the stack overflowed.)
-    let total = FAR_OFFSET
+    let total = front
+        .offset()
         .next_multiple_of(align)
         .checked_add(size)?
         .checked_add(align)?;
@@ -179,7 +201,7 @@ fn acquire_any(size: usize, align: usize) -> Option<RawBlock> {
     if raw.is_null() {
         return None;
     }
-    let raw_offset = malloc_user_offset(raw as usize, align);
+    let raw_offset = malloc_user_offset(raw as usize, align, front);
     Some(RawBlock {
         user: raw.wrapping_add(raw_offset),
         raw_offset,
@@ -189,9 +211,10 @@ fn acquire_any(size: usize, align: usize) -> Option<RawBlock> {
 }
 
 /// Where the user pointer goes in a chunk at `raw` (aligned to `align`, below a page) with
-/// `align` bytes to spare: right after the header, or `align` further on if that is a page start.
-fn malloc_user_offset(raw: usize, align: usize) -> usize {
-    let offset = FAR_OFFSET.next_multiple_of(align);
+/// `align` bytes to spare: right after the header and `front`, or `align` further on if that is
+/// a page start.
+fn malloc_user_offset(raw: usize, align: usize, front: Front) -> usize {
+    let offset = front.offset().next_multiple_of(align);
     if (raw + offset).is_multiple_of(PAGE_SIZE) {
         offset + align
     } else {
@@ -414,18 +437,21 @@ mod tests {
     /// until the stack overflowed).
     #[test]
     fn a_malloc_user_pointer_is_moved_off_a_page_start() {
-        for align in [16, 64, 128, 2048] {
-            let header = FAR_OFFSET.next_multiple_of(align);
+        for (align, front) in [16, 64, 128, 2048]
+            .into_iter()
+            .zip([Front::Listed, Front::Own].iter().cycle())
+        {
+            let header = front.offset().next_multiple_of(align);
             let at_page = 7 * PAGE_SIZE - header;
-            assert_eq!(malloc_user_offset(at_page, align), header + align);
+            assert_eq!(malloc_user_offset(at_page, align, *front), header + align);
             assert!(!(at_page + header + align).is_multiple_of(PAGE_SIZE));
-            assert_eq!(malloc_user_offset(at_page + align, align), header);
+            assert_eq!(malloc_user_offset(at_page + align, align, *front), header);
         }
     }
 
     #[test]
     fn system_blocks_are_never_page_aligned_malloc_pointers() {
-        let size = 5 * PAGE_SIZE - FAR_OFFSET - 16; // a chunk of exactly 5 pages
+        let size = 5 * PAGE_SIZE - Front::Own.offset() - 16; // a chunk of exactly 5 pages
         let blocks: Vec<RawBlock> = (0..512)
             .map(|_| acquire_system(size, 16).expect("memory"))
             .collect();
