@@ -231,55 +231,50 @@ fn underrun_of(size: u64, bytes: usize) -> (String, u64, i64, String) {
 /// allocated, and a live one went missing from the report).
 #[test]
 fn an_underrun_over_the_check_word_of_a_large_or_aligned_block_is_an_underrun_of_that_block() {
-    let run = run_kind("far_underruns");
-    assert!(run.stdout().contains("check_heap: 1\n"), "{}", run.stdout());
-    assert_eq!(
-        damage_found(&run),
-        [200000, 300, 500, 250000].map(|size| underrun_of(size, 8)),
-        "{}",
-        run.text
-    );
-    for error in run.errors() {
-        let alloc = function_names(&error["alloc_stack"]);
-        assert!(alloc[0].contains("make"), "{alloc:?}");
-    }
-    // The one left live is listed, a leak (`sink` has moved on since).
-    assert_eq!(run.leaks().len(), 1, "{}", run.text);
-    assert_eq!(run.leaks()[0]["size"], 250000);
-    agrees_with_valgrind("far_underruns", &run);
+    far_underruns_are_their_blocks("far_underruns", [8; 4]);
 }
 
 /// Further in front, over the fields the check word covers (the size and kind, then the site and
-/// stack, then the thread and number): the header's copy in front of it (behind its list
-/// links) puts it back, so each block is still that block, its underrun shown byte for byte and
-/// its allocation's stack whole (before, each `delete` was an `invalid_free` that left the block
+/// stack, then the thread and number): the header's copy (in front of its list links) puts it
+/// back, so each block is still that block, its underrun shown byte for byte and its
+/// allocation's stack whole (before, each `delete` was an `invalid_free` that left the block
 /// allocated, and the live one went missing from the report).
 #[test]
 fn an_underrun_over_the_whole_header_of_a_large_or_aligned_block_is_an_underrun_of_that_block() {
-    let run = run_kind("whole_header_underruns");
+    far_underruns_are_their_blocks("whole_header_underruns", [16, 24, 32, 32]);
+}
+
+/// `kind` wrote `bytes` in front of a large block, a block aligned to 256 bytes, one aligned to a
+/// page, and a large one left live: each is reported as that block's underrun with its bytes and
+/// its allocation's stack, `check_heap()` finds the live one, which is listed as a leak, and
+/// valgrind names the same blocks.
+fn far_underruns_are_their_blocks(kind: &str, bytes: [usize; 4]) {
+    let run = run_kind(kind);
     assert!(run.stdout().contains("check_heap: 1\n"), "{}", run.stdout());
-    assert_eq!(
-        damage_found(&run),
-        [(200000, 16), (300, 24), (500, 32), (250000, 32)].map(|(size, n)| underrun_of(size, n)),
-        "{}",
-        run.text
-    );
+    let sizes = [200000, 300, 500, 250000];
+    let expected: Vec<_> = sizes
+        .iter()
+        .zip(bytes)
+        .map(|(&size, n)| underrun_of(size, n))
+        .collect();
+    assert_eq!(damage_found(&run), expected, "{}", run.text);
     for error in run.errors() {
         let alloc = function_names(&error["alloc_stack"]);
         assert!(alloc[0].contains("make"), "{alloc:?}");
         assert!(
-            alloc.iter().any(|f| f.contains("whole_header_underruns")),
+            alloc.iter().any(|f| f.contains("far_underruns")),
             "{alloc:?}"
         );
     }
+    // The one left live is listed, a leak (`sink` has moved on since).
     assert_eq!(run.leaks().len(), 1, "{}", run.text);
     assert_eq!(run.leaks()[0]["size"], 250000);
     let stack = function_names(&run.leaks()[0]["stack"]);
     assert!(
-        stack.iter().any(|f| f.contains("whole_header_underruns")),
+        stack.iter().any(|f| f.contains("far_underruns")),
         "{stack:?}"
     );
-    agrees_with_valgrind("whole_header_underruns", &run);
+    agrees_with_valgrind(kind, &run);
 }
 
 /// The kinds and addresses of a run's errors, and the address the program printed for its block.
@@ -342,13 +337,6 @@ fn an_underrun_over_the_header_copy_names_the_block_it_cut_from_the_list() {
 /// bytes or more).
 #[test]
 fn random_underruns_of_large_and_aligned_blocks_never_crash_the_tracker() {
-    let dir = support::scratch("random_underruns");
-    let exe = support::build(
-        &dir,
-        "random_overruns",
-        &["tests/cpp/random_overruns.cpp"],
-        &[],
-    );
     for seed in 1..=6 {
         for longest in ["16", "40", "64", "150"] {
             let stacks = if seed % 2 == 1 {
@@ -357,23 +345,11 @@ fn random_underruns_of_large_and_aligned_blocks_never_crash_the_tracker() {
                 "stack_depth=4"
             };
             let seed = seed.to_string();
-            let run = support::run_with(&exe, "far", stacks, &[], &[&seed, longest, "far"]);
-            let what = format!("seed {seed}, {stacks}, underruns up to {longest} bytes");
-            assert!(
-                run.output.status.success(),
-                "{what}: {:?}\n{}",
-                run.output.status,
-                run.stderr()
-            );
-            assert!(run.stdout().contains("last line"), "{what}");
-            assert!(run.text.contains("SUMMARY"), "{what}: no report");
-            let kinds = run.error_kinds();
-            assert!(kinds.iter().any(|k| k == "underrun"), "{what}: {kinds:?}");
-            assert!(
-                kinds.iter().all(|k| {
-                    ["underrun", "overrun", "heap_corruption", "invalid_free"].contains(&k.as_str())
-                }),
-                "{what}: {kinds:?}"
+            survives_random_damage(
+                &format!("seed {seed}, {stacks}, underruns up to {longest} bytes"),
+                stacks,
+                &[&seed, longest, "far"],
+                &["underrun", "overrun", "heap_corruption", "invalid_free"],
             );
         }
     }
@@ -764,19 +740,11 @@ fn writes_after_delete_are_caught_by_the_quarantine() {
 
 #[test]
 fn random_overruns_of_any_length_never_crash_the_tracker() {
-    let dir = support::scratch("random_overruns");
-    let exe = support::build(
-        &dir,
-        "random_overruns",
-        &["tests/cpp/random_overruns.cpp"],
-        &[],
-    );
     // Blocks of up to 600 bytes, then of up to 16 (all with compact headers).
     let runs = (1..=6).flat_map(|seed| ["8", "64", "300"].map(|longest| (seed, longest, "600")));
     let compact = (7..=10).flat_map(|seed| ["4", "16", "40"].map(|longest| (seed, longest, "16")));
     for (seed, longest, largest) in runs.chain(compact) {
         let seed = seed.to_string();
-        let args = [seed.as_str(), longest, largest];
         // Half without stacks: `new` then takes its quick path, which leaves a free list whose
         // link an overrun reached to the general one.
         let stacks = if seed.ends_with(['1', '3', '5', '7', '9']) {
@@ -784,24 +752,44 @@ fn random_overruns_of_any_length_never_crash_the_tracker() {
         } else {
             "stack_depth=2"
         };
-        let run = support::run_with(&exe, "overruns", stacks, &[], &args);
-        let what =
-            format!("seed {seed}, {stacks}, overruns up to {longest} bytes of blocks to {largest}");
-        assert!(
-            run.output.status.success(),
-            "{what}: {:?}\n{}",
-            run.output.status,
-            run.stderr()
-        );
-        assert!(run.stdout().contains("last line"), "{what}");
-        assert!(run.text.contains("SUMMARY"), "{what}: no report");
-        let kinds = run.error_kinds();
-        assert!(kinds.iter().any(|k| k == "overrun"), "{what}: {kinds:?}");
-        assert!(
-            kinds
-                .iter()
-                .all(|k| ["overrun", "heap_corruption", "invalid_free"].contains(&k.as_str())),
-            "{what}: {kinds:?}"
+        survives_random_damage(
+            &format!(
+                "seed {seed}, {stacks}, overruns up to {longest} bytes of blocks to {largest}"
+            ),
+            stacks,
+            &[seed.as_str(), longest, largest],
+            &["overrun", "heap_corruption", "invalid_free"],
         );
     }
+}
+
+/// Runs `tests/cpp/random_overruns.cpp` with `args` and `stacks` (the run `what`): the program
+/// reached its last line with the report written, and reported errors of the kinds `found`
+/// alone, the first of them among them.
+fn survives_random_damage(what: &str, stacks: &str, args: &[&str], found: &[&str]) {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    let exe = BUILT.get_or_init(|| {
+        let dir = support::scratch("random_overruns");
+        support::build(
+            &dir,
+            "random_overruns",
+            &["tests/cpp/random_overruns.cpp"],
+            &[],
+        )
+    });
+    let run = support::run_with(exe, found[0], stacks, &[], args);
+    assert!(
+        run.output.status.success(),
+        "{what}: {:?}\n{}",
+        run.output.status,
+        run.stderr()
+    );
+    assert!(run.stdout().contains("last line"), "{what}");
+    assert!(run.text.contains("SUMMARY"), "{what}: no report");
+    let kinds = run.error_kinds();
+    assert!(kinds.iter().any(|k| k == found[0]), "{what}: {kinds:?}");
+    assert!(
+        kinds.iter().all(|k| found.contains(&k.as_str())),
+        "{what}: {kinds:?}"
+    );
 }

@@ -81,8 +81,8 @@ std::uint64_t held_blocks = 0;
 }
 
 // Blocks from outside the heap: large (a mapping of their own) and aligned over 64 bytes (the
-// tracker's own heap, or a mapping for a page), each written 8 bytes in front of its start, over
-// the whole check word in front of it. Three are freed; the last is left live, for check_heap().
+// tracker's own heap, or a mapping for a page), written in front of their start (`far_underruns`).
+// Three are freed; the last is left live, for check_heap().
 [[gnu::noinline]] char* make_aligned(std::size_t size, std::size_t align) {
     char* block = static_cast<char*>(::operator new[](size, std::align_val_t{align}));  // ALLOC make_aligned
     std::memset(block, 0, size);
@@ -90,51 +90,25 @@ std::uint64_t held_blocks = 0;
     return block;
 }
 
-[[gnu::noinline]] void underrun_by_eight(char* block) {
-    std::memset(block - 8 * one, 'U', 8);  // WRITE far underrun
+// Writes `bytes` 'U's in front of `block`.
+[[gnu::noinline]] void underrun_by(char* block, std::size_t bytes) {
+    std::memset(block - bytes * one, 'U', bytes);  // WRITE underrun
 }
 
-// One call each (no loop): valgrind shows one error per call stack.
-[[gnu::noinline]] void far_underruns() {
+// Each written in front of its start by as many bytes as given: 8 cover the check word in front
+// of it, 16, 24 and 32 more of its header (32, the whole header: an array's element before the
+// first, of a struct of that size). One call each (no loop): valgrind shows one error per call
+// stack.
+[[gnu::noinline]] void far_underruns(std::size_t large_by, std::size_t aligned_by,
+                                     std::size_t page_aligned_by, std::size_t kept_by) {
     char* large = make(200000);
     char* aligned = make_aligned(300, 256);
     char* page_aligned = make_aligned(500, 4096);
     char* kept = make(250000);
-    underrun_by_eight(large);
-    underrun_by_eight(aligned);
-    underrun_by_eight(page_aligned);
-    underrun_by_eight(kept);
-    release(large);
-    ::operator delete[](aligned, std::align_val_t{256});
-    ::operator delete[](page_aligned, std::align_val_t{4096});
-    std::printf("check_heap: %zu\n", k15::memory::check_heap());
-    held_blocks += 1;
-}
-
-// The same blocks written further in front, over more of their header than the check word:
-// 16, 24 and 32 bytes (the whole header: an array's element before the first, of a struct of
-// that size), the last one left live.
-[[gnu::noinline]] void underrun_by_sixteen(char* block) {
-    std::memset(block - 16 * one, 'U', 16);  // WRITE whole-header underrun
-}
-
-[[gnu::noinline]] void underrun_by_twenty_four(char* block) {
-    std::memset(block - 24 * one, 'U', 24);  // WRITE whole-header underrun
-}
-
-[[gnu::noinline]] void underrun_by_thirty_two(char* block) {
-    std::memset(block - 32 * one, 'U', 32);  // WRITE whole-header underrun
-}
-
-[[gnu::noinline]] void whole_header_underruns() {
-    char* large = make(200000);
-    char* aligned = make_aligned(300, 256);
-    char* page_aligned = make_aligned(500, 4096);
-    char* kept = make(250000);
-    underrun_by_sixteen(large);
-    underrun_by_twenty_four(aligned);
-    underrun_by_thirty_two(page_aligned);
-    underrun_by_thirty_two(kept);
+    underrun_by(large, large_by);
+    underrun_by(aligned, aligned_by);
+    underrun_by(page_aligned, page_aligned_by);
+    underrun_by(kept, kept_by);
     release(large);
     ::operator delete[](aligned, std::align_val_t{256});
     ::operator delete[](page_aligned, std::align_val_t{4096});
@@ -146,7 +120,7 @@ std::uint64_t held_blocks = 0;
 // copy in front of those (96): a block left live each time.
 [[gnu::noinline]] void underrun_kept_by(std::size_t bytes) {
     char* kept = make(250000);
-    std::memset(kept - bytes * one, 'U', bytes);  // WRITE underrun over the links
+    underrun_by(kept, bytes);
     std::printf("block at %p\n", static_cast<void*>(kept));
     held_blocks += 1;
 }
@@ -156,10 +130,6 @@ std::uint64_t held_blocks = 0;
 // list's blocks out downwards): they leave too little of the check word to name the block, and
 // the neighbour's end runs straight into the header. Each is an underrun of its own block,
 // freed at its delete, never an overrun of the neighbour.
-[[gnu::noinline]] void underrun_by(char* block, std::size_t bytes) {
-    std::memset(block - bytes * one, 'U', bytes);  // WRITE near underrun
-}
-
 [[gnu::noinline]] void near_underruns() {
     char* plain = static_cast<char*>(::operator new(32));  // ALLOC near plain
     char* plain_front = static_cast<char*>(::operator new(32));
@@ -204,7 +174,7 @@ std::uint64_t held_blocks = 0;
     const std::uint64_t live_before = k15::memory::stats().live_blocks;
     for (int i = 0; i < 2; ++i) {
         char* block = static_cast<char*>(allocate_c(sizes[i], alignments[i]));
-        underrun_by_eight(block);
+        underrun_by(block, 8);
         char* moved = static_cast<char*>(std::realloc(block, sizes[i] * 2));
         if (moved == nullptr) continue;
         kept += moved[0] == 'k' && moved[sizes[i] - 1] == 'k';
@@ -337,8 +307,8 @@ int main(int argc, char** argv) {
     else if (is("overrun_by_sixteen")) overrun_by_sixteen();
     else if (is("memcpy_overrun")) memcpy_overrun();
     else if (is("underrun")) underrun();
-    else if (is("far_underruns")) far_underruns();
-    else if (is("whole_header_underruns")) whole_header_underruns();
+    else if (is("far_underruns")) far_underruns(8, 8, 8, 8);
+    else if (is("whole_header_underruns")) far_underruns(16, 24, 32, 32);
     else if (is("underrun_over_the_links")) underrun_kept_by(64);
     else if (is("underrun_over_the_copy")) underrun_kept_by(96);
     else if (is("near_underruns")) near_underruns();
