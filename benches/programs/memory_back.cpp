@@ -7,6 +7,8 @@
 //                   budget) they hold; then again once another thread has freed them
 //   phases          three sizes take turns, 100,000 blocks of one allocated and all freed at a
 //                   time, 20 rounds: the page faults and CPU milliseconds it took
+//   levels          a level of 4 MiB of small blocks, freed, then one of 16 large blocks (256 KiB,
+//                   each mapped alone): resident KiB at the start and with the large blocks live
 #include <sys/resource.h>
 
 #include <condition_variable>
@@ -155,6 +157,25 @@ void phases() {
                 cpu_ms(after) - cpu_ms(before));
 }
 
+// A program whose levels move from small blocks to large ones (a physics scene's bodies, then
+// the next scene's buffers): what the small blocks' memory still holds at the second's peak.
+void levels() {
+    const long before = resident_kib();
+    std::vector<char*> small(65536);
+    for (char*& block : small) {
+        block = new char[64];
+        std::memset(block, 1, 64);
+    }
+    for (char* block : small) delete[] block;
+    std::vector<char*> large(16);
+    for (char*& block : large) {
+        block = new char[256 * 1024];
+        std::memset(block, 1, 256 * 1024);
+    }
+    std::printf("start_kib %ld\nlarge_kib %ld\n", before, resident_kib());
+    for (char* block : large) delete[] block;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -167,8 +188,11 @@ int main(int argc, char** argv) {
         fill(std::strtoull(argv[2], nullptr, 10), std::strtod(argv[3], nullptr));
     } else if (std::strcmp(mode, "phases") == 0) {
         phases();
+    } else if (std::strcmp(mode, "levels") == 0) {
+        levels();
     } else {
-        std::fprintf(stderr, "usage: %s free_all | threads N | fill SIZE BUDGET_BYTES | phases\n",
+        std::fprintf(stderr,
+                     "usage: %s free_all | threads N | fill SIZE BUDGET_BYTES | phases | levels\n",
                      argv[0]);
         return 2;
     }

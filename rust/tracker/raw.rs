@@ -231,7 +231,7 @@ fn acquire_mapped(size: usize, align: usize) -> Option<RawBlock> {
         .checked_add(size)?
         .checked_next_multiple_of(PAGE_SIZE)?;
     // Until the block is listed, a `munmap` of the program's may not come between.
-    let _mapping = mapping_change();
+    let mapping = mapping_change();
     let start = if slack == 0 {
         kept_mappings::take(len).unwrap_or_else(|| sys::map_pages(len))
     } else {
@@ -254,6 +254,8 @@ fn acquire_mapped(size: usize, align: usize) -> Option<RawBlock> {
         }
     }
     mapped_blocks::insert(user, kept);
+    drop(mapping);
+    spans::make_room_for_mapped_block();
     Some(RawBlock {
         user: user as *mut u8,
         raw_offset: PAGE_SIZE,

@@ -71,11 +71,12 @@ const fn first_unit(index: u32, class: usize) -> u32 {
 const KEPT_FREE_BYTES: usize = 4 << 20;
 
 /// The pages of free spans of one kind (small or large) kept resident that go back to the OS
-/// when a span of the other kind is taken from memory not resident: a program whose phases
-/// move from small blocks to large ones (or back) would else hold both at its peak (Bullet's
-/// scenes: 0.7 MiB more than with no span kept). As much as a new span is likely to touch soon
-/// (yaml-cpp, which takes large spans now and then between its tests' small ones, faulted
-/// 2,780 times so with 8 MiB kept, 3,750 with a large span's 1 MiB sent back).
+/// when a span of the other kind is taken from memory not resident, and of either kind (small
+/// first) when a block is mapped alone: a program whose phases move from small blocks to large
+/// ones (or back) would else hold both at its peak (Bullet's scenes: 0.7 MiB more than with no
+/// span kept, and 0.7 MiB more at stop 49 with the first rule alone). As much as a new span is
+/// likely to touch soon (yaml-cpp, which takes large spans now and then between its tests' small
+/// ones, faulted 2,780 times so with 8 MiB kept, 3,750 with a large span's 1 MiB sent back).
 const ROOM_MADE_BYTES: usize = 256 << 10;
 
 /// How much of a kept free span stays resident, from its first block, when another class takes
@@ -654,9 +655,13 @@ struct Region {
     /// pages went back to the OS, small ones and large ones apart (indexed by `big`); each a
     /// stack linked through [`Span::next`].
     kept: [u32; 2],
-    kept_bytes: usize,
     returned: [u32; 2],
 }
+
+/// The pages of the free spans kept resident ([`carved_pages`] of each): changed under the region
+/// lock only, read without it where none kept means nothing to do
+/// ([`make_room_for_mapped_block`], on every large block's path).
+static KEPT_BYTES: AtomicUsize = AtomicUsize::new(0);
 
 impl Region {
     /// The top of the free spans, large (`big`) or small, kept resident (`kept`) or returned to
@@ -675,7 +680,11 @@ impl Region {
         *stack = unsafe { span(top).next };
         if kept {
             // SAFETY: as above.
-            self.kept_bytes -= unsafe { carved_pages(top) };
+            let carved = unsafe { carved_pages(top) };
+            KEPT_BYTES.store(
+                KEPT_BYTES.load(Ordering::Relaxed) - carved,
+                Ordering::Relaxed,
+            );
         }
         Some(top)
     }
@@ -688,7 +697,11 @@ impl Region {
     unsafe fn push_free(&mut self, index: u32, kept: bool, big: bool) {
         let stack = if kept {
             // SAFETY: guaranteed by the caller.
-            self.kept_bytes += unsafe { carved_pages(index) };
+            let carved = unsafe { carved_pages(index) };
+            KEPT_BYTES.store(
+                KEPT_BYTES.load(Ordering::Relaxed) + carved,
+                Ordering::Relaxed,
+            );
             &mut self.kept[big as usize]
         } else {
             &mut self.returned[big as usize]
@@ -721,7 +734,7 @@ impl Region {
     /// `index` is a free span, and the region lock is held (`self`).
     unsafe fn keeps(&self, index: u32) -> bool {
         // SAFETY: guaranteed by the caller.
-        self.kept_bytes + unsafe { carved_pages(index) } <= KEPT_FREE_BYTES
+        KEPT_BYTES.load(Ordering::Relaxed) + unsafe { carved_pages(index) } <= KEPT_FREE_BYTES
     }
 }
 
@@ -749,7 +762,6 @@ static REGION: Mutex<Region> = Mutex::new(Region {
     reserved: 0,
     usable: 0,
     kept: [NO_SPAN; 2],
-    kept_bytes: 0,
     returned: [NO_SPAN; 2],
 });
 
@@ -902,6 +914,23 @@ unsafe fn free(index: u32, class: usize) {
     }
     // SAFETY: a free span now, under the region lock.
     unsafe { region.push_free(index, keep, is_big(class)) };
+}
+
+/// [`ROOM_MADE_BYTES`] of the free spans kept resident go back to the OS, small ones first: the
+/// program took a block mapped alone, which no span serves. Nothing when the region lock is
+/// held: the caller may be a signal handler whose thread holds it, or the thread that suspended
+/// its holder for a leak scan.
+pub fn make_room_for_mapped_block() {
+    if KEPT_BYTES.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let Ok(mut region) = REGION.try_lock() else {
+        return;
+    };
+    let kept = KEPT_BYTES.load(Ordering::Relaxed);
+    region.return_kept(false, ROOM_MADE_BYTES);
+    let returned = kept - KEPT_BYTES.load(Ordering::Relaxed);
+    region.return_kept(true, ROOM_MADE_BYTES.saturating_sub(returned));
 }
 
 /// Every free span's pages go back to the OS, the kept ones too (at exit, before the report:
