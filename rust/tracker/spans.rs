@@ -680,11 +680,7 @@ impl Region {
         *stack = unsafe { span(top).next };
         if kept {
             // SAFETY: as above.
-            let carved = unsafe { carved_pages(top) };
-            KEPT_BYTES.store(
-                KEPT_BYTES.load(Ordering::Relaxed) - carved,
-                Ordering::Relaxed,
-            );
+            KEPT_BYTES.fetch_sub(unsafe { carved_pages(top) }, Ordering::Relaxed);
         }
         Some(top)
     }
@@ -697,11 +693,7 @@ impl Region {
     unsafe fn push_free(&mut self, index: u32, kept: bool, big: bool) {
         let stack = if kept {
             // SAFETY: guaranteed by the caller.
-            let carved = unsafe { carved_pages(index) };
-            KEPT_BYTES.store(
-                KEPT_BYTES.load(Ordering::Relaxed) + carved,
-                Ordering::Relaxed,
-            );
+            KEPT_BYTES.fetch_add(unsafe { carved_pages(index) }, Ordering::Relaxed);
             &mut self.kept[big as usize]
         } else {
             &mut self.returned[big as usize]
@@ -712,8 +704,8 @@ impl Region {
     }
 
     /// Gives the pages of the free spans kept resident, large (`big`) or small, back to the OS,
-    /// the last kept first, until those of `bytes` or all of them went back.
-    fn return_kept(&mut self, big: bool, bytes: usize) {
+    /// the last kept first, until those of `bytes` or all of them went back: the bytes that went.
+    fn return_kept(&mut self, big: bool, bytes: usize) -> usize {
         let mut returned = 0;
         while returned < bytes {
             let Some(index) = self.pop_free(true, big) else {
@@ -726,6 +718,7 @@ impl Region {
                 self.push_free(index, false, big);
             }
         }
+        returned
     }
 
     /// Whether free span `index` stays resident beside those kept already.
@@ -927,9 +920,7 @@ pub fn make_room_for_mapped_block() {
     let Ok(mut region) = REGION.try_lock() else {
         return;
     };
-    let kept = KEPT_BYTES.load(Ordering::Relaxed);
-    region.return_kept(false, ROOM_MADE_BYTES);
-    let returned = kept - KEPT_BYTES.load(Ordering::Relaxed);
+    let returned = region.return_kept(false, ROOM_MADE_BYTES);
     region.return_kept(true, ROOM_MADE_BYTES.saturating_sub(returned));
 }
 
